@@ -1,0 +1,72 @@
+"""Array-family helpers the core needs to legalize calls: family detection, zero padding, cropping.
+
+They use only what NumPy and CuPy share (``zeros``, slicing, ``ascontiguousarray``), so the core
+never imports a vendor array library itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .errors import ShapeError
+
+
+def array_family(array) -> str:
+    """The array library an array belongs to: "numpy", "cupy", "torch", … (its top-level module)."""
+    return type(array).__module__.split(".", 1)[0]
+
+
+def common_family(arrays: dict) -> str:
+    """The one family shared by all named arrays (None entries skipped); ShapeError when they differ."""
+    first_name = first = None
+    for name, array in arrays.items():
+        if array is None:
+            continue
+        family = array_family(array)
+        if first is None:
+            first_name, first = name, family
+        elif family != first:
+            raise ShapeError(name, f"array family differs from {first_name}'s", expected=first, given=family)
+    return first
+
+
+def array_module(array):
+    """The module whose ``zeros``/``ascontiguousarray`` make arrays of ``array``'s family."""
+    namespace = getattr(array, "__array_namespace__", None)
+    if namespace is not None:
+        module = namespace()
+        if hasattr(module, "zeros") and hasattr(module, "ascontiguousarray"):
+            return module
+    return importlib.import_module(array_family(array))
+
+
+def zeros(like, shape):
+    """C-contiguous zeros of ``shape`` with ``like``'s dtype and family."""
+    return array_module(like).zeros(tuple(shape), dtype=like.dtype)
+
+
+def contiguous(array):
+    """``array`` itself when C-contiguous, else a C-contiguous copy."""
+    return array_module(array).ascontiguousarray(array)
+
+
+def spatial_slices(starts, sizes):
+    """Index selecting ``sizes`` elements from ``starts`` along each spatial dim (all of N and C)."""
+    return (slice(None), slice(None)) + tuple(slice(a, a + n) for a, n in zip(starts, sizes))
+
+
+def zero_pad(array, pads):
+    """``array`` with (pre, post) zeros added along each spatial dim."""
+    if not any(pre or post for pre, post in pads):
+        return array
+    spatial = array.shape[2:]
+    out = zeros(array, array.shape[:2] + tuple(s + pre + post for s, (pre, post) in zip(spatial, pads)))
+    out[spatial_slices([pre for pre, _ in pads], spatial)] = array
+    return out
+
+
+def crop(array, starts, sizes):
+    """The C-contiguous window of ``sizes`` starting at ``starts`` along each spatial dim."""
+    if all(a == 0 for a in starts) and tuple(sizes) == tuple(array.shape[2:]):
+        return array
+    return contiguous(array[spatial_slices(starts, sizes)])

@@ -1,0 +1,52 @@
+"""The exceptions xconv raises. All derive from :class:`XconvError`."""
+
+from __future__ import annotations
+
+
+class XconvError(Exception):
+    """Base class of every error xconv raises on purpose."""
+
+
+class ShapeError(XconvError, ValueError):
+    """An invalid argument, or an invalid relation between shapes, dtypes or parameters.
+
+    Raised by the core before any backend work. The message names the argument, the
+    dimension (where there is one), the expected and the given value.
+    """
+
+    def __init__(self, argument: str, problem: str, *, expected=None, given=None, dim: str | None = None):
+        self.argument = argument
+        self.dim = dim
+        self.expected = expected
+        self.given = given
+        where = f"{argument}" + (f" {dim}" if dim else "")
+        text = f"{where}: {problem}"
+        if expected is not None or given is not None:
+            text += f" (expected {expected}, given {given})"
+        super().__init__(text)
+
+
+class UnsupportedError(XconvError):
+    """A valid configuration that the chosen backend cannot run (it names the backend and the rule)."""
+
+
+class BackendUnavailableError(XconvError):
+    """The chosen backend cannot run on this machine; ``reason`` says why."""
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"backend {name!r} is unavailable: {reason}")
+
+
+class BackendError(XconvError):
+    """A vendor library reported a failure: ``status`` code, its ``status_name`` and the vendor ``message``."""
+
+    def __init__(self, backend: str, status: int, status_name: str, message: str = "", call: str = ""):
+        self.backend = backend
+        self.status = status
+        self.status_name = status_name
+        self.vendor_message = message
+        self.call = call
+        where = f" in {call}" if call else ""
+        super().__init__(f"{backend}{where}: {status_name} ({status}): {message or 'no message'}")

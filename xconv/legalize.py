@@ -1,0 +1,188 @@
+"""Legalization: run a validated call on a backend using only what the backend declares.
+
+The core does this once, for every backend:
+
+- empty tensors (N, C_in or C_out of 0) give zeros without calling the backend;
+- 1-D runs as 2-D with a unit H dim when the backend lacks 1-D;
+- transposed convolution maps onto direct primitives when the backend lacks it:
+  transposed fprop = direct dgrad, its dgrad = direct fprop, its wgrad = direct wgrad with
+  the roles of input and grad_output swapped, its bias gradient = the sum of grad_output;
+- asymmetric padding becomes explicit zero padding of the input plus symmetric padding;
+- non-contiguous arrays are copied when the backend takes only contiguous ones.
+
+Each function here takes a backend and normalized :class:`ConvParams` and returns what the
+public call returns.
+"""
+
+from __future__ import annotations
+
+import math as _math
+
+from .arrays import contiguous, crop, zero_pad, zeros
+from .backend import Backend
+from .errors import UnsupportedError, XconvError
+from .params import ConvParams
+
+
+def check_supported(b: Backend, p: ConvParams) -> None:
+    """Raise UnsupportedError, before any work, for what legalization cannot make runnable."""
+    caps = b.capabilities
+    rank = 2 if p.nd == 1 and 1 not in caps.spatial_dims else p.nd
+    if rank not in caps.spatial_dims:
+        raise UnsupportedError(f"backend {b.name!r} does not run {p.nd}-D convolution "
+                               f"(it runs {sorted(caps.spatial_dims)}-D)")
+    if p.dtype not in caps.dtypes:
+        raise UnsupportedError(f"backend {b.name!r} does not take dtype {p.dtype} (it takes {sorted(caps.dtypes)})")
+    if p.math not in caps.math:
+        raise UnsupportedError(f"backend {b.name!r} does not offer math={p.math!r} (it offers {sorted(caps.math)})")
+    if p.deterministic and not caps.deterministic:
+        raise UnsupportedError(f"backend {b.name!r} cannot promise deterministic results")
+
+
+# ---------------------------------------------------------------------------------------------
+# The four primitives and the combined backward
+
+
+def fprop(b: Backend, x, w, bias, p: ConvParams):
+    if _empty(p):
+        return _add_bias(zeros(x, p.output_shape), bias)
+    if _lift(b, p):
+        return _squeeze(fprop(b, _unsqueeze(x), _unsqueeze(w), bias, _lifted(p)))
+    if p.transposed and not b.capabilities.transposed:
+        q = p.as_direct()
+        return _add_bias(dgrad(b, _extend(x, q.output_shape), w, q), bias)
+    if _needs_explicit_padding(b, p):
+        q, pads = _symmetric(p)
+        return fprop(b, zero_pad(x, pads), w, bias, q)
+    return _expect(b, b.fprop(*_native(b, x, w, bias), p), p.output_shape, "fprop output")
+
+
+def dgrad(b: Backend, dy, w, p: ConvParams):
+    if _empty(p):
+        return zeros(dy, p.input_shape)
+    if _lift(b, p):
+        return _squeeze(dgrad(b, _unsqueeze(dy), _unsqueeze(w), _lifted(p)))
+    if p.transposed and not b.capabilities.transposed:
+        q = p.as_direct()
+        return crop(fprop(b, dy, w, None, q), (0,) * p.nd, p.input_shape[2:])
+    if _needs_explicit_padding(b, p):
+        q, pads = _symmetric(p)
+        return crop(dgrad(b, dy, w, q), [pre for pre, _ in pads], p.input_shape[2:])
+    return _expect(b, b.dgrad(*_native(b, dy, w), p), p.input_shape, "grad_input")
+
+
+def wgrad(b: Backend, x, dy, p: ConvParams):
+    if _empty(p):
+        return zeros(dy, p.weight_shape)
+    if _lift(b, p):
+        return _squeeze(wgrad(b, _unsqueeze(x), _unsqueeze(dy), _lifted(p)))
+    if p.transposed and not b.capabilities.transposed:
+        q = p.as_direct()
+        return wgrad(b, dy, _extend(x, q.output_shape), q)
+    if _needs_explicit_padding(b, p):
+        q, pads = _symmetric(p)
+        return wgrad(b, zero_pad(x, pads), dy, q)
+    return _expect(b, b.wgrad(*_native(b, x, dy), p), p.weight_shape, "grad_weight")
+
+
+def bgrad(b: Backend, dy, p: ConvParams):
+    """Sum of dy over N and the spatial dims; ``p`` may be transposed (bgrad reads only its dtype and flags)."""
+    if _math.prod(dy.shape) == 0:
+        return zeros(dy, (p.bias_size,))
+    return _expect(b, b.bgrad(*_native(b, dy), p), (p.bias_size,), "grad_bias")
+
+
+def backward(b: Backend, dy, x, w, p: ConvParams, mask):
+    m_in, m_w, m_b = mask
+    if not any(mask):
+        return None, None, None
+    if _empty(p):
+        return (zeros(dy, p.input_shape) if m_in else None, zeros(dy, p.weight_shape) if m_w else None,
+                bgrad(b, dy, p) if m_b else None)
+    if _lift(b, p):
+        dx, dw, db = backward(b, _unsqueeze(dy), _unsqueeze(x), _unsqueeze(w), _lifted(p), mask)
+        return _squeeze(dx), _squeeze(dw), db
+    if p.transposed and not b.capabilities.transposed:
+        return (dgrad(b, dy, w, p) if m_in else None, wgrad(b, x, dy, p) if m_w else None,
+                bgrad(b, dy, p) if m_b else None)
+    if _needs_explicit_padding(b, p):
+        q, pads = _symmetric(p)
+        dx, dw, db = backward(b, dy, zero_pad(x, pads), w, q, mask)
+        return (crop(dx, [pre for pre, _ in pads], p.input_shape[2:]) if m_in else None), dw, db
+    results = b.backward(*_native(b, dy, x, w), p, mask)
+    expected = (p.input_shape, p.weight_shape, (p.bias_size,))
+    what = ("grad_input", "grad_weight", "grad_bias")
+    return tuple(_expect(b, r, shape, name) if bit else _expect_none(b, r, name)
+                 for r, bit, shape, name in zip(results, mask, expected, what))
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _empty(p: ConvParams) -> bool:
+    return 0 in (p.input_shape[0], p.input_shape[1], p.output_shape[1])
+
+
+def _lift(b: Backend, p: ConvParams) -> bool:
+    caps = b.capabilities.spatial_dims
+    return p.nd == 1 and 1 not in caps and 2 in caps
+
+
+def _lifted(p: ConvParams) -> ConvParams:
+    """The 1-D convolution ``p`` as a 2-D one with a unit H dim."""
+    def unit(shape):
+        return shape[:2] + (1,) + shape[2:]
+    return p.replace(input_shape=unit(p.input_shape), weight_shape=unit(p.weight_shape),
+                     output_shape=unit(p.output_shape), stride=(1,) + p.stride, padding=((0, 0),) + p.padding,
+                     dilation=(1,) + p.dilation, output_padding=(0,) + p.output_padding)
+
+
+def _unsqueeze(a):
+    return a[:, :, None]
+
+
+def _squeeze(a):
+    return None if a is None else a[:, :, 0]
+
+
+def _needs_explicit_padding(b: Backend, p: ConvParams) -> bool:
+    return not p.symmetric and p.nd not in b.capabilities.asymmetric_padding
+
+
+def _symmetric(p: ConvParams):
+    """(q, pads): ``p`` with padding min(pre, post) per dim, and the extra zeros to add to its input."""
+    sym = [min(pair) for pair in p.padding]
+    pads = tuple((pre - s, post - s) for (pre, post), s in zip(p.padding, sym))
+    shape = p.input_shape[:2] + tuple(n + pre + post for n, (pre, post) in zip(p.input_shape[2:], pads))
+    return p.replace(input_shape=shape, padding=tuple((s, s) for s in sym)), pads
+
+
+def _extend(a, shape):
+    """``a`` zero-extended at the end to ``shape`` (a transposed input when output_padding >= stride)."""
+    return zero_pad(a, [(0, want - have) for want, have in zip(shape[2:], a.shape[2:])])
+
+
+def _add_bias(y, bias):
+    if bias is None:
+        return y
+    return contiguous((y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))).astype(y.dtype))
+
+
+def _native(b: Backend, *arrays):
+    if b.capabilities.strided:
+        return arrays
+    return tuple(None if a is None else contiguous(a) for a in arrays)
+
+
+def _expect(b: Backend, result, shape, what):
+    got = tuple(getattr(result, "shape", ()) or ()) if result is not None else None
+    if got != tuple(shape):
+        raise XconvError(f"backend {b.name!r} returned {what} of shape {got}, expected {tuple(shape)}")
+    return result
+
+
+def _expect_none(b: Backend, result, what):
+    if result is not None:
+        raise XconvError(f"backend {b.name!r} computed {what} although its output_mask bit is False")
+    return None

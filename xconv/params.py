@@ -1,0 +1,356 @@
+"""Validation and normalization of convolution parameters: the core's single point of checking.
+
+Every public entry point turns its arguments into one :class:`ConvParams` here, before any
+backend work. Backends receive only ConvParams, already checked and in canonical form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Sequence
+
+from .dtypes import dtype_name
+from .errors import ShapeError
+
+MATH_MODES = ("keep_dtype", "allow_tf32", "allow_fp16")
+PADDING_STRINGS = ("valid", "same", "same_lower")
+
+_SPATIAL_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
+
+
+def spatial_names(nd: int) -> tuple[str, ...]:
+    """Names of the spatial dims of an nd-dimensional convolution: L; H, W; D, H, W."""
+    return _SPATIAL_NAMES[nd]
+
+
+def _dim_label(axis: int, nd: int, channel: str) -> str:
+    if axis == 0:
+        return "dim 0 (N)"
+    if axis == 1:
+        return f"dim 1 ({channel})"
+    return f"dim {axis} ({spatial_names(nd)[axis - 2]})"
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvParams:
+    """One convolution, validated and normalized.
+
+    Direct (``transposed=False``): input ``(N, C_in, *S)``, weight ``(C_out, C_in/groups, *k)``,
+    output ``(N, C_out, *O)`` with ``O = floor((S + pre + post - dilation*(k-1) - 1)/stride) + 1``.
+
+    Transposed: input ``(N, C_in, *S)``, weight ``(C_in, C_out/groups, *k)``, output
+    ``(N, C_out, *O)`` with ``O = (S-1)*stride - pre - post + dilation*(k-1) + output_padding + 1``.
+
+    ``padding`` is one ``(pre, post)`` pair per spatial dim; every other field has one value per
+    spatial dim. ``dtype`` is the canonical dtype name (see :mod:`xconv.dtypes`).
+    """
+
+    input_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    dilation: tuple[int, ...]
+    groups: int
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()
+    dtype: str = "float32"
+    math: str = "keep_dtype"
+    deterministic: bool = False
+
+    @property
+    def nd(self) -> int:
+        """Number of spatial dims (1, 2 or 3)."""
+        return len(self.input_shape) - 2
+
+    @property
+    def kernel(self) -> tuple[int, ...]:
+        return tuple(self.weight_shape[2:])
+
+    @property
+    def symmetric(self) -> bool:
+        """True when every spatial dim is padded equally at both ends."""
+        return all(pre == post for pre, post in self.padding)
+
+    @property
+    def bias_size(self) -> int:
+        """Length of the bias: C_out (direct) or weight.shape[1] * groups (transposed)."""
+        return self.output_shape[1]
+
+    def replace(self, **changes) -> "ConvParams":
+        return dataclasses.replace(self, **changes)
+
+    def as_direct(self) -> "ConvParams":
+        """The direct convolution whose data gradient is this transposed convolution.
+
+        Its input has this convolution's output shape and its output has this input's shape,
+        except where ``output_padding >= stride`` (allowed when ``output_padding < dilation``):
+        there the direct output is longer, and its extra positions have no counterpart here.
+        """
+        if not self.transposed:
+            return self
+        out = self.output_shape
+        direct_out = (self.input_shape[0], self.input_shape[1]) + tuple(
+            direct_output_size(o, k, s, pad, d)
+            for o, k, s, pad, d in zip(out[2:], self.kernel, self.stride, self.padding, self.dilation)
+        )
+        return self.replace(input_shape=out, output_shape=direct_out, transposed=False,
+                            output_padding=(0,) * self.nd)
+
+
+def direct_output_size(size: int, kernel: int, stride: int, pad: tuple[int, int], dilation: int) -> int:
+    """floor((size + pre + post - dilation*(kernel-1) - 1) / stride) + 1."""
+    return (size + pad[0] + pad[1] - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def transposed_output_size(size: int, kernel: int, stride: int, pad: tuple[int, int], dilation: int,
+                           output_padding: int) -> int:
+    """(size-1)*stride - pre - post + dilation*(kernel-1) + output_padding + 1."""
+    return (size - 1) * stride - pad[0] - pad[1] + dilation * (kernel - 1) + output_padding + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument parsing
+
+
+def per_dim(value, nd: int, name: str, minimum: int) -> tuple[int, ...]:
+    """An int, or one int per spatial dim, each at least ``minimum``."""
+    if _is_int(value):
+        values = (int(value),) * nd
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != nd or not all(_is_int(v) for v in value):
+            raise ShapeError(name, f"must be an int or {nd} ints, one per spatial dim",
+                             expected=f"{nd} ints", given=repr(value))
+        values = tuple(int(v) for v in value)
+    else:
+        raise ShapeError(name, "must be an int or a sequence of ints", expected=f"int or {nd} ints",
+                         given=repr(value))
+    for axis, v in enumerate(values):
+        if v < minimum:
+            raise ShapeError(name, f"must be >= {minimum}", dim=f"spatial dim {axis} ({spatial_names(nd)[axis]})",
+                             expected=f">= {minimum}", given=v)
+    return values
+
+
+def _same_padding(size: int, kernel: int, stride: int, dilation: int, lower: bool) -> tuple[int, int]:
+    """ONNX SAME_UPPER (extra at the end) or SAME_LOWER: output = ceil(size / stride)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + dilation * (kernel - 1) + 1 - size, 0)
+    small, large = total // 2, total - total // 2
+    return (large, small) if lower else (small, large)
+
+
+def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int], stride, dilation,
+                  transposed: bool) -> tuple[tuple[int, int], ...]:
+    """Normalize ``padding`` to one (pre, post) pair per spatial dim.
+
+    Accepted: an int; one int per dim (symmetric); one (pre, post) pair per dim; "valid";
+    "same" / "same_lower" (direct convolution only: output = ceil(input / stride)).
+    """
+    if isinstance(value, str):
+        if value not in PADDING_STRINGS:
+            raise ShapeError("padding", "unknown padding string", expected=" or ".join(map(repr, PADDING_STRINGS)),
+                             given=repr(value))
+        if value == "valid":
+            return ((0, 0),) * nd
+        if transposed:
+            raise ShapeError("padding", f"{value!r} is defined for direct convolution only; give explicit padding "
+                                        "for transposed=True", expected="int, ints or (pre, post) pairs",
+                             given=repr(value))
+        return tuple(_same_padding(s, k, st, d, value == "same_lower")
+                     for s, k, st, d in zip(spatial, kernel, stride, dilation))
+    if _is_int(value):
+        pairs = ((int(value), int(value)),) * nd
+    elif isinstance(value, Sequence) and len(value) == nd and all(_is_int(v) for v in value):
+        pairs = tuple((int(v), int(v)) for v in value)
+    elif (isinstance(value, Sequence) and len(value) == nd
+          and all(isinstance(v, Sequence) and len(v) == 2 and all(_is_int(x) for x in v) for v in value)):
+        pairs = tuple((int(v[0]), int(v[1])) for v in value)
+    else:
+        raise ShapeError("padding", "unrecognized padding",
+                         expected=f"an int, {nd} ints, {nd} (pre, post) pairs, or one of {PADDING_STRINGS}",
+                         given=repr(value))
+    for axis, (pre, post) in enumerate(pairs):
+        if pre < 0 or post < 0:
+            raise ShapeError("padding", "must be >= 0", dim=f"spatial dim {axis} ({spatial_names(nd)[axis]})",
+                             expected=">= 0", given=(pre, post))
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors
+
+
+def tensor_shape(array, name: str) -> tuple[int, ...]:
+    """The shape of an array argument, checked to be that of a 1-D to 3-D convolution tensor."""
+    shape = getattr(array, "shape", None)
+    if shape is None or getattr(array, "dtype", None) is None:
+        raise ShapeError(name, "must be an array with .shape and .dtype", expected="an array",
+                         given=type(array).__name__)
+    shape = tuple(int(s) for s in shape)
+    if not 3 <= len(shape) <= 5:
+        raise ShapeError(name, "rank must be 3, 4 or 5 (N, C, then 1 to 3 spatial dims)", expected="3, 4 or 5",
+                         given=len(shape))
+    return shape
+
+
+def common_dtype(arrays: dict) -> str:
+    """The one supported floating dtype shared by all named arrays (None entries skipped)."""
+    first_name, first = None, None
+    for name, array in arrays.items():
+        if array is None:
+            continue
+        if getattr(array, "dtype", None) is None or getattr(array, "shape", None) is None:
+            raise ShapeError(name, "must be an array with .shape and .dtype", expected="an array",
+                             given=type(array).__name__)
+        dname = dtype_name(array.dtype)
+        if dname is None:
+            raise ShapeError(name, "dtype must be float16, bfloat16, float32 or float64",
+                             expected="a floating dtype", given=str(array.dtype))
+        if first is None:
+            first_name, first = name, dname
+        elif dname != first:
+            raise ShapeError(name, f"dtype differs from {first_name}'s", expected=first, given=dname)
+    return first
+
+
+def check_output_mask(mask) -> tuple[bool, bool, bool]:
+    if (not isinstance(mask, Sequence) or isinstance(mask, str) or len(mask) != 3
+            or not all(isinstance(b, bool) or type(b).__name__ == "bool_" for b in mask)):
+        raise ShapeError("output_mask", "must be three booleans (grad_input, grad_weight, grad_bias)",
+                         expected="(bool, bool, bool)", given=repr(mask))
+    return tuple(bool(b) for b in mask)
+
+
+def check_math(math: str) -> str:
+    if math not in MATH_MODES:
+        raise ShapeError("math", "unknown math mode", expected=" or ".join(map(repr, MATH_MODES)), given=repr(math))
+    return math
+
+
+def check_flag(value, name: str) -> bool:
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        raise ShapeError(name, "must be a bool", expected="True or False", given=repr(value))
+    return bool(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The convolution
+
+
+def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
+                output_padding=0, dtype="float32", math="keep_dtype", deterministic=False,
+                input_name="input", weight_name="weight") -> ConvParams:
+    """Check one convolution's shapes and parameters and return them normalized.
+
+    ``input_shape`` is the convolution's input (for transposed, the transposed convolution's
+    input), ``weight_shape`` its weight. Raises :class:`ShapeError` naming the first problem.
+    """
+    input_shape = tuple(int(s) for s in input_shape)
+    weight_shape = tuple(int(s) for s in weight_shape)
+    transposed = check_flag(transposed, "transposed")
+    if not 3 <= len(input_shape) <= 5:
+        raise ShapeError(input_name, "rank must be 3, 4 or 5 (N, C, then 1 to 3 spatial dims)",
+                         expected="3, 4 or 5", given=len(input_shape))
+    nd = len(input_shape) - 2
+    if len(weight_shape) != len(input_shape):
+        raise ShapeError(weight_name, f"rank must equal {input_name}'s rank", expected=len(input_shape),
+                         given=len(weight_shape))
+    for axis, size in enumerate(input_shape):
+        if size < 0 or (axis >= 2 and size == 0):
+            raise ShapeError(input_name, "spatial size must be >= 1 (only N and C may be 0)" if axis >= 2
+                             else "size must be >= 0", dim=_dim_label(axis, nd, "C_in"),
+                             expected=">= 1" if axis >= 2 else ">= 0", given=size)
+    for axis, size in enumerate(weight_shape):
+        if size < 0 or (axis >= 2 and size == 0):
+            raise ShapeError(weight_name, "kernel size must be >= 1" if axis >= 2 else "size must be >= 0",
+                             dim=f"dim {axis}", expected=">= 1" if axis >= 2 else ">= 0", given=size)
+    if not _is_int(groups) or groups < 1:
+        raise ShapeError("groups", "must be an int >= 1", expected=">= 1", given=repr(groups))
+    groups = int(groups)
+    stride = per_dim(stride, nd, "stride", 1)
+    dilation = per_dim(dilation, nd, "dilation", 1)
+    output_padding = per_dim(output_padding, nd, "output_padding", 0)
+    kernel = weight_shape[2:]
+    spatial = input_shape[2:]
+    padding = parse_padding(padding, nd, spatial, kernel, stride, dilation, transposed)
+
+    c_in = input_shape[1]
+    if c_in % groups:
+        raise ShapeError("groups", f"must divide {input_name}'s channel count (dim 1)",
+                         expected=f"a divisor of {c_in}", given=groups)
+    if weight_shape[0] % groups:
+        raise ShapeError("groups", f"must divide {weight_name}'s dim 0", expected=f"a divisor of {weight_shape[0]}",
+                         given=groups)
+    if transposed:
+        if weight_shape[0] != c_in:
+            raise ShapeError(weight_name, f"dim 0 must equal {input_name}'s channels for transposed=True "
+                                          "(weight is (C_in, C_out/groups, *k))", expected=c_in, given=weight_shape[0])
+        c_out = weight_shape[1] * groups
+    else:
+        if weight_shape[1] * groups != c_in:
+            raise ShapeError(weight_name, "dim 1 must be C_in / groups (weight is (C_out, C_in/groups, *k))",
+                             expected=c_in // groups, given=weight_shape[1])
+        c_out = weight_shape[0]
+
+    out_spatial = []
+    for axis in range(nd):
+        name = spatial_names(nd)[axis]
+        s, k, d, pad, op, size = stride[axis], kernel[axis], dilation[axis], padding[axis], \
+            output_padding[axis], spatial[axis]
+        if not transposed:
+            if op != 0:
+                raise ShapeError("output_padding", "must be 0 when transposed=False", dim=f"spatial dim {axis} ({name})",
+                                 expected=0, given=op)
+            if size + pad[0] + pad[1] < d * (k - 1) + 1:
+                raise ShapeError(input_name, "padded size is smaller than the dilated kernel",
+                                 dim=f"{_dim_label(axis + 2, nd, 'C_in')}",
+                                 expected=f"{name} + pre + post >= dilation*(k-1)+1 = {d * (k - 1) + 1}",
+                                 given=f"{size} + {pad[0]} + {pad[1]} = {size + pad[0] + pad[1]}")
+            out_spatial.append(direct_output_size(size, k, s, pad, d))
+        else:
+            if op >= s and op >= d:
+                raise ShapeError("output_padding", "must be smaller than stride or dilation",
+                                 dim=f"spatial dim {axis} ({name})", expected=f"< {max(s, d)}", given=op)
+            out = transposed_output_size(size, k, s, pad, d, op)
+            if out < 1:
+                raise ShapeError("padding", "makes the transposed output empty", dim=f"spatial dim {axis} ({name})",
+                                 expected=f"pre + post <= {out + pad[0] + pad[1] - 1}", given=pad)
+            out_spatial.append(out)
+    output_shape = (input_shape[0], c_out, *out_spatial)
+    return ConvParams(input_shape=input_shape, weight_shape=weight_shape, output_shape=output_shape, stride=stride,
+                      padding=padding, dilation=dilation, groups=groups, transposed=transposed,
+                      output_padding=output_padding, dtype=dtype, math=check_math(math),
+                      deterministic=check_flag(deterministic, "deterministic"))
+
+
+def check_grad_output(params: ConvParams, shape: tuple[int, ...], name: str = "grad_output") -> None:
+    """Raise ShapeError naming the first dim where ``shape`` differs from the convolution's output."""
+    if len(shape) != len(params.output_shape):
+        raise ShapeError(name, "rank must equal input's rank", expected=len(params.output_shape), given=len(shape))
+    for axis, (want, got) in enumerate(zip(params.output_shape, shape)):
+        if want != got:
+            raise ShapeError(name, "does not match the convolution's output shape "
+                                   f"{params.output_shape}", dim=_dim_label(axis, params.nd, "C_out"),
+                             expected=want, given=got)
+
+
+def check_bias_sizes(params: ConvParams, bias_sizes) -> None:
+    if bias_sizes is None:
+        return
+    if (not isinstance(bias_sizes, Sequence) or isinstance(bias_sizes, str) or len(bias_sizes) != 1
+            or not _is_int(bias_sizes[0]) or int(bias_sizes[0]) != params.bias_size):
+        what = "[weight.shape[1] * groups]" if params.transposed else "[weight.shape[0]]"
+        raise ShapeError("bias_sizes", f"must be {what}", expected=[params.bias_size], given=repr(bias_sizes))
+
+
+def output_shape(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
+                 output_padding=0) -> tuple[int, ...]:
+    """The output shape of a convolution (or transposed convolution) as a tuple; raises ShapeError if invalid."""
+    return make_params(input_shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                       transposed=transposed, output_padding=output_padding).output_shape
