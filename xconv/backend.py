@@ -102,10 +102,7 @@ class Backend:
 
     def info(self) -> BackendInfo:
         """This backend's row for list_backends; never raises."""
-        try:
-            available, reason = self.availability()
-        except Exception as exc:  # a report must not break list_backends
-            available, reason = False, f"availability() raised {type(exc).__name__}: {exc}"
+        available, reason = availability_of(self)
         try:
             version = str(self.version())
         except Exception:
@@ -115,3 +112,12 @@ class Backend:
         except Exception:
             devices = ()
         return BackendInfo(self.name, bool(available), reason, version, devices, tuple(self.array_families))
+
+
+def availability_of(backend) -> tuple[bool, str]:
+    """``backend.availability()``, with an exception it raises turned into (False, its text)."""
+    try:
+        available, reason = backend.availability()
+    except Exception as exc:  # an availability check must never break the caller
+        return False, f"availability() raised {type(exc).__name__}: {exc}"
+    return bool(available), str(reason or "")

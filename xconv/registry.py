@@ -14,7 +14,7 @@ import threading
 import pluggy
 
 from . import hookspec
-from .backend import Backend, BackendInfo
+from .backend import Backend, BackendInfo, availability_of
 from .errors import BackendUnavailableError, ShapeError
 
 _lock = threading.RLock()
@@ -91,7 +91,7 @@ def select_backend(backend, family: str) -> Backend:
     if backend is None:
         return _by_family(family)
     chosen = get_backend(backend) if isinstance(backend, str) else backend
-    available, reason = chosen.info()[1:3]
+    available, reason = availability_of(chosen)
     if not available:
         raise BackendUnavailableError(chosen.name, reason)
     if family not in chosen.array_families:
@@ -105,9 +105,9 @@ def _by_family(family: str) -> Backend:
                         key=lambda b: -b.priority)
     reasons = []
     for b in candidates:
-        info = b.info()
-        if info.available:
+        available, reason = availability_of(b)
+        if available:
             return b
-        reasons.append(f"{b.name}: {info.reason}")
+        reasons.append(f"{b.name}: {reason}")
     detail = "; ".join(reasons) if reasons else "no registered backend takes them"
     raise BackendUnavailableError("auto", f"no available backend for {family} arrays ({detail})")

@@ -9,10 +9,11 @@ from xconv import Backend, Capabilities
 from xconv.dtypes import accumulation_dtype
 
 from . import reference
+from .blas import single_threaded_blas
 
 
 class NumpyBackend(Backend):
-    """The reference backend. Always available, always deterministic.
+    """The reference backend. Always available, always deterministic, also across BLAS thread counts.
 
     ``exact=True`` accumulates every dtype in float64 (the oracle); the default accumulates
     float16, bfloat16 and float32 in float32 and float64 in float64. Results have the input dtype.
@@ -36,13 +37,17 @@ class NumpyBackend(Backend):
         return accumulation_dtype(p.dtype, self.exact)
 
     def fprop(self, x, w, bias, p):
-        return reference.fprop(x, w, bias, p, self._acc(p))
+        with single_threaded_blas():
+            return reference.fprop(x, w, bias, p, self._acc(p))
 
     def dgrad(self, dy, w, p):
-        return reference.dgrad(dy, w, p, self._acc(p))
+        with single_threaded_blas():
+            return reference.dgrad(dy, w, p, self._acc(p))
 
     def wgrad(self, x, dy, p):
-        return reference.wgrad(x, dy, p, self._acc(p))
+        with single_threaded_blas():
+            return reference.wgrad(x, dy, p, self._acc(p))
 
     def bgrad(self, dy, p):
-        return reference.bgrad(dy, p, self._acc(p))
+        with single_threaded_blas():
+            return reference.bgrad(dy, p, self._acc(p))
