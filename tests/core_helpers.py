@@ -1,0 +1,125 @@
+"""Shared helpers for the core tests: random data and a spy backend that records its calls."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import xconv
+from xconv_numpy import NumpyBackend
+
+
+def rand(rng, shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+class SpyBackend(NumpyBackend):
+    """The exact NumPy reference under another name, recording every primitive call and its params.
+
+    ``capabilities`` may be narrowed to exercise the core's legalization.
+    """
+
+    def __init__(self, name="spy", capabilities=None):
+        super().__init__(exact=True)
+        self.name = name
+        if capabilities is not None:
+            self.capabilities = capabilities
+        self.calls = []
+
+    def fprop(self, x, w, bias, p):
+        self.calls.append(("fprop", p, (x, w)))
+        return super().fprop(x, w, bias, p)
+
+    def dgrad(self, dy, w, p):
+        self.calls.append(("dgrad", p, (dy, w)))
+        return super().dgrad(dy, w, p)
+
+    def wgrad(self, x, dy, p):
+        self.calls.append(("wgrad", p, (x, dy)))
+        return super().wgrad(x, dy, p)
+
+    def bgrad(self, dy, p):
+        self.calls.append(("bgrad", p, (dy,)))
+        return super().bgrad(dy, p)
+
+
+def registered(backend):
+    """Context manager registering ``backend`` for the duration of a test."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        xconv.register_backend(backend, replace=True)
+        try:
+            yield backend
+        finally:
+            xconv.unregister_backend(backend.name)
+
+    return scope()
+
+
+# ---------------------------------------------------------------------------------------------
+# A hypothesis strategy over the whole parameter space
+
+from hypothesis import assume, strategies as st  # noqa: E402
+
+from xconv.params import make_params  # noqa: E402
+
+
+@st.composite
+def conv_configs(draw, max_spatial=7, dims=(1, 2, 3), transposed=None):
+    """A valid convolution: dict(input_shape, weight_shape, output_shape, kwargs)."""
+    nd = draw(st.sampled_from(dims))
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    c_in = groups * draw(st.integers(1, 3))
+    c_out = groups * draw(st.integers(1, 3))
+    is_t = draw(st.booleans()) if transposed is None else transposed
+    n = draw(st.integers(1, 2))
+    small = max_spatial if nd < 3 else min(max_spatial, 5)
+    spatial = tuple(draw(st.integers(1, small)) for _ in range(nd))
+    kernel = tuple(draw(st.integers(1, 4)) for _ in range(nd))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    dilation = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    kind = draw(st.sampled_from(["int", "per_dim", "pairs", "valid", "same", "same_lower"] if not is_t
+                                else ["int", "per_dim", "pairs", "valid"]))
+    if kind == "int":
+        padding = draw(st.integers(0, 3))
+    elif kind == "per_dim":
+        padding = tuple(draw(st.integers(0, 3)) for _ in range(nd))
+    elif kind == "pairs":
+        padding = tuple((draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in range(nd))
+    else:
+        padding = kind
+    output_padding = tuple(draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)) if is_t else 0
+    weight = ((c_in, c_out // groups) if is_t else (c_out, c_in // groups)) + kernel
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=is_t,
+                  output_padding=output_padding)
+    try:
+        p = make_params((n, c_in) + spatial, weight, **kwargs)
+    except xconv.ShapeError:
+        assume(False)
+    return dict(input_shape=p.input_shape, weight_shape=weight, output_shape=p.output_shape, kwargs=kwargs,
+                params=p)
+
+
+def torch_reference(cfg, x, w, dy, bias=None):
+    """(y, dx, dw, db) from PyTorch autograd, with asymmetric padding done by explicit pad/crop."""
+    import torch
+    import torch.nn.functional as F
+
+    p = cfg["params"]
+    nd = p.nd
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True)
+    tb = torch.zeros(p.bias_size, dtype=tx.dtype, requires_grad=True) if bias is None else \
+        torch.tensor(bias, requires_grad=True)
+    if not p.transposed:
+        flat = [v for pre, post in reversed(p.padding) for v in (pre, post)]
+        y = getattr(F, f"conv{nd}d")(F.pad(tx, flat), tw, tb, stride=p.stride, dilation=p.dilation,
+                                     groups=p.groups)
+    else:
+        full = getattr(F, f"conv_transpose{nd}d")(tx, tw, tb, stride=p.stride, dilation=p.dilation,
+                                                  groups=p.groups, output_padding=p.output_padding)
+        y = full[(slice(None), slice(None)) + tuple(slice(pre, pre + o) for (pre, _), o in
+                                                     zip(p.padding, p.output_shape[2:]))]
+    y.backward(torch.tensor(dy))
+    return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()

@@ -1,0 +1,135 @@
+"""The core legalizes what a backend lacks; a narrowed backend must give the reference's results.
+
+The spy backend below runs only 2-D, symmetric padding, direct convolution, contiguous arrays,
+and asserts that it is never handed anything else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import xconv
+from core_helpers import SpyBackend, conv_configs, registered
+
+NARROW = xconv.Capabilities(spatial_dims=frozenset({2, 3}), asymmetric_padding=frozenset(), transposed=False,
+                            strided=False)
+
+
+class Narrow(SpyBackend):
+    def __init__(self):
+        super().__init__("narrow", NARROW)
+
+    def _check(self, p, arrays):
+        assert p.nd in (2, 3) and p.symmetric and not p.transposed, p
+        for a in arrays:
+            assert a.flags.c_contiguous
+
+    def fprop(self, x, w, bias, p):
+        self._check(p, (x, w))
+        assert x.shape == p.input_shape and w.shape == p.weight_shape
+        return super().fprop(x, w, bias, p)
+
+    def dgrad(self, dy, w, p):
+        self._check(p, (dy, w))
+        assert dy.shape == p.output_shape
+        return super().dgrad(dy, w, p)
+
+    def wgrad(self, x, dy, p):
+        self._check(p, (x, dy))
+        assert x.shape == p.input_shape and dy.shape == p.output_shape
+        return super().wgrad(x, dy, p)
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    with registered(Narrow()) as backend:
+        yield backend
+
+
+def _noncontiguous(a, rng):
+    """The same values as ``a`` in a non-contiguous (reversed-stride, padded) view."""
+    big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+    big[..., ::2] = a[..., ::-1]
+    return big[..., ::2][..., ::-1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(cfg=conv_configs(), seed=st.integers(0, 2**31 - 1),
+       mask=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+def test_narrow_backend_matches_reference(narrow, cfg, seed, mask):
+    rng = np.random.default_rng(seed)
+    kw = cfg["kwargs"]
+    x, w = rng.standard_normal(cfg["input_shape"]), rng.standard_normal(cfg["weight_shape"])
+    dy = rng.standard_normal(cfg["output_shape"])
+    bias = rng.standard_normal(cfg["params"].bias_size)
+    xs, dys = _noncontiguous(x, rng), _noncontiguous(dy, rng)
+    assert x.shape[-1] == 1 or not xs.flags.c_contiguous
+    want = xconv.convolution_backward(dy, x, w, output_mask=mask, backend="numpy-exact", **kw)
+    got = xconv.convolution_backward(dys, xs, w, output_mask=mask, backend="narrow", **kw)
+    for g, t in zip(got, want):
+        assert (g is None) == (t is None)
+        if g is not None:
+            assert g.shape == t.shape and g.flags.c_contiguous
+            np.testing.assert_allclose(g, t, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(xconv.conv_fprop(xs, w, bias=bias, backend="narrow", **kw),
+                               xconv.conv_fprop(x, w, bias=bias, backend="numpy-exact", **kw), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        xconv.conv_dgrad(dys, w, cfg["input_shape"], backend="narrow", **kw),
+        xconv.conv_dgrad(dy, w, cfg["input_shape"], backend="numpy-exact", **kw), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        xconv.conv_wgrad(xs, dys, cfg["weight_shape"], backend="narrow", **kw),
+        xconv.conv_wgrad(x, dy, cfg["weight_shape"], backend="numpy-exact", **kw), rtol=1e-12, atol=1e-12)
+
+
+def test_transposed_runs_as_direct_primitives(narrow):
+    narrow.calls.clear()
+    x, w = np.ones((1, 2, 4, 4)), np.ones((2, 3, 3, 3))
+    dz = np.ones(xconv.output_shape(x.shape, w.shape, stride=2, transposed=True))
+    xconv.convolution_backward(dz, x, w, stride=2, transposed=True, backend="narrow")
+    # grad_input of a transposed conv is a direct fprop of grad_output; grad_weight a direct wgrad with roles swapped
+    assert [c[0] for c in narrow.calls] == ["fprop", "wgrad", "bgrad"]
+    fprop_params = narrow.calls[0][1]
+    assert fprop_params.input_shape == dz.shape and fprop_params.output_shape == x.shape
+
+
+def test_1d_lifted_to_2d_and_asymmetric_padding_made_explicit(narrow):
+    narrow.calls.clear()
+    x, w = np.ones((1, 2, 9)), np.ones((4, 2, 3))
+    y = xconv.conv_fprop(x, w, padding=((2, 0),), backend="narrow")
+    (op, p, (xx, _)), = narrow.calls
+    assert p.input_shape == (1, 2, 1, 11) and p.padding == ((0, 0), (0, 0)) and xx.shape == (1, 2, 1, 11)
+    assert y.shape == (1, 4, 9)
+    np.testing.assert_array_equal(y[0, 0], [2, 4, 6, 6, 6, 6, 6, 6, 6])
+
+
+def test_unsupported_rank_and_dtype_refused_before_work():
+    only2d = SpyBackend("only2d", xconv.Capabilities(spatial_dims=frozenset({2}), dtypes=frozenset({"float32"})))
+    with registered(only2d):
+        with pytest.raises(xconv.UnsupportedError, match="3-D"):
+            xconv.conv_fprop(np.ones((1, 1, 2, 2, 2), np.float32), np.ones((1, 1, 1, 1, 1), np.float32),
+                             backend="only2d")
+        with pytest.raises(xconv.UnsupportedError, match="float64"):
+            xconv.conv_fprop(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1, 1)), backend="only2d")
+        assert only2d.calls == []
+
+
+def test_deterministic_refused_when_backend_cannot_promise_it():
+    nondet = SpyBackend("nondet", xconv.Capabilities(deterministic=False))
+    with registered(nondet):
+        x, w = np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1))
+        xconv.conv_fprop(x, w, backend="nondet")
+        with pytest.raises(xconv.UnsupportedError, match="deterministic"):
+            xconv.conv_fprop(x, w, backend="nondet", deterministic=True)
+        assert len(nondet.calls) == 1
+
+
+def test_backend_returning_wrong_shape_is_reported():
+    class Broken(SpyBackend):
+        def fprop(self, x, w, bias, p):
+            return np.zeros((1,))
+
+    with registered(Broken("broken")):
+        with pytest.raises(xconv.XconvError, match="returned fprop output of shape"):
+            xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)), backend="broken")
