@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import legalize
+from . import interop, legalize
 from .arrays import common_family
 from .errors import ShapeError
 from .params import (check_bias_sizes, check_grad_output, check_output_mask, common_dtype, make_params,
@@ -52,35 +52,43 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     omitted the bias length is inferred from the weight.
     """
     mask = check_output_mask(output_mask)
+    family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
+    grad_output, input, weight = map(interop.to_native, (grad_output, input, weight))
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight", backend,
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
     check_bias_sizes(p, bias_sizes)
-    return legalize.backward(b, grad_output, input, weight, p, mask)
+    return tuple(interop.to_family(r, family) for r in legalize.backward(b, grad_output, input, weight, p, mask))
 
 
 def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, groups=1, transposed=False,
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """The convolution of ``input`` with ``weight`` plus ``bias``; transposed=True is PyTorch's conv_transpose."""
+    family = common_family({"input": input, "weight": weight, "bias": bias})
+    input, weight, bias = map(interop.to_native, (input, weight, bias))
     b, p = _prepare({"input": input, "weight": weight}, "input", "weight", backend, bias=bias, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
-    return legalize.fprop(b, input, weight, bias, p)
+    return interop.to_family(legalize.fprop(b, input, weight, bias, p), family)
 
 
 def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_input of the convolution whose input has ``input_shape``, given ``grad_output`` and ``weight``."""
+    family = common_family({"grad_output": grad_output, "weight": weight})
+    grad_output, weight = map(interop.to_native, (grad_output, weight))
     b, p = _prepare({"grad_output": grad_output, "weight": weight}, input_shape, "weight", backend, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
-    return legalize.dgrad(b, grad_output, weight, p)
+    return interop.to_family(legalize.dgrad(b, grad_output, weight, p), family)
 
 
 def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_weight (of ``weight_shape``) of the convolution of ``input``, given ``grad_output``."""
+    family = common_family({"input": input, "grad_output": grad_output})
+    input, grad_output = map(interop.to_native, (input, grad_output))
     b, p = _prepare({"input": input, "grad_output": grad_output}, "input", weight_shape, backend, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
-    return legalize.wgrad(b, input, grad_output, p)
+    return interop.to_family(legalize.wgrad(b, input, grad_output, p), family)

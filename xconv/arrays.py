@@ -20,8 +20,8 @@ def common_family(arrays: dict) -> str:
     """The one family shared by all named arrays (None entries skipped); ShapeError when they differ."""
     first_name = first = None
     for name, array in arrays.items():
-        if array is None:
-            continue
+        if array is None or not hasattr(array, "shape"):
+            continue  # not an array: reported by the shape checks
         family = array_family(array)
         if first is None:
             first_name, first = name, family

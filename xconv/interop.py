@@ -1,0 +1,66 @@
+"""DLPack interop: any array with ``__dlpack__``/``__dlpack_device__`` goes in, the caller's family comes out.
+
+Backends see only "native" families (NumPy on the CPU, CuPy on CUDA). A foreign array (a
+PyTorch tensor, a JAX array, …) is viewed, without copying, as the native array of its device
+(``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA memory); results are handed
+back through the caller's ``from_dlpack``, again without copying.
+
+DLPack has no portable bfloat16 for NumPy, so bfloat16 crosses as its 16-bit pattern (an int16
+view on both sides) for PyTorch tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from .arrays import array_family
+from .dtypes import bfloat16
+from .errors import BackendUnavailableError
+
+NATIVE_FAMILIES = ("numpy", "cupy")
+
+# DLPack device types (dlpack.h DLDeviceType)
+_DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST, _DLPACK_CUDA_MANAGED = 1, 2, 3, 13
+
+
+def is_foreign(array) -> bool:
+    """True for an array that is not NumPy/CuPy but speaks DLPack."""
+    return (array is not None and array_family(array) not in NATIVE_FAMILIES
+            and hasattr(array, "__dlpack__") and hasattr(array, "__dlpack_device__"))
+
+
+def to_native(array):
+    """``array`` itself when native or not an array; else a zero-copy NumPy or CuPy view of it."""
+    if not is_foreign(array):
+        return array
+    family = array_family(array)
+    if family == "torch":
+        array = array.detach()
+    device_type = int(array.__dlpack_device__()[0])
+    if device_type in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
+        native = np
+    elif device_type in (_DLPACK_CUDA, _DLPACK_CUDA_MANAGED):
+        try:
+            native = importlib.import_module("cupy")
+        except ImportError as exc:
+            raise BackendUnavailableError("cudnn", f"CUDA arrays need CuPy, which is not installed ({exc})") from None
+    else:
+        raise BackendUnavailableError("auto", f"no xconv backend takes arrays on DLPack device type {device_type}")
+    if family == "torch" and str(array.dtype) == "torch.bfloat16":
+        import torch
+        bits = native.from_dlpack(array.view(torch.int16))
+        return bits.view(bfloat16) if native is np else bits
+    return native.from_dlpack(array)
+
+
+def to_family(result, family: str):
+    """``result`` (a native array or None) as an array of ``family``, without copying."""
+    if result is None or family in NATIVE_FAMILIES or array_family(result) == family:
+        return result
+    module = importlib.import_module(family)
+    if family == "torch" and result.dtype == bfloat16:
+        return module.from_dlpack(result.view(np.int16)).view(module.bfloat16)
+    from_dlpack = getattr(module, "from_dlpack", None) or importlib.import_module(f"{family}.dlpack").from_dlpack
+    return from_dlpack(result)
