@@ -1,0 +1,405 @@
+"""Running one case on one backend and judging it: the checks every front end (pytest, CLI) shares.
+
+Per valid case: the call's results have the right structure, shapes and dtypes; masked
+gradients are None; every unmasked gradient is within the error bound of the float64 oracle
+(:mod:`.tolerance`); for ``deterministic=True`` a second call is bitwise identical (and, via
+:func:`fresh_process_digests`, so is a call in a fresh process) unless the backend refused.
+Per invalid case: :class:`xconv.ShapeError` naming the expected argument, with no backend
+primitive called.
+
+Outcomes: "passed", "failed", "refused" (the backend raised UnsupportedError: reported, never a
+pass) and "unavailable" (with the backend's reason).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+
+import xconv
+from xconv import Backend, BackendUnavailableError, ShapeError, UnsupportedError
+from xconv.dtypes import dtype_name
+
+from . import tolerance
+from .cases import Case, Inputs, make_inputs
+from .families import FamilyError, family
+
+ORACLE = "numpy-exact"
+STATUSES = ("passed", "failed", "refused", "unavailable")
+OUTPUTS = tolerance.OUTPUTS
+
+
+@dataclasses.dataclass
+class Outcome:
+    """The verdict on one case x backend."""
+
+    case_id: str
+    backend: str
+    status: str
+    message: str = ""
+    ratio: float | None = None                      # worst |got - exact| / bound over the unmasked outputs
+    ratios: dict = dataclasses.field(default_factory=dict)       # per output name
+    worst_index: dict = dataclasses.field(default_factory=dict)  # per output name: index of the worst element
+    outputs: tuple | None = None                    # NumPy results (None where masked), kept for bundles
+    digests: tuple | None = None                    # sha256 of each result (None where masked)
+    seconds: float = 0.0
+    ratio_samples: dict = dataclasses.field(default_factory=dict)  # per output: log10(ratio) histogram data
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+    def summary(self) -> dict:
+        """JSON-able record (no arrays)."""
+        return {"id": self.case_id, "backend": self.backend, "status": self.status, "message": self.message,
+                "ratio": _json_float(self.ratio), "ratios": {k: _json_float(v) for k, v in self.ratios.items()},
+                "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
+                "digests": list(self.digests) if self.digests is not None else None,
+                "seconds": round(self.seconds, 6)}
+
+
+def _json_float(v):
+    if v is None:
+        return None
+    if math.isinf(v) or math.isnan(v):
+        return str(v)
+    return float(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle
+
+
+@dataclasses.dataclass
+class Reference:
+    """The float64 oracle's results for a case, the sums of absolute products, and the bounds."""
+
+    exact: tuple
+    abs_sum: tuple
+    lengths: dict
+    bounds: tuple
+    input_digest: str
+
+
+def oracle_backend() -> Backend:
+    try:
+        return xconv.get_backend(ORACLE)
+    except xconv.BackendUnavailableError:
+        from xconv_numpy import NumpyBackend
+        return NumpyBackend(exact=True)
+
+
+class _LRU(collections.OrderedDict):
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def get_or(self, key, make):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = self[key] = make()
+        while len(self) > self.size:
+            self.popitem(last=False)
+        return value
+
+
+_inputs_cache = _LRU(8)
+_reference_cache = _LRU(8)
+
+
+def inputs_of(case: Case) -> Inputs:
+    return _inputs_cache.get_or(case.id, lambda: make_inputs(case))
+
+
+def reference_of(case: Case) -> Reference:
+    return _reference_cache.get_or(case.id, lambda: compute_reference(case, inputs_of(case)))
+
+
+def compute_reference(case: Case, inputs: Inputs) -> Reference:
+    """Run the oracle on float64 copies of the (cast) inputs, and on their absolute values."""
+    oracle = oracle_backend()
+    kw = dict(case.conv_kwargs(), output_mask=(True, True, True), backend=oracle)
+    f64 = [np.ascontiguousarray(np.asarray(a, dtype=np.float64))
+           for a in (inputs.grad_output, inputs.input, inputs.weight)]
+    exact = xconv.convolution_backward(*f64, **kw)
+    abs_sum = xconv.convolution_backward(*(np.abs(a) for a in f64), **kw)
+    lengths = tolerance.reduction_lengths(case.params)
+    bounds = tuple(tolerance.bound(e, a, lengths[name], case.dtype, case.math)
+                   for name, e, a in zip(OUTPUTS, exact, abs_sum))
+    return Reference(tuple(exact), tuple(abs_sum), lengths, bounds, inputs.digest())
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def resolve(backend) -> Backend:
+    return xconv.get_backend(backend) if isinstance(backend, str) else backend
+
+
+def digest(a) -> str | None:
+    """SHA-256 of an array's dtype, shape and bytes (None for None)."""
+    if a is None:
+        return None
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{a.dtype.str}:{a.shape}\n".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def call_kwargs(case: Case) -> dict:
+    kw = dict(case.conv_kwargs(), output_mask=case.mask, math=case.math, deterministic=case.deterministic)
+    if case.bias_sizes:
+        kw["bias_sizes"] = [case.c_out]
+    return kw
+
+
+def _backend_arrays(case: Case, inputs: Inputs, fam):
+    return tuple(fam.make(a, case.layout) for a in (inputs.grad_output, inputs.input, inputs.weight))
+
+
+class Spy(Backend):
+    """Wraps a backend and records every primitive called on it."""
+
+    def __init__(self, inner: Backend):
+        self.inner = inner
+        self.name = inner.name
+        self.capabilities = inner.capabilities
+        self.array_families = tuple(inner.array_families)
+        self.priority = getattr(inner, "priority", 0)
+        self.calls: list[str] = []
+
+    def availability(self):
+        info = self.inner.info()
+        return info.available, info.reason
+
+    def version(self):
+        return self.inner.version()
+
+    def devices(self):
+        return self.inner.devices()
+
+    def _record(self, what, *args):
+        self.calls.append(what)
+        return getattr(self.inner, what)(*args)
+
+    def fprop(self, *args):
+        return self._record("fprop", *args)
+
+    def dgrad(self, *args):
+        return self._record("dgrad", *args)
+
+    def wgrad(self, *args):
+        return self._record("wgrad", *args)
+
+    def bgrad(self, *args):
+        return self._record("bgrad", *args)
+
+    def backward(self, *args):
+        return self._record("backward", *args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a case
+
+
+def availability(backend) -> tuple[bool, str]:
+    try:
+        b = resolve(backend)
+    except BackendUnavailableError as exc:
+        return False, exc.reason
+    info = b.info()
+    return info.available, info.reason
+
+
+def run_case(case: Case, backend, *, keep_outputs: bool = False, repeat_deterministic: bool = True) -> Outcome:
+    """Run and judge ``case`` on ``backend`` (a name or a Backend object)."""
+    start = time.perf_counter()
+    name = backend if isinstance(backend, str) else backend.name
+    try:
+        b = resolve(backend)
+    except BackendUnavailableError as exc:
+        return Outcome(case.id, name, "unavailable", exc.reason)
+    info = b.info()
+    if not info.available:
+        return Outcome(case.id, name, "unavailable", info.reason)
+    fam_name = b.array_families[0] if b.array_families else "numpy"
+    try:
+        fam = family(fam_name)
+    except ImportError as exc:
+        return Outcome(case.id, name, "unavailable", f"array library {fam_name!r} cannot be imported: {exc}")
+    try:
+        if case.kind == "invalid":
+            out = _run_invalid(case, b, fam)
+        else:
+            out = _run_valid(case, backend, b, fam, keep_outputs, repeat_deterministic)
+    except Exception as exc:  # noqa: BLE001 - a crashing backend is a failed case, not a crashed kit
+        out = Outcome(case.id, name, "failed", f"unexpected {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def _run_invalid(case: Case, b: Backend, fam) -> Outcome:
+    spy = Spy(b)
+    inputs = inputs_of(case)
+    dy, x, w = _backend_arrays(case, inputs, fam)
+    kw = call_kwargs(case)
+    kw.update(dict(case.call))
+    try:
+        xconv.convolution_backward(dy, x, w, backend=spy, **kw)
+    except ShapeError as exc:
+        if spy.calls:
+            return Outcome(case.id, b.name, "failed", f"ShapeError raised only after backend work {spy.calls}: {exc}")
+        if exc.argument != case.argument:
+            return Outcome(case.id, b.name, "failed",
+                           f"ShapeError names argument {exc.argument!r}, expected {case.argument!r}: {exc}")
+        return Outcome(case.id, b.name, "passed", f"ShapeError: {exc}")
+    except BackendUnavailableError as exc:
+        return Outcome(case.id, b.name, "unavailable", exc.reason)
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(case.id, b.name, "failed",
+                       f"expected ShapeError({case.argument!r}), got {type(exc).__name__}: {exc}"
+                       + (f" after backend work {spy.calls}" if spy.calls else ""))
+    return Outcome(case.id, b.name, "failed",
+                   f"expected ShapeError({case.argument!r}) but the call returned"
+                   + (f" after backend work {spy.calls}" if spy.calls else ""))
+
+
+def _call(case, backend, arrays):
+    return xconv.convolution_backward(*arrays, backend=backend, **call_kwargs(case))
+
+
+def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat: bool) -> Outcome:
+    name = b.name
+    inputs = inputs_of(case)
+    try:
+        arrays = _backend_arrays(case, inputs, fam)
+    except FamilyError as exc:
+        return Outcome(case.id, name, "refused", f"the kit cannot make these inputs as {fam.name} arrays: {exc}")
+    try:
+        results = _call(case, backend, arrays)
+    except UnsupportedError as exc:
+        return Outcome(case.id, name, "refused", str(exc))
+    except BackendUnavailableError as exc:
+        return Outcome(case.id, name, "unavailable", exc.reason)
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(case.id, name, "failed", f"the call raised {type(exc).__name__}: {exc}")
+    problems: list[str] = []
+    if not isinstance(results, (tuple, list)) or len(results) != 3:
+        return Outcome(case.id, name, "failed", f"expected a 3-tuple of results, got {type(results).__name__}")
+    ref = reference_of(case)
+    shapes = (case.input_shape, case.weight_shape, (case.c_out,))
+    outputs, ratios, worst_index, samples = [], {}, {}, {}
+    for i, (res, bit, shape, oname) in enumerate(zip(results, case.mask, shapes, OUTPUTS)):
+        if not bit:
+            if res is not None:
+                problems.append(f"{oname}: output_mask bit is False but a result was returned")
+            outputs.append(None)
+            continue
+        if res is None:
+            problems.append(f"{oname}: output_mask bit is True but the result is None")
+            outputs.append(None)
+            continue
+        got_dtype = dtype_name(getattr(res, "dtype", None)) if getattr(res, "dtype", None) is not None else None
+        if got_dtype != case.dtype:
+            problems.append(f"{oname}: dtype {getattr(res, 'dtype', None)} differs from the inputs' {case.dtype}")
+        got_shape = tuple(int(s) for s in getattr(res, "shape", ()))
+        if got_shape != tuple(shape):
+            problems.append(f"{oname}: shape {got_shape}, expected {tuple(shape)}")
+            outputs.append(None)
+            continue
+        arr = np.ascontiguousarray(fam.to_numpy(res))
+        outputs.append(arr)
+        ratio = tolerance.error_ratio(arr, ref.exact[i], ref.bounds[i])
+        w, idx = tolerance.worst(ratio)
+        ratios[oname], worst_index[oname] = w, idx
+        samples[oname] = _log_ratio_sample(ratio)
+        if not w <= 1.0:
+            e = float(ref.exact[i][idx]) if idx is not None else 0.0
+            g = float(arr.astype(np.float64)[idx]) if idx is not None else 0.0
+            bad = int(np.count_nonzero(~(ratio <= 1.0)))
+            problems.append(f"{oname}: {bad} of {ratio.size} elements outside the error bound; worst at {idx}: "
+                            f"got {g!r}, exact {e!r}, |error| {abs(g - e):.3e} = {w:.3g} x bound "
+                            f"{float(ref.bounds[i][idx]):.3e} (K={ref.lengths[oname]})")
+    digests = tuple(digest(o) for o in outputs)
+    if case.deterministic and repeat and not problems:
+        try:
+            again = _call(case, backend, _backend_arrays(case, inputs, fam))
+        except UnsupportedError as exc:
+            return Outcome(case.id, name, "refused", f"second call: {exc}")
+        for oname, first, res, bit in zip(OUTPUTS, outputs, again, case.mask):
+            if bit and res is not None and first is not None:
+                second = np.ascontiguousarray(fam.to_numpy(res))
+                if digest(second) != digest(first):
+                    differ = int(np.count_nonzero(first.view(np.uint8) != second.view(np.uint8)))
+                    problems.append(f"{oname}: deterministic=True but a second call differs ({differ} bytes differ)")
+    ratio = max(ratios.values()) if ratios else None
+    status = "failed" if problems else "passed"
+    return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
+                   tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples)
+
+
+def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:
+    """log10 of up to ``limit`` ratios (the largest ones and an even sample), for the report's histograms."""
+    flat = ratio.ravel()
+    if flat.size > limit:
+        step = flat.size // limit + 1
+        flat = np.concatenate([flat[::step], np.sort(flat)[-64:]])
+    with np.errstate(divide="ignore"):
+        return np.log10(np.maximum(flat, 1e-30)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fresh-process determinism check
+
+
+def fresh_process_digests(backend_name: str, cases: list[Case], imports: list[str] = (),
+                          timeout: float = 600.0) -> dict:
+    """Run ``cases`` on ``backend_name`` in one fresh Python process; {case id: [digest or None] or error text}.
+
+    ``imports``: modules the fresh process imports first (for backends registered at run time
+    by :func:`xconv.register_backend` rather than by an installed plugin).
+    """
+    if not cases:
+        return {}
+    request = json.dumps({"backend": backend_name, "cases": [c.id for c in cases], "imports": list(imports)})
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-m", "xconv_conformance.worker"], input=request, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the fresh-process worker failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def apply_fresh_process(outcome: Outcome, fresh) -> Outcome:
+    """Fail ``outcome`` when a fresh process's digests differ from this process's (deterministic cases)."""
+    if outcome.status != "passed" or outcome.digests is None:
+        return outcome
+    if isinstance(fresh, str):
+        if fresh.startswith("refused"):
+            outcome.status, outcome.message = "failed", f"refused in a fresh process but not here: {fresh}"
+        elif fresh.startswith("unregistered"):
+            outcome.message = (outcome.message + "; " if outcome.message else "") + f"fresh-process check skipped: {fresh}"
+        else:
+            outcome.status, outcome.message = "failed", f"fresh process: {fresh}"
+        return outcome
+    for oname, here, there in zip(OUTPUTS, outcome.digests, fresh):
+        if here != there:
+            outcome.status = "failed"
+            outcome.message = (f"{oname}: deterministic=True but a fresh process computed different bits "
+                               f"(sha256 {str(there)[:12]} vs {str(here)[:12]})")
+            break
+    return outcome
