@@ -8,15 +8,16 @@ import xconv
 from xconv import Backend, Capabilities
 from xconv.dtypes import accumulation_dtype
 
-from . import reference
-from .blas import single_threaded_blas
+from . import fast, reference
 
 
 class NumpyBackend(Backend):
-    """The reference backend. Always available, always deterministic, also across BLAS thread counts.
+    """The NumPy backend. Always available, always deterministic.
 
-    ``exact=True`` accumulates every dtype in float64 (the oracle); the default accumulates
-    float16, bfloat16 and float32 in float32 and float64 in float64. Results have the input dtype.
+    ``exact=True`` runs :mod:`.reference`, accumulating every dtype in float64 (the oracle,
+    registered as "numpy-exact"). The default runs :mod:`.fast`: chunked BLAS matrix products,
+    accumulating float16, bfloat16 and float32 in float32 and float64 in float64, with extra
+    memory bounded by a budget proportional to the call's operands. Results have the input dtype.
     """
 
     array_families = ("numpy",)
@@ -37,17 +38,26 @@ class NumpyBackend(Backend):
         return accumulation_dtype(p.dtype, self.exact)
 
     def fprop(self, x, w, bias, p):
-        with single_threaded_blas():
+        if self.exact:
             return reference.fprop(x, w, bias, p, self._acc(p))
+        return fast.fprop(x, w, bias, p)
 
     def dgrad(self, dy, w, p):
-        with single_threaded_blas():
+        if self.exact:
             return reference.dgrad(dy, w, p, self._acc(p))
+        return fast.dgrad(dy, w, p)
 
     def wgrad(self, x, dy, p):
-        with single_threaded_blas():
+        if self.exact:
             return reference.wgrad(x, dy, p, self._acc(p))
+        return fast.wgrad(x, dy, p)
 
     def bgrad(self, dy, p):
-        with single_threaded_blas():
+        if self.exact:
             return reference.bgrad(dy, p, self._acc(p))
+        return fast.bgrad(dy, p)
+
+    def backward(self, dy, x, w, p, mask):
+        if self.exact:
+            return super().backward(dy, x, w, p, mask)
+        return fast.backward(dy, x, w, p, mask)

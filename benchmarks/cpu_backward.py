@@ -1,0 +1,196 @@
+"""Benchmark: full-mask float32 convolution backward, xconv's NumPy backend vs PyTorch CPU.
+
+Run from the repository root (see benchmarks/README.md)::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_backward.py
+
+For each case of the layer suite it checks xconv's result against torch's, then times both in
+the same process (interleaved repetitions, median after warm-up, same thread count) and prints
+the times, GFLOP/s, the ratio torch/xconv and xconv's peak extra memory (tracemalloc), then the
+geometric mean of the ratios and numpy's float32 matrix-product rate on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "backends"))
+sys.path.insert(0, str(ROOT))
+
+import xconv  # noqa: E402
+
+SHARED_SUITE = ROOT.parent / "shared" / "bench" / "suite.json"
+LOCAL_SUITE = ROOT / "benchmarks" / "suite.json"
+
+
+def load_suite() -> tuple[list[dict], Path]:
+    """The shared suite when present (warning if the local copy differs), else the local copy."""
+    local = json.loads(LOCAL_SUITE.read_text()) if LOCAL_SUITE.exists() else None
+    if SHARED_SUITE.exists():
+        shared = json.loads(SHARED_SUITE.read_text())
+        if local is not None and local != shared:
+            warnings.warn(f"{LOCAL_SUITE} differs from {SHARED_SUITE}; using the shared one "
+                          "(copy it over to keep them in step)", stacklevel=2)
+        return shared["cases"], SHARED_SUITE
+    if local is None:
+        raise SystemExit(f"no suite: neither {SHARED_SUITE} nor {LOCAL_SUITE} exists")
+    return local["cases"], LOCAL_SUITE
+
+
+def flops(case: dict, out_spatial) -> float:
+    """2 x 2 x N x C_out x prod(out) x C_in/groups x prod(kernel): dgrad + wgrad."""
+    n = case["input"][0]
+    c_out = case["weight"][0]
+    return 4.0 * n * c_out * math.prod(out_spatial) * math.prod(case["weight"][1:])
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl not installed: BLAS kernel unknown"
+    rows = [f"{i.get('internal_api')} {i.get('version')} kernel={i.get('architecture')} threads={i.get('num_threads')}"
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(rows) or "no BLAS found by threadpoolctl"
+
+
+def limit_blas_threads(n: int):
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+def matmul_rate(size: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of numpy float32 (size x size) @ (size x size), median of reps."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2.0 * size**3 / statistics.median(times) / 1e9
+
+
+def peak_extra(fn) -> tuple[int, int]:
+    """(peak bytes allocated during fn() beyond what it returns, bytes it returns), by tracemalloc."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        result = fn()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    kept = current - base
+    del result
+    return peak - current, kept
+
+
+def check(ours, theirs, name: str, what: str) -> float:
+    """Normwise relative error of ours vs torch; exit if it is not float32-rounding sized."""
+    ref = theirs.detach().numpy().astype(np.float64)
+    err = float(np.linalg.norm(ours.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+    if not err < 1e-4:
+        raise SystemExit(f"{name}: xconv {what} differs from torch: relative error {err:.3g}")
+    return err
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median; >= 5)")
+    ap.add_argument("--threads", type=int, default=None, help="threads for both (default: torch's default)")
+    ap.add_argument("--cases", nargs="*", help="only these case names")
+    args = ap.parse_args(argv)
+    reps = max(5, args.reps)
+
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    limiter = limit_blas_threads(threads)
+    cases, suite_path = load_suite()
+    if args.cases:
+        cases = [c for c in cases if c["name"] in args.cases]
+
+    print(f"suite: {suite_path}")
+    print(f"numpy {np.__version__}, torch {torch.__version__}, xconv {xconv.__version__}")
+    print(f"threads: torch {torch.get_num_threads()}, BLAS: {blas_info()}"
+          + ("" if limiter is not None else " (threadpoolctl missing: BLAS threads not pinned)"))
+    print("env: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}"
+                              for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                        "OMP_NUM_THREADS")))
+    rate = matmul_rate()
+    print(f"numpy float32 matmul 2048^3: {rate:.1f} GFLOP/s  (70% = {0.7 * rate:.1f})")
+    print()
+    header = (f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s} {'xc GF/s':>8s} {'pt GF/s':>8s} "
+              f"{'xc extra MiB':>12s} {'/ io':>5s}")
+    print(header)
+    print("-" * len(header))
+    ratios = []
+    rng = np.random.default_rng(1234)
+    for case in cases:
+        name = case["name"]
+        x = rng.standard_normal(case["input"], dtype=np.float32)
+        w = rng.standard_normal(case["weight"], dtype=np.float32) / math.sqrt(math.prod(case["weight"][1:]))
+        conv = dict(stride=case["stride"], padding=case["padding"], dilation=case["dilation"], groups=case["groups"])
+        out_shape = xconv.output_shape(x.shape, w.shape, **conv)
+        dy = rng.standard_normal(out_shape, dtype=np.float32)
+        tx, tw, tdy = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(dy)
+        nd = len(case["stride"])
+
+        def run_xconv():
+            return xconv.convolution_backward(dy, x, w, bias_sizes=[w.shape[0]], output_mask=(True, True, True),
+                                              backend="numpy", **conv)
+
+        def run_torch():
+            with torch.no_grad():
+                return torch.ops.aten.convolution_backward(
+                    tdy, tx, tw, [w.shape[0]], case["stride"], case["padding"], case["dilation"], False,
+                    [0] * nd, case["groups"], [True, True, True])
+
+        ours, theirs = run_xconv(), run_torch()
+        for a, b, what in zip(ours, theirs, ("grad_input", "grad_weight", "grad_bias")):
+            check(a, b, name, what)
+        del ours, theirs
+        extra, _ = peak_extra(run_xconv)
+        io_bytes = sum(a.nbytes for a in (dy, x, w)) + x.nbytes + w.nbytes + 4 * w.shape[0]
+        tx_, tt_ = [], []
+        for rep in range(reps + 1):  # the first pair is a warm-up
+            order = (run_xconv, run_torch) if rep % 2 == 0 else (run_torch, run_xconv)
+            for fn in order:
+                t = time.perf_counter()
+                fn()
+                elapsed = time.perf_counter() - t
+                (tx_ if fn is run_xconv else tt_).append(elapsed)
+        t_x, t_t = statistics.median(tx_[1:]), statistics.median(tt_[1:])
+        f = flops(case, out_shape[2:])
+        ratio = t_t / t_x
+        ratios.append(ratio)
+        print(f"{name:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {ratio:8.2f} {f / t_x / 1e9:8.1f} {f / t_t / 1e9:8.1f} "
+              f"{extra / 2**20:12.1f} {extra / io_bytes:5.2f}", flush=True)
+    gmean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    print("-" * len(header))
+    print(f"geometric mean torch/xconv: {gmean:.3f}   min: {min(ratios):.3f}")
+    print(f"numpy float32 matmul rate: {rate:.1f} GFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
