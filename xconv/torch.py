@@ -1,0 +1,211 @@
+"""PyTorch modules whose convolutions run on xconv: ``XConv1d/2d/3d``, ``XConvTranspose1d/2d/3d``, :func:`convert`.
+
+Importing this module imports PyTorch (``pip install "xconv[torch]"``); ``import xconv`` never does.
+
+Each module subclasses the matching ``torch.nn`` module: the same constructor, parameters,
+``state_dict``, ``padding_mode`` and ``output_size`` handling, plus three keyword-only arguments,
+``backend=None`` (a backend name or object; None selects as ``xconv.conv_fprop`` does),
+``deterministic=False`` and ``math="keep_dtype"``, forwarded to every xconv call.
+
+Forward runs :func:`xconv.conv_fprop`. Backward runs :func:`xconv.convolution_backward` exactly once,
+with ``output_mask`` taken from which of (input, weight, bias) need gradients, so a frozen layer
+computes no weight gradient and a layer fed with data that needs no gradient computes no input
+gradient. Backward is not itself differentiable (no double backward).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+import xconv
+
+__all__ = ["XConv1d", "XConv2d", "XConv3d", "XConvTranspose1d", "XConvTranspose2d", "XConvTranspose3d",
+           "convert"]
+
+
+class _XConvFunction(torch.autograd.Function):
+    """y = conv(input, weight) + bias through xconv; ``conf`` holds the convolution keywords."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, conf):
+        ctx.conf = conf
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(input, weight)
+        return xconv.conv_fprop(input, weight, bias=bias, **conf)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        mask = (bool(need[0]), bool(need[1]), ctx.has_bias and bool(need[2]))
+        if not any(mask):
+            return None, None, None, None
+        conf = ctx.conf
+        c_out = weight.shape[1] * conf["groups"] if conf["transposed"] else weight.shape[0]
+        grad_input, grad_weight, grad_bias = xconv.convolution_backward(
+            grad_output, input, weight, bias_sizes=[c_out] if ctx.has_bias else None, output_mask=mask, **conf)
+        return grad_input, grad_weight, grad_bias, None
+
+
+def _padding_pairs(module) -> tuple[tuple[int, int], ...]:
+    """The module's zero padding as one (pre, post) pair per spatial dim, exactly as torch pads.
+
+    For torch's padding strings this is ``_reversed_padding_repeated_twice`` ('same': total
+    ``dilation*(k-1)``, the extra element at the end; 'valid': none).
+    """
+    if isinstance(module.padding, str):
+        flat = module._reversed_padding_repeated_twice
+        return tuple((flat[2 * i], flat[2 * i + 1]) for i in reversed(range(len(flat) // 2)))
+    return tuple((p, p) for p in module.padding)
+
+
+class _XConvMixin:
+    """Shared by the six modules: the xconv keywords, the autograd call, batching and the repr."""
+
+    # class-level defaults, so modules made by convert() or unpickled from older objects have them
+    backend = None
+    deterministic = False
+    math = "keep_dtype"
+    _nd: int
+
+    def _set_xconv(self, backend, deterministic, math):
+        self.backend = backend
+        self.deterministic = deterministic
+        self.math = math
+
+    def _xconv_apply(self, input, weight, bias, padding, output_padding=0):
+        nd = self._nd
+        unbatched = input.dim() == nd + 1
+        if unbatched:
+            input = input.unsqueeze(0)
+        conf = dict(stride=tuple(self.stride), padding=padding, dilation=tuple(self.dilation),
+                    groups=self.groups, transposed=self.transposed,
+                    output_padding=tuple(output_padding) if self.transposed else 0,
+                    deterministic=self.deterministic, math=self.math, backend=self.backend)
+        out = _XConvFunction.apply(input, weight, bias, conf)
+        return out.squeeze(0) if unbatched else out
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        backend = self.backend if self.backend is None or isinstance(self.backend, str) else self.backend.name
+        s += f", backend={backend!r}"
+        if self.deterministic:
+            s += ", deterministic=True"
+        if self.math != "keep_dtype":
+            s += f", math={self.math!r}"
+        return s
+
+
+class _XConvDirect(_XConvMixin):
+    def _conv_forward(self, input, weight, bias):
+        if self.padding_mode != "zeros":
+            nd = self._nd
+            if input.dim() == nd + 1:  # pad as a batch of one, as torch's pad modes expect
+                return self._conv_forward(input.unsqueeze(0), weight, bias).squeeze(0)
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return self._xconv_apply(input, weight, bias, 0)
+        return self._xconv_apply(input, weight, bias, _padding_pairs(self))
+
+
+class _XConvTransposed(_XConvMixin):
+    def forward(self, input, output_size=None):
+        if self.padding_mode != "zeros":
+            raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__name__}")
+        if not isinstance(self.padding, tuple):
+            raise AssertionError("self.padding must be a tuple")
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
+                                              self._nd, self.dilation)
+        return self._xconv_apply(input, self.weight, self.bias, _padding_pairs(self), output_padding)
+
+
+def _init(self, base, args, kwargs, backend, deterministic, math):
+    base.__init__(self, *args, **kwargs)
+    self._set_xconv(backend, deterministic, math)
+
+
+class XConv1d(_XConvDirect, torch.nn.Conv1d):
+    """``torch.nn.Conv1d`` on xconv; extra keyword-only ``backend``, ``deterministic``, ``math``."""
+    _nd = 1
+
+    def __init__(self, *args, backend=None, deterministic=False, math="keep_dtype", **kwargs):
+        _init(self, torch.nn.Conv1d, args, kwargs, backend, deterministic, math)
+
+
+class XConv2d(_XConvDirect, torch.nn.Conv2d):
+    """``torch.nn.Conv2d`` on xconv; extra keyword-only ``backend``, ``deterministic``, ``math``."""
+    _nd = 2
+
+    def __init__(self, *args, backend=None, deterministic=False, math="keep_dtype", **kwargs):
+        _init(self, torch.nn.Conv2d, args, kwargs, backend, deterministic, math)
+
+
+class XConv3d(_XConvDirect, torch.nn.Conv3d):
+    """``torch.nn.Conv3d`` on xconv; extra keyword-only ``backend``, ``deterministic``, ``math``."""
+    _nd = 3
+
+    def __init__(self, *args, backend=None, deterministic=False, math="keep_dtype", **kwargs):
+        _init(self, torch.nn.Conv3d, args, kwargs, backend, deterministic, math)
+
+
+class XConvTranspose1d(_XConvTransposed, torch.nn.ConvTranspose1d):
+    """``torch.nn.ConvTranspose1d`` on xconv; extra keyword-only ``backend``, ``deterministic``, ``math``."""
+    _nd = 1
+
+    def __init__(self, *args, backend=None, deterministic=False, math="keep_dtype", **kwargs):
+        _init(self, torch.nn.ConvTranspose1d, args, kwargs, backend, deterministic, math)
+
+
+class XConvTranspose2d(_XConvTransposed, torch.nn.ConvTranspose2d):
+    """``torch.nn.ConvTranspose2d`` on xconv; extra keyword-only ``backend``, ``deterministic``, ``math``."""
+    _nd = 2
+
+    def __init__(self, *args, backend=None, deterministic=False, math="keep_dtype", **kwargs):
+        _init(self, torch.nn.ConvTranspose2d, args, kwargs, backend, deterministic, math)
+
+
+class XConvTranspose3d(_XConvTransposed, torch.nn.ConvTranspose3d):
+    """``torch.nn.ConvTranspose3d`` on xconv; extra keyword-only ``backend``, ``deterministic``, ``math``."""
+    _nd = 3
+
+    def __init__(self, *args, backend=None, deterministic=False, math="keep_dtype", **kwargs):
+        _init(self, torch.nn.ConvTranspose3d, args, kwargs, backend, deterministic, math)
+
+
+_EQUIVALENT = {
+    torch.nn.Conv1d: XConv1d, torch.nn.Conv2d: XConv2d, torch.nn.Conv3d: XConv3d,
+    torch.nn.ConvTranspose1d: XConvTranspose1d, torch.nn.ConvTranspose2d: XConvTranspose2d,
+    torch.nn.ConvTranspose3d: XConvTranspose3d,
+}
+
+
+def _swap(module, backend, deterministic, math):
+    """The xconv equivalent of ``module``, sharing its Parameters, hooks and every other attribute."""
+    new = _EQUIVALENT[type(module)].__new__(_EQUIVALENT[type(module)])
+    state = {k: (v.copy() if isinstance(v, dict) else v) for k, v in module.__dict__.items()}
+    new.__dict__.update(state)
+    new._set_xconv(backend, deterministic, math)
+    return new
+
+
+def convert(model: torch.nn.Module, *, backend=None, deterministic=False, math="keep_dtype") -> torch.nn.Module:
+    """Replace every ``torch.nn.Conv{1,2,3}d`` / ``ConvTranspose{1,2,3}d`` in ``model`` by its xconv equivalent.
+
+    In place: children are swapped inside ``model`` (recursively) and ``model`` is returned; when
+    ``model`` is itself such a layer the new module is returned. The new modules share the old
+    ones' Parameters (so an optimizer built before the conversion still updates them), buffers,
+    hooks, training mode, device, dtype, ``padding_mode`` and padding. Only those six exact
+    classes are swapped: subclasses of them (they may override ``forward``) and modules already
+    on xconv are left alone. ``backend``, ``deterministic`` and ``math`` go to every swapped layer.
+    """
+    if type(model) in _EQUIVALENT:
+        return _swap(model, backend, deterministic, math)
+    for name, child in list(model.named_children()):
+        if type(child) in _EQUIVALENT:
+            setattr(model, name, _swap(child, backend, deterministic, math))
+        else:
+            convert(child, backend=backend, deterministic=deterministic, math=math)
+    return model
+
