@@ -1195,3 +1195,27 @@ def test_host_path_is_cheap_on_a_cache_hit():
 def test_entry_dataclass_defaults():
     e = Entry("delegate", delegate="cupy")
     assert e.plan_index is None and e.inputs == () and dataclasses.asdict(e)["delegate"] == "cupy"
+
+
+def test_cupy_fallbacks_handle_bfloat16_bit_patterns():
+    """CuPy has no bfloat16: bf16 data arrives as int16 bits; the fallbacks widen and round to nearest-even."""
+    import ml_dtypes
+
+    rt = driver.CupyRuntime.__new__(driver.CupyRuntime)
+    rt.cp = np                                             # NumPy stands in for CuPy (same array API)
+    rng = np.random.default_rng(14)
+    vals = rng.standard_normal((3, 4, 5, 5)).astype(np.float32) * 100
+    bf = vals.astype(ml_dtypes.bfloat16)
+    bits = bf.view(np.int16)
+    assert np.array_equal(rt._widen(bits, np.float32), bf.astype(np.float32))
+    assert np.array_equal(rt._narrow(vals, bits).view(ml_dtypes.bfloat16), bf)
+    total = rt.sum_bias(bits, "bfloat16")
+    assert total.dtype == np.int16
+    assert np.array_equal(total.view(ml_dtypes.bfloat16), bf.astype(np.float32).sum(axis=(0, 2, 3)).astype(bf.dtype))
+    bias = rng.standard_normal(4).astype(ml_dtypes.bfloat16)
+    y = rt.add_bias(bits.copy(), bias.view(np.int16))
+    want = (bf.astype(np.float32) + bias.astype(np.float32).reshape(1, -1, 1, 1)).astype(bf.dtype)
+    assert np.array_equal(y.view(ml_dtypes.bfloat16), want)
+    nan = rt._narrow(np.array([np.nan], np.float32), bits[:1, 0, 0, :1].reshape(1))
+    assert np.isnan(nan.view(ml_dtypes.bfloat16).astype(np.float32)).all()
+    np.testing.assert_allclose(rt.sum_bias(vals, "float32"), vals.sum(axis=(0, 2, 3)), rtol=1e-5)

@@ -294,14 +294,39 @@ class CupyRuntime:
         return self.cp.cuda.get_current_stream().ptr
 
     # CuPy fallbacks (same stream) ---------------------------------------------------------------
+    # CuPy has no bfloat16 dtype: bfloat16 data arrives as its 16-bit patterns (xconv.interop), so
+    # the fallbacks widen those bits to float32 and round back to nearest-even themselves.
+
+    def _is_bits(self, a) -> bool:
+        return a.dtype.kind in "iu"
+
+    def _widen(self, a, acc):
+        if self._is_bits(a):
+            return (a.view(self.cp.uint16).astype(self.cp.uint32) << 16).view(self.cp.float32).astype(acc)
+        return a.astype(acc)
+
+    def _narrow(self, f, like):
+        if not self._is_bits(like):
+            return f.astype(like.dtype)
+        u = self.cp.ascontiguousarray(f.astype(self.cp.float32)).view(self.cp.uint32)
+        rounded = (u + (((u >> 16) & 1) + 0x7FFF)) >> 16
+        nan = self.cp.isnan(f)
+        rounded = self.cp.where(nan, (u >> 16) | 0x40, rounded)
+        return rounded.astype(self.cp.uint16).view(like.dtype)
+
     def add_bias(self, y, bias):
-        y += bias.reshape((1, -1) + (1,) * (y.ndim - 2))
-        return y
+        shape = (1, -1) + (1,) * (y.ndim - 2)
+        if not (self._is_bits(y) or self._is_bits(bias)):
+            y += bias.reshape(shape)
+            return y
+        total = self._widen(y, self.cp.float32) + self._widen(bias, self.cp.float32).reshape(shape)
+        return self.cp.ascontiguousarray(self._narrow(total, y))
 
     def sum_bias(self, dy, dtype: str):
         acc = self.cp.float64 if dtype == "float64" else self.cp.float32
         axes = (0,) + tuple(range(2, dy.ndim))
-        return self.cp.ascontiguousarray(dy.sum(axis=axes, dtype=acc).astype(dy.dtype))
+        total = self._widen(dy, acc).sum(axis=axes) if self._is_bits(dy) else dy.sum(axis=axes, dtype=acc)
+        return self.cp.ascontiguousarray(self._narrow(total, dy))
 
     # autotune timing ------------------------------------------------------------------------------
     def time_calls(self, run, warmup: int, repeats: int) -> list[float]:
