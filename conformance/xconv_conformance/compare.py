@@ -1,0 +1,249 @@
+"""Holding bundles from different machines against the reference and against each other.
+
+For each case in the bundles, the reference and the bound are recomputed here (from the case
+id: the inputs are rebuilt bit for bit, which the recorded input digest confirms). Each
+bundle's results are judged against the reference (|got - exact| <= bound), and each pair of
+bundles against each other: |a - b| <= bound_a + bound_b, the sum of the two bounds being what
+the triangle inequality allows two correct results to differ by.
+
+A disagreement is: a result outside its bound, a pair outside the pairwise bound, a case that
+failed on its own machine, or a bundle whose inputs (or case spec) differ from this corpus.
+Refused and unavailable cases are listed, not counted as disagreements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from . import tolerance
+from .bundle import Bundle
+from .cases import load_corpus
+from .runner import _log_ratio_sample, reference_of
+
+OUTPUTS = tolerance.OUTPUTS
+
+
+@dataclasses.dataclass
+class CaseRow:
+    case_id: str
+    group: str
+    dtype: str
+    statuses: list                     # per bundle: status or "absent"
+    ratios: list                       # per bundle: worst error/bound against the reference (None: no results)
+    pairwise: dict                     # (i, j) -> worst |a-b| / (bound_a + bound_b)
+    problems: list
+    samples: list                      # per bundle: {output: log10 ratios}
+    messages: list
+
+    @property
+    def disagrees(self) -> bool:
+        return bool(self.problems)
+
+
+@dataclasses.dataclass
+class Comparison:
+    bundles: list
+    rows: list
+    notes: list
+
+    @property
+    def disagreements(self) -> list:
+        return [r for r in self.rows if r.disagrees]
+
+
+def compare_bundles(bundles: list[Bundle], corpus=None) -> Comparison:
+    corpus = {c.id: c for c in (corpus if corpus is not None else load_corpus())}
+    notes = []
+    hashes = {b.manifest["corpus"].get("full_hash", b.manifest["corpus"]["hash"]) for b in bundles}
+    if len(hashes) > 1:
+        notes.append("the bundles were made from different corpora; only cases whose specs agree are compared")
+    if len({tuple(b.manifest["corpus"]["case_ids"]) for b in bundles}) > 1:
+        notes.append("the bundles hold different selections of cases; a case absent from a bundle is not compared")
+    records = [b.records() for b in bundles]
+    order = []
+    for recs in records:
+        for cid in recs:
+            if cid not in order:
+                order.append(cid)
+    rows = []
+    unknown = [cid for cid in order if cid not in corpus]
+    if unknown:
+        notes.append(f"{len(unknown)} case(s) are not in this kit's corpus and were skipped: {unknown[:5]}")
+    for cid in order:
+        case = corpus.get(cid)
+        if case is None:
+            continue
+        rows.append(_compare_case(case, bundles, records))
+    return Comparison(bundles, rows, notes)
+
+
+def _compare_case(case, bundles, records) -> CaseRow:
+    n = len(bundles)
+    statuses, ratios, samples, messages, problems = [], [], [], [], []
+    results: list = [None] * n
+    ref = reference_of(case) if case.kind == "valid" else None
+    for i, (b, recs) in enumerate(zip(bundles, records)):
+        rec = recs.get(case.id)
+        samples.append({})
+        if rec is None:
+            statuses.append("absent"), ratios.append(None), messages.append("")
+            continue
+        statuses.append(rec["status"])
+        messages.append(rec.get("message", ""))
+        tag = f"[{_letter(i)}]"
+        if rec["spec_digest"] != case.digest:
+            problems.append(f"{tag} was run on a different spec of this case")
+            ratios.append(None)
+            continue
+        if rec["status"] == "failed":
+            problems.append(f"{tag} failed on its machine: {rec.get('message', '')[:300]}")
+        if case.kind != "valid":
+            ratios.append(None)
+            continue
+        if rec["input_digest"] != ref.input_digest:
+            problems.append(f"{tag} built different inputs (input digest {rec['input_digest'][:12]} vs "
+                            f"{ref.input_digest[:12]} here): its results are not comparable")
+            ratios.append(None)
+            continue
+        outs = {name: b.output(rec, name) for name in OUTPUTS}
+        if not any(o is not None for o in outs.values()):
+            ratios.append(None)
+            continue
+        worst = 0.0
+        for k, name in enumerate(OUTPUTS):
+            got = outs[name]
+            if got is None:
+                continue
+            if got.shape != ref.exact[k].shape:
+                problems.append(f"{tag} {name} has shape {got.shape}, expected {ref.exact[k].shape}")
+                continue
+            ratio = tolerance.error_ratio(got, ref.exact[k], ref.bounds[k])
+            w, idx = tolerance.worst(ratio)
+            samples[i][name] = _log_ratio_sample(ratio)
+            if not w <= 1.0:
+                problems.append(f"{tag} {name} is outside the bound: worst {w:.3g} x bound at {idx}")
+            worst = max(worst, w)
+        results[i] = outs
+        ratios.append(worst)
+    pairwise = {}
+    if case.kind == "valid":
+        for i, j in itertools.combinations(range(n), 2):
+            if results[i] is None or results[j] is None:
+                continue
+            worst = None
+            for k, name in enumerate(OUTPUTS):
+                a, b = results[i][name], results[j][name]
+                if a is None or b is None or a.shape != b.shape or a.shape != ref.exact[k].shape:
+                    continue
+                with np.errstate(invalid="ignore", over="ignore"):
+                    diff = np.abs(a.astype(np.float64) - b.astype(np.float64)) / (2.0 * ref.bounds[k])
+                diff = np.where(np.isfinite(a.astype(np.float64)) & np.isfinite(b.astype(np.float64)), diff, np.inf)
+                w, idx = tolerance.worst(diff)
+                worst = w if worst is None else max(worst, w)
+                if not w <= 1.0:
+                    problems.append(f"[{_letter(i)}] and [{_letter(j)}] disagree on {name}: worst {w:.3g} x "
+                                    f"(bound_a + bound_b) at {idx}")
+            pairwise[(i, j)] = worst
+    return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages)
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"#{i + 1}"
+
+
+def _fmt(r) -> str:
+    if r is None:
+        return "-"
+    return "inf" if r == float("inf") else f"{r:.3g}"
+
+
+def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
+    """The comparison as text tables."""
+    bundles = cmp.bundles
+    lines = ["Bundles:"]
+    for i, b in enumerate(bundles):
+        m = b.manifest
+        lines.append(f"  [{_letter(i)}] {b.path}: backend {m['backend']['name']} "
+                     f"({m['backend'].get('version', '')}) on {m['device']}; xconv {m['xconv_version']}; "
+                     f"{m['platform'].get('platform', '')}; {m['created']}; {len(m['cases'])} cases, corpus "
+                     f"{m['corpus']['hash'][:12]}")
+    for note in cmp.notes:
+        lines.append(f"  note: {note}")
+    lines.append("")
+    lines.append("Against the reference (float64 oracle recomputed here): results per bundle")
+    header = ["bundle", "passed", "failed", "refused", "unavailable", "absent", "outside bound", "worst error/bound"]
+    table = [header]
+    for i in range(len(bundles)):
+        counts = {s: 0 for s in ("passed", "failed", "refused", "unavailable", "absent")}
+        outside, worst = 0, None
+        for row in cmp.rows:
+            counts[row.statuses[i]] = counts.get(row.statuses[i], 0) + 1
+            r = row.ratios[i]
+            if r is not None:
+                worst = r if worst is None else max(worst, r)
+                outside += not r <= 1.0
+        table.append([f"[{_letter(i)}] {bundles[i].backend}", *(str(counts[s]) for s in
+                      ("passed", "failed", "refused", "unavailable", "absent")), str(outside), _fmt(worst)])
+    lines += _table(table)
+    if len(bundles) > 1:
+        lines.append("")
+        lines.append("Pairwise: worst |a - b| / (bound_a + bound_b) over the cases both computed (cases outside)")
+        table = [[""] + [f"[{_letter(j)}]" for j in range(len(bundles))]]
+        for i in range(len(bundles)):
+            cells = [f"[{_letter(i)}]"]
+            for j in range(len(bundles)):
+                if i == j:
+                    cells.append("-")
+                    continue
+                key = (min(i, j), max(i, j))
+                vals = [row.pairwise[key] for row in cmp.rows if row.pairwise.get(key) is not None]
+                bad = sum(not v <= 1.0 for v in vals)
+                cells.append(f"{_fmt(max(vals)) if vals else '-'} ({bad} of {len(vals)})")
+            table.append(cells)
+        lines += _table(table)
+    shown = cmp.rows if show_all else cmp.disagreements
+    lines.append("")
+    if shown:
+        lines.append("Cases" + (":" if show_all else " that disagree:"))
+        table = [["case", *(f"[{_letter(i)}]" for i in range(len(bundles))), "problem"]]
+        for row in shown:
+            cells = [row.case_id]
+            for i in range(len(bundles)):
+                st = row.statuses[i]
+                cells.append(st if row.ratios[i] is None else f"{st} {_fmt(row.ratios[i])}")
+            cells.append("; ".join(row.problems)[:400] or "")
+            table.append(cells)
+        lines += _table(table)
+    refused = [(row.case_id, _letter(i), row.messages[i]) for row in cmp.rows for i, s in enumerate(row.statuses)
+               if s == "refused"]
+    if refused and not show_all:
+        lines.append(f"{len(refused)} refused result(s) (not disagreements), e.g. {refused[0][0]} [{refused[0][1]}]: "
+                     f"{refused[0][2][:200]}")
+    lines.append("")
+    n_bad = len(cmp.disagreements)
+    lines.append(f"{len(cmp.rows)} cases compared across {len(bundles)} bundle(s): "
+                 + (f"{n_bad} disagreement(s)" if n_bad else "all agree within the error bounds"))
+    return "\n".join(lines)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows if c < len(r)) for c in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
+
+
+def report_runs(cmp: Comparison) -> list[dict]:
+    """The comparison as report runs (one per bundle), for :func:`report.html_report`."""
+    runs = []
+    for i, b in enumerate(cmp.bundles):
+        m = b.manifest
+        rows = [{"id": row.case_id, "group": row.group, "dtype": row.dtype,
+                 "status": "failed" if any(p.startswith(f"[{_letter(i)}]") for p in row.problems) and
+                 row.statuses[i] != "absent" else row.statuses[i],
+                 "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i]}
+                for row in cmp.rows if row.statuses[i] != "absent"]
+        runs.append({"label": f"[{_letter(i)}] {b.backend}", "detail": f"{m['backend'].get('version', '')} on "
+                     f"{m['device']}; {m['created']}", "rows": rows})
+    return runs

@@ -1,0 +1,130 @@
+"""The pytest front end: ``pytest conformance --xconv-backend NAME`` (repeatable).
+
+One test per case x backend, with ids ``<case id>@<backend>``. Default backends: every
+registered backend except the oracle "numpy-exact" (a backend that is registered but cannot
+run here is reported unavailable, with its reason). Outcomes map to pytest as: passed ->
+passed; failed -> failed; refused (UnsupportedError) -> skipped "refused: ..."; unavailable ->
+skipped "unavailable: ...". The terminal summary prints the kit's table: passed, failed, refused
+and unavailable per backend, and the worst error/bound.
+
+Options: ``--xconv-backend NAME`` (repeatable), ``--xconv-cases PATTERN`` (repeatable; glob or
+substring of case ids), ``--xconv-import MODULE`` (repeatable; import a module that registers
+backends at run time).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections import defaultdict
+
+import pytest
+
+import xconv
+
+from .cases import load_corpus, select
+from .runner import ORACLE, apply_fresh_process, fresh_process_digests, run_case
+
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_terminal_summary",
+           "conformance_check"]
+
+_STATE = pytest.StashKey[dict]()
+
+
+def _add(group, name: str, **kwargs) -> None:
+    try:
+        group.addoption(name, **kwargs)
+    except ValueError:  # already added (the plugin loaded twice): keep the first definition
+        pass
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("xconv-conformance", "xconv conformance kit")
+    _add(group, "--xconv-backend", action="append", default=None, metavar="NAME",
+         help="run the conformance corpus on backend NAME (repeatable; default: every registered backend "
+              "except the oracle numpy-exact)")
+    _add(group, "--xconv-cases", action="append", default=None, metavar="PATTERN",
+         help="only conformance cases whose id matches PATTERN (glob or substring; repeatable)")
+    _add(group, "--xconv-import", action="append", default=None, metavar="MODULE",
+         help="import MODULE before collecting (it may register backends); repeatable")
+
+
+def pytest_configure(config):
+    config.stash[_STATE] = {"outcomes": defaultdict(list), "fresh": {}, "seconds": defaultdict(float)}
+    for module in config.getoption("--xconv-import") or ():
+        importlib.import_module(module)
+
+
+def _backends(config) -> list[str]:
+    names = config.getoption("--xconv-backend")
+    if names:
+        return list(dict.fromkeys(names))
+    return [r.name for r in xconv.list_backends() if r.name != ORACLE]
+
+
+def pytest_generate_tests(metafunc):
+    if "conformance_case" not in metafunc.fixturenames:
+        return
+    cases = select(load_corpus(), metafunc.config.getoption("--xconv-cases"))
+    backends = _backends(metafunc.config)
+    params = [pytest.param(case, backend, id=f"{case.id}@{backend}") for case in cases for backend in backends]
+    metafunc.parametrize(("conformance_case", "conformance_backend"), params)
+
+
+def _fresh_digests(request, backend: str) -> dict:
+    state = request.config.stash[_STATE]
+    if backend not in state["fresh"]:
+        cases = []
+        for item in request.session.items:
+            callspec = getattr(item, "callspec", None)
+            if callspec is None or callspec.params.get("conformance_backend") != backend:
+                continue
+            case = callspec.params.get("conformance_case")
+            if case is not None and case.deterministic and case.kind == "valid":
+                cases.append(case)
+        try:
+            state["fresh"][backend] = fresh_process_digests(backend, cases,
+                                                            request.config.getoption("--xconv-import") or ())
+        except Exception as exc:  # noqa: BLE001
+            state["fresh"][backend] = {c.id: f"error: {exc}" for c in cases}
+    return state["fresh"][backend]
+
+
+@pytest.fixture
+def conformance_check(request):
+    """``check(case, backend)``: run and judge one case, record it for the summary, map it to a pytest outcome."""
+
+    def check(case, backend):
+        start = time.perf_counter()
+        outcome = run_case(case, backend)
+        if outcome.status == "passed" and case.deterministic and case.kind == "valid":
+            fresh = _fresh_digests(request, backend)
+            apply_fresh_process(outcome, fresh.get(case.id, "error: the fresh process did not run this case"))
+        state = request.config.stash[_STATE]
+        state["outcomes"][backend].append((case, outcome))
+        state["seconds"][backend] += time.perf_counter() - start
+        if outcome.ratio is not None:
+            request.node.user_properties.append(("xconv_error_over_bound", outcome.ratio))
+        if outcome.status == "unavailable":
+            pytest.skip(f"unavailable: backend {backend!r}: {outcome.message}")
+        if outcome.status == "refused":
+            pytest.skip(f"refused: {outcome.message}")
+        if outcome.status == "failed":
+            pytest.fail(f"{case.id} on {backend}: {outcome.message}", pytrace=False)
+        return outcome
+
+    return check
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    state = config.stash.get(_STATE, None)
+    if not state or not state["outcomes"]:
+        return
+    from .cli import summary_table
+    terminalreporter.section("xconv conformance")
+    for line in summary_table(dict(state["outcomes"]), dict(state["seconds"])).splitlines():
+        terminalreporter.write_line(line)
+    for backend, pairs in state["outcomes"].items():
+        reasons = {o.message for _, o in pairs if o.status == "unavailable"}
+        for reason in sorted(reasons):
+            terminalreporter.write_line(f"{backend}: unavailable: {reason}")

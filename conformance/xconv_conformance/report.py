@@ -1,0 +1,189 @@
+"""A self-contained HTML report (inline SVG, no external resources, no plotting library)."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter, defaultdict
+
+import numpy as np
+
+LO, HI, STEP = -10.0, 2.0, 0.25          # histogram range of log10(error / bound)
+_STATUS_COLOR = {"passed": "#2e7d32", "failed": "#c62828", "refused": "#ef6c00", "unavailable": "#757575"}
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1400px}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left}
+th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.refused{color:#ef6c00}.unavailable{color:#757575}
+.plots{display:flex;flex-wrap:wrap;gap:1em}.plot{border:1px solid #eee;padding:.3em}
+.small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}
+"""
+
+
+def _esc(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _fmt_ratio(r) -> str:
+    if r is None:
+        return "-"
+    if isinstance(r, str):
+        return r
+    if math.isinf(r):
+        return "inf"
+    return f"{r:.3g}"
+
+
+def histogram_svg(samples: np.ndarray, title: str, width: int = 320, height: int = 150) -> str:
+    """Histogram of log10(error/bound) values; the bound (0) as a red line, bins beyond it in red."""
+    edges = np.arange(LO, HI + STEP / 2, STEP)
+    vals = np.clip(np.asarray(samples, dtype=np.float64), LO, HI - 1e-9) if len(samples) else np.zeros(0)
+    counts, _ = np.histogram(vals, bins=edges)
+    left, right, top, bottom = 34, 8, 18, 26
+    pw, ph = width - left - right, height - top - bottom
+    peak = math.log1p(counts.max()) if counts.size and counts.max() > 0 else 1.0
+    bw = pw / len(counts)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+             f'<title>{_esc(title)}</title>',
+             f'<text x="{left}" y="12" font-size="11">{_esc(title)} ({len(samples)} elements)</text>']
+    for i, c in enumerate(counts):
+        if c == 0:
+            continue
+        h = ph * math.log1p(c) / peak
+        x = left + i * bw
+        color = "#c62828" if edges[i] >= 0 else "#1565c0"
+        parts.append(f'<rect x="{x:.1f}" y="{top + ph - h:.1f}" width="{max(bw - 0.5, 0.5):.1f}" height="{h:.1f}" '
+                     f'fill="{color}"><title>10^[{edges[i]:g}, {edges[i + 1]:g}): {c}</title></rect>')
+    zero = left + (0 - LO) / (HI - LO) * pw
+    parts.append(f'<line x1="{zero:.1f}" y1="{top}" x2="{zero:.1f}" y2="{top + ph}" stroke="#c62828" '
+                 'stroke-dasharray="3,2"/>')
+    parts.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#999"/>')
+    for t in range(int(LO), int(HI) + 1, 2):
+        x = left + (t - LO) / (HI - LO) * pw
+        parts.append(f'<text x="{x:.1f}" y="{top + ph + 12}" font-size="9" text-anchor="middle">1e{t}</text>')
+    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 2}" font-size="9" text-anchor="middle">'
+                 'error / bound (log scale; red line = bound)</text>')
+    parts.append(f'<text x="4" y="{top + ph / 2:.1f}" font-size="9" transform="rotate(-90 8 {top + ph / 2:.1f})">'
+                 'count (log)</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def worst_cases_svg(rows: list[dict], title: str, width: int = 660) -> str:
+    """One dot per case at log10(worst error/bound), one row per case group, coloured by status."""
+    groups = sorted({r["group"] for r in rows})
+    row_h, left, right, top = 16, 150, 10, 20
+    height = top + row_h * max(len(groups), 1) + 30
+    pw = width - left - right
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+             f'<title>{_esc(title)}</title>', f'<text x="4" y="13" font-size="11">{_esc(title)}</text>']
+    zero = left + (0 - LO) / (HI - LO) * pw
+    parts.append(f'<line x1="{zero:.1f}" y1="{top}" x2="{zero:.1f}" y2="{height - 28}" stroke="#c62828" '
+                 'stroke-dasharray="3,2"/>')
+    for gi, g in enumerate(groups):
+        y = top + gi * row_h + row_h / 2
+        parts.append(f'<text x="{left - 6}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{_esc(g)}</text>')
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#f0f0f0"/>')
+    for r in rows:
+        ratio = r.get("ratio")
+        if not isinstance(ratio, (int, float)) or ratio is None:
+            continue
+        lv = LO if ratio <= 0 else min(max(math.log10(ratio), LO), HI) if math.isfinite(ratio) else HI
+        x = left + (lv - LO) / (HI - LO) * pw
+        y = top + groups.index(r["group"]) * row_h + row_h / 2
+        color = _STATUS_COLOR.get(r["status"], "#000")
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}" fill-opacity="0.7">'
+                     f'<title>{_esc(r["id"])}: {_fmt_ratio(ratio)} ({_esc(r["status"])})</title></circle>')
+    for t in range(int(LO), int(HI) + 1, 2):
+        x = left + (t - LO) / (HI - LO) * pw
+        parts.append(f'<text x="{x:.1f}" y="{height - 16}" font-size="9" text-anchor="middle">1e{t}</text>')
+    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 3}" font-size="9" text-anchor="middle">'
+                 'worst error / bound of each case (red line = bound)</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def summary_table(runs: list[dict]) -> str:
+    out = ["<table><tr><th>backend</th><th>version / device</th><th>passed</th><th>failed</th><th>refused</th>"
+           "<th>unavailable</th><th>worst error/bound</th><th>worst case</th></tr>"]
+    for run in runs:
+        counts = Counter(r["status"] for r in run["rows"])
+        ratios = [(r["ratio"], r["id"]) for r in run["rows"] if isinstance(r.get("ratio"), (int, float))]
+        worst = max(ratios) if ratios else (None, "")
+        out.append(f'<tr><td>{_esc(run["label"])}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
+                   + "".join(f'<td class="num {s}">{counts.get(s, 0)}</td>' for s in
+                             ("passed", "failed", "refused", "unavailable"))
+                   + f'<td class="num">{_fmt_ratio(worst[0])}</td><td>{_esc(worst[1])}</td></tr>')
+    out.append("</table>")
+    return "".join(out)
+
+
+def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str = "") -> str:
+    """The report page. ``runs``: [{"label", "detail", "rows": [{"id", "group", "dtype", "status", "ratio",
+    "message", "samples": {output: log10 ratios}}]}]."""
+    body = [f"<h1>{_esc(title)}</h1>"]
+    if intro:
+        body.append(f"<p class='small'>{intro}</p>")
+    body.append("<h2>Summary</h2>" + summary_table(runs))
+    if extra_html:
+        body.append(extra_html)
+    body.append("<h2>Error / bound distribution per backend and dtype</h2><p class='small'>Every element of every "
+                "unmasked gradient (sampled for large outputs, always keeping the largest ratios): "
+                "log10(|got - exact| / bound). Passing results lie left of the red line; exact results "
+                "are drawn at 1e-10.</p>")
+    for run in runs:
+        per_dtype = defaultdict(list)
+        for r in run["rows"]:
+            for s in (r.get("samples") or {}).values():
+                per_dtype[r["dtype"]].append(np.asarray(s, dtype=np.float64))
+        if not per_dtype:
+            body.append(f"<p>{_esc(run['label'])}: no results to plot.</p>")
+            continue
+        body.append("<div class='plots'>")
+        for dtype in ("float16", "bfloat16", "float32", "float64"):
+            if dtype in per_dtype:
+                body.append("<div class='plot'>" + histogram_svg(np.concatenate(per_dtype[dtype]),
+                                                                 f"{run['label']} {dtype}") + "</div>")
+        body.append("</div>")
+    body.append("<h2>Worst error / bound per case</h2>")
+    for run in runs:
+        if any(isinstance(r.get("ratio"), (int, float)) for r in run["rows"]):
+            body.append("<div class='plot'>" + worst_cases_svg(run["rows"], run["label"]) + "</div>")
+    body.append("<h2>Worst cases</h2>")
+    for run in runs:
+        rows = sorted((r for r in run["rows"] if isinstance(r.get("ratio"), (int, float))),
+                      key=lambda r: -r["ratio"])[:25]
+        body.append(f"<h3>{_esc(run['label'])}</h3><table><tr><th>case</th><th>dtype</th><th>status</th>"
+                    "<th>worst error/bound</th><th>per output</th></tr>")
+        for r in rows:
+            per = ", ".join(f"{k} {_fmt_ratio(v)}" for k, v in (r.get("ratios") or {}).items())
+            body.append(f"<tr><td><code>{_esc(r['id'])}</code></td><td>{_esc(r['dtype'])}</td>"
+                        f"<td class='{_esc(r['status'])}'>{_esc(r['status'])}</td>"
+                        f"<td class='num'>{_fmt_ratio(r['ratio'])}</td><td class='small'>{_esc(per)}</td></tr>")
+        body.append("</table>")
+    problems = [(run["label"], r) for run in runs for r in run["rows"] if r["status"] in ("failed", "refused")]
+    body.append("<h2>Failures and refusals</h2>")
+    if not problems:
+        body.append("<p>None.</p>")
+    else:
+        body.append("<table><tr><th>backend</th><th>case</th><th>status</th><th>message</th></tr>")
+        for label, r in problems[:500]:
+            body.append(f"<tr><td>{_esc(label)}</td><td><code>{_esc(r['id'])}</code></td>"
+                        f"<td class='{_esc(r['status'])}'>{_esc(r['status'])}</td>"
+                        f"<td class='small'>{_esc(r.get('message', ''))[:2000]}</td></tr>")
+        body.append("</table>")
+        if len(problems) > 500:
+            body.append(f"<p>... and {len(problems) - 500} more.</p>")
+    unavailable = {(run["label"], r.get("message", "")) for run in runs for r in run["rows"]
+                   if r["status"] == "unavailable"}
+    if unavailable:
+        body.append("<h2>Unavailable</h2><ul>" + "".join(f"<li>{_esc(lbl)}: {_esc(msg)}</li>"
+                                                          for lbl, msg in sorted(unavailable)) + "</ul>")
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>" + "".join(body) + "</body></html>")
+
+
+def write_report(path: str, title: str, runs: list[dict], intro: str = "", extra_html: str = "") -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(html_report(title, runs, intro, extra_html))
