@@ -489,10 +489,11 @@ def test_data_and_compute_types(dtype, io, compute):
 
 def test_float32_math_modes():
     keep = math_policy("float32", "keep_dtype")
-    assert set(keep.deselect) == {"TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION"}
+    assert set(keep.deselect) == {"TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT"}
     assert not keep.tf32
     tf32 = math_policy("float32", "allow_tf32")
     assert "TENSOR_CORE" not in tf32.deselect and "DOWN_CONVERT_INPUTS" in tf32.deselect and tf32.tf32
+    assert "FFT" not in tf32.deselect
     fp16 = math_policy("float32", "allow_fp16")
     assert fp16.deselect == ("REDUCED_PRECISION_REDUCTION",) and fp16.tf32
 
@@ -621,7 +622,7 @@ def test_build_graph_call_sequence_and_attributes():
     assert out.dim == list(p.input_shape) and out.stride == list(packed_strides(p.input_shape, range(4)))
     assert out.data_type == "FLOAT" and not out.virtual
     assert ("create_execution_plans", ("A", "FALLBACK")) in g.calls
-    assert ("deselect_numeric_notes", ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION",
+    assert ("deselect_numeric_notes", ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT",
                                        "NONDETERMINISTIC")) in g.calls
     assert ("build_plans", "HEURISTICS_CHOICE") in g.calls
     assert set(built.uids) == {"dy", "w", "dx"} and built.workspace == 256 and built.plan_count == 1
