@@ -37,19 +37,25 @@ class NumpyBackend(Backend):
     def _acc(self, p):
         return accumulation_dtype(p.dtype, self.exact)
 
+    # The reference runs its matrix products with one BLAS thread (a threaded BLAS may split a
+    # long dot product across threads, which changes its rounding with the thread count).
+
     def fprop(self, x, w, bias, p):
         if self.exact:
-            return reference.fprop(x, w, bias, p, self._acc(p))
+            with fast.single_threaded_blas():
+                return reference.fprop(x, w, bias, p, self._acc(p))
         return fast.fprop(x, w, bias, p)
 
     def dgrad(self, dy, w, p):
         if self.exact:
-            return reference.dgrad(dy, w, p, self._acc(p))
+            with fast.single_threaded_blas():
+                return reference.dgrad(dy, w, p, self._acc(p))
         return fast.dgrad(dy, w, p)
 
     def wgrad(self, x, dy, p):
         if self.exact:
-            return reference.wgrad(x, dy, p, self._acc(p))
+            with fast.single_threaded_blas():
+                return reference.wgrad(x, dy, p, self._acc(p))
         return fast.wgrad(x, dy, p)
 
     def bgrad(self, dy, p):

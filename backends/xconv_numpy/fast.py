@@ -31,20 +31,32 @@ convolution's parameters, so results are bitwise reproducible run to run.
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import itertools
 import math
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
-#: Chunk buffers never exceed this many bytes (bigger chunks stop paying once they leave the cache).
+#: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
+#: they leave the cache).
 MAX_CHUNK_BYTES = 32 << 20
-#: Chunk buffers may use at least this many bytes even for tiny calls (below it chunking only adds overhead).
+#: ... and may use at least this many bytes even for tiny calls (below it chunking only adds overhead).
 MIN_CHUNK_BYTES = 1 << 20
-#: Chunk buffers get at most this fraction of the bytes of the call's inputs plus outputs.
+#: ... and is otherwise this fraction of the bytes of the call's inputs plus outputs.
 BUDGET_FRACTION = 0.5
+#: Chunks running at once (Python threads, each calling single-threaded BLAS); each chunk gets
+#: budget / MAX_WORKERS bytes, whatever the number of threads actually used.
+MAX_WORKERS = 4
+#: The batch is cut into at least this many chunks when it has that many lines, to share the work.
+MIN_CHUNKS = 4
 
 
 def compute_dtype(p: ConvParams) -> np.dtype:
@@ -184,36 +196,167 @@ def _scatter(geo: _Geom, grid, tensor, e0: int, e1: int, valid):
 
 
 # ---------------------------------------------------------------------------------------------
+# Threads: single-threaded BLAS calls on a small pool of Python threads, over a fixed chunking
+
+
+class _Blas:
+    """Control of the BLAS library's thread count (threadpoolctl, else OpenBLAS by ctypes), reference counted.
+
+    While any fast-path call runs, BLAS is set to one thread and the call runs its chunks on up to
+    ``MAX_WORKERS`` Python threads (NumPy releases the GIL in matmul and copies). The chunking
+    does not depend on the number of workers, so results do not depend on the thread count.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.saved = 1
+        self.get = self.set = None
+        self.found = False
+
+    def _find(self):
+        self.found = True
+        try:
+            from threadpoolctl import ThreadpoolController
+            ctl = ThreadpoolController().select(user_api="blas")
+            if ctl.lib_controllers:
+                libs = ctl.lib_controllers
+                self.get = lambda: min(lc.num_threads for lc in libs)
+                self.set = lambda n: [lc.set_num_threads(n) for lc in libs]
+                return
+        except Exception:  # threadpoolctl missing or unable to inspect: try OpenBLAS directly
+            pass
+        try:
+            paths = {line.split()[-1] for line in open("/proc/self/maps") if "openblas" in line.lower()}
+        except OSError:
+            paths = set()
+        for path in sorted(paths):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                                   ("openblas", "")):
+                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                if get is not None and set_ is not None:
+                    get.restype = ctypes.c_int
+                    set_.argtypes = [ctypes.c_int]
+                    self.get, self.set = get, (lambda n, f=set_: f(int(n)))
+                    return
+
+    def __enter__(self) -> int:
+        """Set BLAS to one thread; return the number of workers to use (the BLAS thread count found)."""
+        with self.lock:
+            if not self.found:
+                self._find()
+            if self.get is None:
+                return 1
+            if self.depth == 0:
+                self.saved = max(1, int(self.get()))
+                if self.saved != 1:
+                    self.set(1)
+            self.depth += 1
+            return min(self.saved, MAX_WORKERS, os.cpu_count() or 1)
+
+    def __exit__(self, *exc):
+        with self.lock:
+            if self.get is None:
+                return
+            self.depth -= 1
+            if self.depth == 0 and self.saved != 1:
+                self.set(self.saved)
+
+
+_BLAS = _Blas()
+
+
+def single_threaded_blas() -> _Blas:
+    """Context manager: BLAS runs one thread inside it (reference counted, restored on exit)."""
+    return _BLAS
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xconv-numpy")
+        return _POOLS[workers]
+
+
+def _run(chunks, task, make_workspace, workers: int):
+    """task(workspace, e0, e1) for every chunk; results yielded in chunk order.
+
+    At most ``workers`` chunks run at once, each with a workspace of its own (reused across chunks).
+    """
+    spare = queue.SimpleQueue()
+
+    def run_one(chunk):
+        try:
+            ws = spare.get_nowait()
+        except queue.Empty:
+            ws = make_workspace()
+        try:
+            return task(ws, *chunk)
+        finally:
+            spare.put(ws)
+
+    if workers <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            yield run_one(chunk)
+        return
+    ex = _executor(workers)
+    pending = collections.deque()
+    it = iter(chunks)
+    for chunk in itertools.islice(it, workers + 1):
+        pending.append(ex.submit(run_one, chunk))
+    try:
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(ex.submit(run_one, nxt))
+            yield result
+    finally:
+        for f in pending:
+            f.cancel()
+        for f in pending:
+            if not f.cancelled():
+                f.exception()
+
+
+# ---------------------------------------------------------------------------------------------
 # Chunk planning
 
 
 def _budget(nbytes: int) -> int:
+    """Working-set budget of one call: all chunks in flight together stay within it."""
     return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, BUDGET_FRACTION * nbytes)))
 
 
 def _chunks(geo: _Geom, line_bytes: int, halo_lines: int, budget: int):
-    """Line ranges [e0, e1) covering the batch, and the longest range's line count.
+    """(chunks, max lines, aligned): line ranges [e0, e1) covering the batch.
 
-    Whole samples per chunk when one sample (plus halo) fits the budget, else equal line ranges
-    of one sample.
+    Each chunk's buffers take at most budget / MAX_WORKERS bytes (so up to MAX_WORKERS chunks in
+    flight fit the budget), and there are at least MIN_CHUNKS chunks when the batch has enough
+    lines, so that the workers share the work. Whole samples per chunk when one sample fits
+    (``aligned``), else equal line ranges of one sample. Depends only on the shapes.
     """
     L1, N = geo.L1, geo.N
     line_bytes = max(line_bytes, 1)
-    if (L1 + halo_lines) * line_bytes <= budget:
-        nb = max(1, min(N, (budget - halo_lines * line_bytes) // (L1 * line_bytes)))
+    cap = max(1, budget // MAX_WORKERS)
+    if (L1 + halo_lines) * line_bytes <= cap:
+        nb = max(1, min(N, (cap - halo_lines * line_bytes) // (L1 * line_bytes), -(-N // MIN_CHUNKS)))
         nb = -(-N // -(-N // nb))  # equal-sized sample ranges
-        return [(n * L1, min(n + nb, N) * L1) for n in range(0, N, nb)], nb * L1
-    nl = max(1, budget // line_bytes - halo_lines)
+        return [(n * L1, min(n + nb, N) * L1) for n in range(0, N, nb)], nb * L1, True
+    nl = max(1, min(cap // line_bytes - halo_lines, -(-N * L1 // MIN_CHUNKS)))
     nl = -(-L1 // -(-L1 // nl))  # equal-sized line ranges
-    return [(n * L1 + a, n * L1 + min(a + nl, L1)) for n in range(N) for a in range(0, L1, nl)], nl
-
-
-def _matmul(a, b, out):
-    return np.matmul(a, b, out=out)
+    return [(n * L1 + a, n * L1 + min(a + nl, L1)) for n in range(N) for a in range(0, L1, nl)], nl, False
 
 
 # ---------------------------------------------------------------------------------------------
-# Weight layouts
+# Layout helpers
 
 
 def _w4(w, geo: _Geom, cdt):
@@ -226,46 +369,8 @@ def _x4(t, G, C):
     return t.reshape((t.shape[0], G, C) + t.shape[2:])
 
 
-# ---------------------------------------------------------------------------------------------
-# Primitives
-
-
-def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
-    """Whether the dy-columns strategy (A) is cheaper than the x-columns one (B)."""
-    if need_dx and not need_dw:
-        return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
-    if need_dw and not need_dx:
-        return geo.Cog <= geo.Cg
-    return geo.Cog <= 2 * geo.Cg
-
-
-def backward(dy, x, w, p: ConvParams, mask):
-    """(dx, dw, db) of a direct convolution, None where the mask bit is False."""
-    need_dx, need_dw, need_db = mask
-    dx = dw = db = None
-    if need_dx or need_dw:
-        geo = _Geom(p)
-        if _strategy_a(geo, need_dx, need_dw):
-            dx, dw = _backward_a(geo, dy, x if need_dw else None, w, need_dx, need_dw)
-        else:
-            dx, dw = _backward_b(geo, dy, x if need_dw else None, w, need_dx, need_dw)
-    if need_db:
-        db = bgrad(dy, p)
-    return dx, dw, db
-
-
-def dgrad(dy, w, p: ConvParams):
-    return backward(dy, None, w, p, (True, False, False))[0]
-
-
-def wgrad(x, dy, p: ConvParams):
-    return backward(dy, x, None, p, (False, True, False))[1]
-
-
-def bgrad(dy, p: ConvParams):
-    cdt = compute_dtype(p)
-    axes = (0,) + tuple(range(2, dy.ndim))
-    return np.ascontiguousarray(np.sum(dy, axis=axes, dtype=cdt).astype(DTYPES[p.dtype], copy=False))
+def _tap_order(geo: _Geom):
+    return [kf for _, taps in geo.phases for kf, _ in taps]
 
 
 def _io_bytes(geo: _Geom, itemsize: int, need_dx: bool, need_dw: bool, fprop: bool = False) -> int:
@@ -283,10 +388,7 @@ def _new_output(shape, p: ConvParams, zero: bool):
 
 
 def _finish_dw(geo: _Geom, p: ConvParams, parts):
-    """Assemble per-tap-group weight gradients into (C_out, C_in/g, *k) of the output dtype.
-
-    ``parts`` is a list of (kflat indices, array (g, Cog, Cg, J)).
-    """
+    """Assemble (kflat indices, array (g, Cog, Cg, J)) parts into (C_out, C_in/g, *k) of the output dtype."""
     dw = np.empty(p.weight_shape, DTYPES[p.dtype])
     view = dw.reshape(geo.g, geo.Cog, geo.Cg, geo.K)
     for kidx, arr in parts:
@@ -297,62 +399,16 @@ def _finish_dw(geo: _Geom, p: ConvParams, parts):
     return dw
 
 
-def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool):
-    p = geo.p
-    cdt = compute_dtype(p)
-    it = cdt.itemsize
-    g, Cg, Cog, line, h = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo
-    nph = len(geo.phases)
-    Jmax = max(len(t) for _, t in geo.phases)
-    # bytes per grid line: dy grid, columns, dx phase, x phases
-    line_bytes = it * line * (g * Cog + g * Jmax * Cog + (g * Cg if need_dx else 0) + (nph * g * Cg if need_dw else 0))
-    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-    chunks, lines = _chunks(geo, line_bytes, h, budget)
-    R = lines * line
-    dy4 = _x4(dy, g, Cog)
-    dybuf = _GridBuf(geo, g, Cog, lines + h, cdt)
-    cols_flat = np.empty((g, Jmax * Cog * R), cdt)
-    if need_dx:
-        dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
-        dx4 = _x4(dx, g, Cg)
-        dxbuf = np.empty((g, Cg, R), cdt)
-        w4 = _w4(w, geo, cdt)
-        wts = [np.ascontiguousarray(w4[..., [kf for kf, _ in taps]].transpose(0, 2, 3, 1)).reshape(g, Cg, -1)
-               for _, taps in geo.phases]                                  # (g, Cg, J*Cog)
-    if need_dw:
-        x4 = _x4(x, g, Cg)
-        xbufs = [_GridBuf(geo, g, Cg, lines, cdt) for _ in geo.phases]
-        accs = [np.zeros((g, len(taps) * Cog, Cg), cdt) for _, taps in geo.phases]
-        tmp = np.empty((g, Jmax * Cog, Cg), cdt) if len(chunks) > 1 else None
-    for e0, e1 in chunks:
-        rows = (e1 - e0) * line
-        dyg = dybuf.fill(dy4, e0 - h, e1, geo.y_valid)
-        for ip, (r, taps) in enumerate(geo.phases):
-            J = len(taps)
-            cols = cols_flat[:, :J * Cog * rows].reshape(g, J * Cog, rows)
-            for jj, (_, off) in enumerate(taps):
-                start = h * line - off
-                cols[:, jj * Cog:(jj + 1) * Cog] = dyg[:, :, start:start + rows]
-            if need_dx:
-                dxg = dxbuf[:, :, :rows]
-                _matmul(wts[ip], cols, dxg)
-                _scatter(geo, dxg, dx4, e0, e1, geo.x_valid[r])
-            if need_dw:
-                xg = xbufs[ip].fill(x4, e0, e1, geo.x_valid[r])
-                if e0 == chunks[0][0]:
-                    _matmul(cols, xg.transpose(0, 2, 1), accs[ip])
-                else:
-                    t = tmp[:, :J * Cog]
-                    _matmul(cols, xg.transpose(0, 2, 1), t)
-                    accs[ip] += t
-    dw = None
-    if need_dw:
-        parts = []
-        for (r, taps), acc in zip(geo.phases, accs):
-            arr = acc.reshape(g, len(taps), Cog, Cg).transpose(0, 2, 3, 1)
-            parts.append(([kf for kf, _ in taps], arr))
-        dw = _finish_dw(geo, p, parts)
-    return (dx if need_dx else None), dw
+def _sum_in_order(partials):
+    """Sum a sequence of lists of arrays elementwise, strictly in sequence order (deterministic)."""
+    acc = None
+    for part in partials:
+        if acc is None:
+            acc = part
+        else:
+            for a, b in zip(acc, part):
+                a += b
+    return acc
 
 
 def _x_columns(geo: _Geom, xgs, cols, rows):
@@ -365,66 +421,152 @@ def _x_columns(geo: _Geom, xgs, cols, rows):
             jj += 1
 
 
-def _tap_order(geo: _Geom):
-    return [kf for _, taps in geo.phases for kf, _ in taps]
+# ---------------------------------------------------------------------------------------------
+# Primitives
 
 
-def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool):
+def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
+    """Whether the dy-columns strategy (A) is cheaper than the x-columns one (B)."""
+    if need_dw and not need_dx:
+        return geo.Cog <= geo.Cg
+    return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
+
+
+def backward(dy, x, w, p: ConvParams, mask):
+    """(dx, dw, db) of a direct convolution, None where the mask bit is False."""
+    need_dx, need_dw, need_db = mask
+    dx = dw = None
+    if need_dx or need_dw:
+        geo = _Geom(p)
+        with _BLAS as workers:
+            if _strategy_a(geo, need_dx, need_dw):
+                dx, dw = _backward_a(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers)
+            else:
+                dx, dw = _backward_b(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers)
+    return dx, dw, (bgrad(dy, p) if need_db else None)
+
+
+def dgrad(dy, w, p: ConvParams):
+    return backward(dy, None, w, p, (True, False, False))[0]
+
+
+def wgrad(x, dy, p: ConvParams):
+    return backward(dy, x, None, p, (False, True, False))[1]
+
+
+def bgrad(dy, p: ConvParams):
+    cdt = compute_dtype(p)
+    axes = (0,) + tuple(range(2, dy.ndim))
+    return np.ascontiguousarray(np.sum(dy, axis=axes, dtype=cdt).astype(DTYPES[p.dtype], copy=False))
+
+
+def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
+    """dy-columns: per phase, cols = shifted dy slices; dx_p = W_p^T @ cols; dW_p = cols @ x_p^T."""
     p = geo.p
     cdt = compute_dtype(p)
-    it = cdt.itemsize
-    g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
+    g, Cg, Cog, line, h = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo
     nph = len(geo.phases)
-    line_bytes = it * line * (g * Cog + g * K * Cg + nph * g * Cg * (need_dx + need_dw))
+    Jmax = max(len(t) for _, t in geo.phases)
+    line_bytes = cdt.itemsize * line * g * (Cog + Jmax * Cog + (Cg if need_dx else 0)
+                                            + (nph * Cg + Jmax * Cog * Cg // line if need_dw else 0))
     budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-    chunks, lines = _chunks(geo, line_bytes, h, budget)
+    chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
-    order = _tap_order(geo)
     dy4 = _x4(dy, g, Cog)
-    dybuf = _GridBuf(geo, g, Cog, lines, cdt)
-    cols_flat = np.empty((g, K * Cg * R), cdt)
+    if need_dx:
+        dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
+        dx4 = _x4(dx, g, Cg)
+        w4 = _w4(w, geo, cdt)
+        wts = [np.ascontiguousarray(w4[..., [kf for kf, _ in taps]].transpose(0, 2, 3, 1)).reshape(g, Cg, -1)
+               for _, taps in geo.phases]                                  # (g, Cg, J*Cog)
     if need_dw:
         x4 = _x4(x, g, Cg)
-        xbufs = [_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases]
-        acc = np.zeros((g, Cog, K * Cg), cdt)
-        tmp = np.empty_like(acc) if len(chunks) > 1 else None
+
+    def workspace():
+        return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt), cols=np.empty((g, Jmax * Cog * R), cdt),
+                    dx=np.empty((g, Cg, R), cdt) if need_dx else None,
+                    x=[_GridBuf(geo, g, Cg, lines, cdt) for _ in geo.phases] if need_dw else None)
+
+    def task(ws, e0, e1):
+        rows = (e1 - e0) * line
+        dyg = ws["dy"].fill(dy4, e0 - h, e1, geo.y_valid)
+        partial = []
+        for ip, (r, taps) in enumerate(geo.phases):
+            J = len(taps)
+            cols = ws["cols"][:, :J * Cog * rows].reshape(g, J * Cog, rows)
+            for jj, (_, off) in enumerate(taps):
+                start = h * line - off
+                cols[:, jj * Cog:(jj + 1) * Cog] = dyg[:, :, start:start + rows]
+            if need_dx:
+                dxg = ws["dx"][:, :, :rows]
+                np.matmul(wts[ip], cols, out=dxg)
+                _scatter(geo, dxg, dx4, e0, e1, geo.x_valid[r])
+            if need_dw:
+                xg = ws["x"][ip].fill(x4, e0, e1, geo.x_valid[r])
+                partial.append(np.matmul(cols, xg.transpose(0, 2, 1)))     # (g, J*Cog, Cg)
+        return partial
+
+    accs = _sum_in_order(_run(chunks, task, workspace, workers))
+    dw = None
+    if need_dw:
+        dw = _finish_dw(geo, p, [([kf for kf, _ in taps], acc.reshape(g, len(taps), Cog, Cg).transpose(0, 2, 3, 1))
+                                 for (r, taps), acc in zip(geo.phases, accs)])
+    return (dx if need_dx else None), dw
+
+
+def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
+    """x-columns: cols = shifted x-phase slices; dW = dy @ cols^T; dx by Z = W^T @ dy and col2im."""
+    p = geo.p
+    cdt = compute_dtype(p)
+    g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
+    nph = len(geo.phases)
+    line_bytes = cdt.itemsize * line * g * (Cog + K * Cg * (need_dx + need_dw) + nph * Cg * (need_dx + need_dw))
+    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+    chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, budget)
+    hf = 0 if aligned else h           # dy lines before the chunk whose col2im reaches into it
+    order = _tap_order(geo)
+    dy4 = _x4(dy, g, Cog)
+    if need_dw:
+        x4 = _x4(x, g, Cg)
     if need_dx:
         dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
         dx4 = _x4(dx, g, Cg)
         wt = np.ascontiguousarray(_w4(w, geo, cdt)[..., order].transpose(0, 3, 2, 1)).reshape(g, K * Cg, Cog)
-        dxbufs = [np.zeros((g, Cg, (lines + h) * line), cdt) for _ in geo.phases]
-        carry_from = None
-    for e0, e1 in chunks:
+
+    def workspace():
+        return dict(dy=_GridBuf(geo, g, Cog, lines + hf, cdt),
+                    cols=np.empty((g, K * Cg * lines * line), cdt) if need_dw else None,
+                    z=np.empty((g, K * Cg * (lines + hf) * line), cdt) if need_dx else None,
+                    x=[_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases] if need_dw else None,
+                    dx=[np.empty((g, Cg, (hf + lines + h) * line), cdt) for _ in geo.phases] if need_dx else None)
+
+    def task(ws, e0, e1):
         rows = (e1 - e0) * line
-        dyg = dybuf.fill(dy4, e0, e1, geo.y_valid)
-        cols = cols_flat[:, :K * Cg * rows].reshape(g, K * Cg, rows)
+        ext = rows + hf * line
+        dyg = ws["dy"].fill(dy4, e0 - hf, e1, geo.y_valid)
+        partial = None
         if need_dw:
-            xgs = [b.fill(x4, e0, e1 + h, geo.x_valid[r]) for b, (r, _) in zip(xbufs, geo.phases)]
+            xgs = [b.fill(x4, e0, e1 + h, geo.x_valid[r]) for b, (r, _) in zip(ws["x"], geo.phases)]
+            cols = ws["cols"][:, :K * Cg * rows].reshape(g, K * Cg, rows)
             _x_columns(geo, xgs, cols, rows)
-            if e0 == chunks[0][0]:
-                _matmul(dyg, cols.transpose(0, 2, 1), acc)
-            else:
-                _matmul(dyg, cols.transpose(0, 2, 1), tmp)
-                acc += tmp
+            partial = [np.matmul(dyg[:, :, hf * line:], cols.transpose(0, 2, 1))]   # (g, Cog, K*Cg)
         if need_dx:
-            _matmul(wt, dyg, cols)                                  # Z: (g, K*Cg, rows)
-            contiguous = carry_from is not None and carry_from == e0
+            z = ws["z"][:, :K * Cg * ext].reshape(g, K * Cg, ext)
+            np.matmul(wt, dyg, out=z)
             jj = 0
-            for (r, taps), buf in zip(geo.phases, dxbufs):
-                dxg = buf[:, :, :rows + h * line]
-                if contiguous:                                     # partial sums of the previous chunk's halo
-                    dxg[:, :, :h * line] = buf[:, :, prev_rows:prev_rows + h * line]
-                    dxg[:, :, h * line:] = 0
-                else:
-                    dxg.fill(0)
+            for (r, taps), buf in zip(geo.phases, ws["dx"]):
+                dxg = buf[:, :, :ext + h * line]
+                dxg.fill(0)
                 for _, off in taps:
-                    dxg[:, :, off:off + rows] += cols[:, jj * Cg:(jj + 1) * Cg]
+                    dxg[:, :, off:off + ext] += z[:, jj * Cg:(jj + 1) * Cg]
                     jj += 1
-                _scatter(geo, dxg, dx4, e0, e1, geo.x_valid[r])
-            carry_from, prev_rows = e1, rows
+                _scatter(geo, dxg[:, :, hf * line:], dx4, e0, e1, geo.x_valid[r])
+        return partial
+
+    acc = _sum_in_order(_run(chunks, task, workspace, workers))
     dw = None
     if need_dw:
-        dw = _finish_dw(geo, p, [(order, acc.reshape(g, Cog, K, Cg).transpose(0, 1, 3, 2))])
+        dw = _finish_dw(geo, p, [(order, acc[0].reshape(g, Cog, K, Cg).transpose(0, 1, 3, 2))])
     return (dx if need_dx else None), dw
 
 
@@ -432,29 +574,35 @@ def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
     geo = _Geom(p)
     cdt = compute_dtype(p)
-    it = cdt.itemsize
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
     nph = len(geo.phases)
-    line_bytes = it * line * (g * Cog + g * K * Cg + nph * g * Cg)
+    line_bytes = cdt.itemsize * line * g * (Cog + K * Cg + nph * Cg)
     budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, False, False, fprop=True))
-    chunks, lines = _chunks(geo, line_bytes, h, budget)
+    chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
     order = _tap_order(geo)
     wm = np.ascontiguousarray(_w4(w, geo, cdt)[..., order].transpose(0, 1, 3, 2)).reshape(g, Cog, K * Cg)
+    b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)
     x4 = _x4(x, g, Cg)
-    xbufs = [_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases]
-    cols_flat = np.empty((g, K * Cg * R), cdt)
-    ybuf = np.empty((g, Cog, R), cdt)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
     y4 = _x4(y, g, Cog)
-    for e0, e1 in chunks:
+
+    def workspace():
+        return dict(x=[_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases],
+                    cols=np.empty((g, K * Cg * R), cdt), y=np.empty((g, Cog, R), cdt))
+
+    def task(ws, e0, e1):
         rows = (e1 - e0) * line
-        xgs = [b.fill(x4, e0, e1 + h, geo.x_valid[r]) for b, (r, _) in zip(xbufs, geo.phases)]
-        cols = cols_flat[:, :K * Cg * rows].reshape(g, K * Cg, rows)
+        xgs = [buf.fill(x4, e0, e1 + h, geo.x_valid[r]) for buf, (r, _) in zip(ws["x"], geo.phases)]
+        cols = ws["cols"][:, :K * Cg * rows].reshape(g, K * Cg, rows)
         _x_columns(geo, xgs, cols, rows)
-        yg = ybuf[:, :, :rows]
-        _matmul(wm, cols, yg)
-        if bias is not None:
-            yg += bias.astype(cdt).reshape(g, Cog, 1)
+        yg = ws["y"][:, :, :rows]
+        np.matmul(wm, cols, out=yg)
+        if b is not None:
+            yg += b
         _scatter(geo, yg, y4, e0, e1, geo.y_valid)
+
+    with _BLAS as workers:
+        for _ in _run(chunks, task, workspace, workers):
+            pass
     return y
