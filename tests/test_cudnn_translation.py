@@ -1220,3 +1220,14 @@ def test_cupy_fallbacks_handle_bfloat16_bit_patterns():
     nan = rt._narrow(np.array([np.nan], np.float32), bits[:1, 0, 0, :1].reshape(1))
     assert np.isnan(nan.view(ml_dtypes.bfloat16).astype(np.float32)).all()
     np.testing.assert_allclose(rt.sum_bias(vals, "float32"), vals.sum(axis=(0, 2, 3)), rtol=1e-5)
+
+
+def test_conformance_corpus_through_the_backend_on_the_fake_frontend():
+    """Every conformance case through the core's legalization, this backend's graphs, caches and
+    fallbacks, with the fake executing each graph with the NumPy reference (the orchestration, not cuDNN)."""
+    kit = pytest.importorskip("xconv_conformance")
+    backend, fe = fake_backend()
+    outcomes = [kit.run_case(case, backend) for case in kit.load_corpus()]
+    bad = [(o.case_id, o.status, o.message.strip().splitlines()[:1]) for o in outcomes if o.status != "passed"]
+    assert not bad, bad[:10]
+    assert len(fe.graphs) > 100 and fe.executions
