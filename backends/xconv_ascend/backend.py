@@ -1,0 +1,302 @@
+"""The Ascend backend object: aclnnConvolution / aclnnConvolutionBackward through the ctypes driver.
+
+Every primitive is one call of the two-phase aclnn API:
+
+1. the SoC capability table (:mod:`.compiler`) is checked: UnsupportedError before any device work;
+2. operands become aclTensors: host NumPy arrays are copied to device memory (aclrtMalloc +
+   aclrtMemcpy) with their real element strides, so non-contiguous inputs need no host copy;
+   :class:`~xconv_ascend.driver.DeviceArray` operands are used in place (dims, strides, offset);
+3. ``...GetWorkspaceSize`` (phase 1), workspace allocation, phase 2 on the thread's stream, then
+   ``aclrtSynchronizeStream``;
+4. results are copied back to new NumPy arrays, or returned as new DeviceArrays.
+
+Everything created along the way (aclTensor, aclIntArray, aclBoolArray, device buffers, workspace,
+the deterministic option) is registered on a :class:`contextlib.ExitStack` the moment it exists
+and released in reverse order on every path. The executor belongs to phase 2, which consumes it
+(also when it fails); if phase 2 is never reached after a successful phase 1, it is called with a
+null workspace and the requested size, which CANN answers by deleting the executor without running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from ctypes import byref, c_bool, c_int64, c_uint64, c_void_p
+
+import numpy as np
+
+from xconv import Backend, Capabilities
+from xconv.errors import BackendError
+from xconv.params import ConvParams
+
+from . import compiler, driver as _driver
+from .compiler import OP_BACKWARD, OP_CONVOLUTION
+from .driver import DeviceArray, Driver
+
+
+def _i64(values):
+    values = [int(v) for v in values]
+    return (c_int64 * max(len(values), 1))(*values)
+
+
+def _release_callback(drv: Driver, call: str, fn, handle):
+    """An ExitStack exit callback running ``fn(handle)``; a failure raises only when nothing else is failing."""
+    def _exit(exc_type, exc, tb):
+        status = fn(handle)
+        if status != 0:
+            err = drv.error(call, status)
+            if exc is None:
+                raise err
+            exc.add_note(f"while releasing after this error: {err}")
+        return False
+    return _exit
+
+
+class _Call:
+    """The objects of one aclnn call, each released by ``stack`` in reverse order of creation."""
+
+    def __init__(self, drv: Driver, stack: contextlib.ExitStack, device_results: bool):
+        self.drv = drv
+        self.fn = drv.fn
+        self.stack = stack
+        self.device_results = device_results
+        self.stream = drv.stream()
+        self.fetch = []  # callables producing the results, run after synchronization
+
+    # memory and tensors --------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> int:
+        ptr = self.drv.malloc(nbytes)
+        self.stack.push(_release_callback(self.drv, "aclrtFree", self.fn.aclrtFree, ptr))
+        return ptr
+
+    def tensor(self, shape, strides, offset, dtype: int, fmt: int, storage_elements: int, ptr: int) -> int:
+        handle = self.fn.aclCreateTensor(_i64(shape), len(shape), dtype, _i64(strides), int(offset), fmt,
+                                         _i64([storage_elements]), 1, ptr)
+        if not handle:
+            raise BackendError(_driver.BACKEND, -1, "nullptr", self.drv.take_message(), call="aclCreateTensor")
+        self.stack.push(_release_callback(self.drv, "aclDestroyTensor", self.fn.aclDestroyTensor, handle))
+        return handle
+
+    def int_array(self, values) -> int:
+        values = list(values)
+        handle = self.fn.aclCreateIntArray(_i64(values), len(values))
+        if not handle:
+            raise BackendError(_driver.BACKEND, -1, "nullptr", self.drv.take_message(), call="aclCreateIntArray")
+        self.stack.push(_release_callback(self.drv, "aclDestroyIntArray", self.fn.aclDestroyIntArray, handle))
+        return handle
+
+    def bool_array(self, values) -> int:
+        values = [bool(v) for v in values]
+        handle = self.fn.aclCreateBoolArray((c_bool * len(values))(*values), len(values))
+        if not handle:
+            raise BackendError(_driver.BACKEND, -1, "nullptr", self.drv.take_message(), call="aclCreateBoolArray")
+        self.stack.push(_release_callback(self.drv, "aclDestroyBoolArray", self.fn.aclDestroyBoolArray, handle))
+        return handle
+
+    def operand(self, a, dtype: int, fmt: int) -> int:
+        """An aclTensor over ``a`` (NumPy: copied to the device with its strides; DeviceArray: in place)."""
+        if isinstance(a, DeviceArray):
+            if a.freed:
+                raise ValueError("a DeviceArray operand's device memory was freed")
+            if a.driver is not None and a.driver is not self.drv:
+                raise ValueError("a DeviceArray operand belongs to another CANN driver")
+            if a.data_ptr is None:  # empty: any valid device address will do
+                return self.tensor(a.shape, a.strides, 0, dtype, fmt, 0, self.malloc(1))
+            return self.tensor(a.shape, a.strides, a.offset, dtype, fmt, a.storage_elements, a.data_ptr)
+        a = np.asarray(a)
+        itemsize = a.itemsize
+        if any(s < 0 or s % itemsize or (s == 0 and n > 1) for s, n in zip(a.strides, a.shape)):
+            a = np.ascontiguousarray(a)  # negative, unaligned or overlapping strides: not an aclTensor view
+        strides = [s // itemsize for s in a.strides]
+        for i in reversed(range(a.ndim)):  # size-1 dims: any stride is right; give the natural one
+            if a.shape[i] == 1:
+                strides[i] = strides[i + 1] * a.shape[i + 1] if i + 1 < a.ndim else 1
+        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides)) if a.size else 0
+        nbytes = span * itemsize
+        ptr = self.malloc(nbytes)
+        self.drv.upload(ptr, max(nbytes, 1), a.ctypes.data, nbytes)
+        return self.tensor(a.shape, strides, 0, dtype, fmt, span, ptr)
+
+    def scratch(self, shape, dtype: int, np_dtype, fmt: int) -> int:
+        """A contiguous device tensor that is passed to aclnn but never read back (masked outputs, unused inputs)."""
+        n = math.prod(shape)
+        ptr = self.malloc(n * np_dtype.itemsize)
+        return self.tensor(shape, compiler.contiguous_strides(shape), 0, dtype, fmt, n, ptr)
+
+    def output(self, shape, dtype: int, np_dtype, fmt: int) -> int:
+        """A contiguous device tensor whose contents become one result (NumPy copy or DeviceArray)."""
+        shape = tuple(shape)
+        n = math.prod(shape)
+        nbytes = n * np_dtype.itemsize
+        if self.device_results:
+            buf = _driver._Buffer(self.drv, nbytes)
+
+            def _exit(exc_type, exc, tb):  # the caller owns the buffer once the call succeeded
+                if exc is not None:
+                    buf.free()
+                return False
+            self.stack.push(_exit)
+            self.fetch.append(lambda: DeviceArray(buf, shape, np_dtype))
+            ptr = buf.ptr
+        else:
+            ptr = self.malloc(nbytes)
+
+            def _download():
+                host = np.empty(shape, dtype=np_dtype)
+                self.drv.download(host.ctypes.data, host.nbytes, ptr, host.nbytes)
+                return host
+            self.fetch.append(_download)
+        return self.tensor(shape, compiler.contiguous_strides(shape), 0, dtype, fmt, n, ptr)
+
+    # options --------------------------------------------------------------------------------------
+    def deterministic(self) -> None:
+        """Set ACL_OPT_DETERMINISTIC to 1 for this call; the previous value comes back on exit."""
+        previous = self.drv.get_deterministic()
+        self.drv.check("aclrtCtxSetSysParamOpt", self.drv.set_deterministic(1))
+        restore = 0 if previous is None else previous  # never set: restore the documented default, 0
+        self.stack.push(_release_callback(self.drv, "aclrtCtxSetSysParamOpt", self.drv.set_deterministic, restore))
+
+    # the two phases --------------------------------------------------------------------------------
+    def run(self, name: str, phase1, args: list, phase2) -> list:
+        """Phase 1 (``phase1(*args, &workspaceSize, &executor)``), workspace, phase 2, synchronize; the results."""
+        size, executor = c_uint64(0), c_void_p()
+        status = phase1(*args, byref(size), byref(executor))
+        if status != 0:
+            raise self.drv.error(f"{name}GetWorkspaceSize", status)
+        pending = [executor.value]
+
+        def _drain(exc_type, exc, tb):
+            # Phase 1 succeeded but phase 2 was never called: hand the executor to phase 2 with a null
+            # workspace and a non-zero size, which deletes it without running (opbase CommonOpExecutorRun).
+            if pending:
+                phase2(None, max(size.value, 1), pending.pop(), self.stream)
+                self.drv.take_message()
+            return False
+        self.stack.push(_drain)
+        workspace = self.malloc(size.value) if size.value else None
+        status = phase2(workspace, size.value, pending.pop(), self.stream)
+        if status != 0:
+            err = self.drv.error(name, status)
+            self.fn.aclrtSynchronizeStream(self.stream)  # let anything launched finish before memory is freed
+            self.drv.take_message()
+            raise err
+        self.drv.check("aclrtSynchronizeStream", self.fn.aclrtSynchronizeStream(self.stream))
+        return [f() for f in self.fetch]
+
+
+class AscendBackend(Backend):
+    """Huawei Ascend NPUs through CANN's aclnnConvolution and aclnnConvolutionBackward (ctypes).
+
+    Takes NumPy arrays (copied to the device and back per call) and
+    :class:`~xconv_ascend.driver.DeviceArray` (kept on the device). ``driver`` replaces the
+    process's default :class:`~xconv_ascend.driver.Driver` (tests).
+    """
+
+    name = "ascend"
+    array_families = ("numpy", "xconv_ascend")
+    priority = 5
+    capabilities = Capabilities(
+        spatial_dims=frozenset({1, 2, 3}),          # NCL, NCHW, NCDHW natively
+        dtypes=frozenset({"float16", "bfloat16", "float32"}),
+        asymmetric_padding=frozenset({2}),          # 4-value [top, bottom, left, right]; others by the core
+        transposed=True,                            # aclnn's transposed flag
+        strided=True,                               # aclTensors carry element strides and offset
+        deterministic=True,                         # ACL_OPT_DETERMINISTIC for the call
+        math=frozenset({"keep_dtype", "allow_tf32", "allow_fp16"}),
+    )
+
+    def __init__(self, driver: Driver | None = None):
+        self._driver_override = driver
+
+    @property
+    def driver(self) -> Driver:
+        return self._driver_override if self._driver_override is not None else _driver.default_driver()
+
+    # availability -----------------------------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        return self.driver.availability()
+
+    def version(self) -> str:
+        drv = self.driver
+        return f"CANN libraries in {drv.lib_dir}" if drv.lib_dir else ""
+
+    def devices(self) -> tuple[str, ...]:
+        drv = self.driver
+        if drv.device is None:
+            return ()
+        return (f"ascend:{drv.device} ({drv.soc_name or 'unknown SoC'})",)
+
+    # helpers ------------------------------------------------------------------------------------------
+    def _begin(self, p: ConvParams, op: str):
+        """Driver and aclnn arguments, after the capability table (no device work before this passes)."""
+        drv = self.driver
+        try:
+            drv.initialize()
+        except _driver.LoadError as exc:
+            raise _driver.BackendUnavailableError(self.name, str(exc)) from None
+        return drv, compiler.check(p, drv.soc_name, op, backend=self.name)
+
+    @staticmethod
+    def _on_device(*arrays) -> bool:
+        return any(isinstance(a, DeviceArray) for a in arrays)
+
+    # primitives -------------------------------------------------------------------------------------------
+    def fprop(self, x, w, bias, p: ConvParams):
+        drv, a = self._begin(p, OP_CONVOLUTION)
+        np_dtype = np.dtype(_driver._np_dtype(p.dtype))
+        with contextlib.ExitStack() as stack:
+            call = _Call(drv, stack, self._on_device(x, w, bias))
+            t_x = call.operand(x, a.dtype, a.format)
+            t_w = call.operand(w, a.dtype, a.format)
+            t_b = call.operand(bias, a.dtype, compiler.ACL_FORMAT_ND) if bias is not None else None
+            t_y = call.output(p.output_shape, a.dtype, np_dtype, a.format)
+            arrays = [call.int_array(v) for v in (a.stride, a.padding, a.dilation, a.output_padding)]
+            if p.deterministic:
+                call.deterministic()
+            (y,) = call.run("aclnnConvolution", drv.fn.aclnnConvolutionGetWorkspaceSize,
+                            [t_x, t_w, t_b, arrays[0], arrays[1], arrays[2], a.transposed, arrays[3], a.groups, t_y,
+                             a.cube_math_type], drv.fn.aclnnConvolution)
+        return y
+
+    def backward(self, dy, x, w, p: ConvParams, mask):
+        mask = tuple(bool(m) for m in mask)
+        if not any(mask):
+            return None, None, None
+        return self._backward(dy, x, w, p, mask)
+
+    def dgrad(self, dy, w, p: ConvParams):
+        return self._backward(dy, None, w, p, (True, False, False))[0]
+
+    def wgrad(self, x, dy, p: ConvParams):
+        return self._backward(dy, x, None, p, (False, True, False))[1]
+
+    def bgrad(self, dy, p: ConvParams):
+        return self._backward(dy, None, None, p, (False, False, True))[2]
+
+    def _backward(self, dy, x, w, p: ConvParams, mask):
+        """aclnnConvolutionBackward with ``mask``. ``x``/``w`` None: scratch tensors of the right shape stand in
+        (the masked computations do not read them). Masked gradients get scratch outputs and come back None."""
+        drv, a = self._begin(p, OP_BACKWARD)
+        np_dtype = np.dtype(_driver._np_dtype(p.dtype))
+        with contextlib.ExitStack() as stack:
+            call = _Call(drv, stack, self._on_device(dy, x, w))
+            t_dy = call.operand(dy, a.dtype, a.format)
+            t_x = call.operand(x, a.dtype, a.format) if x is not None else \
+                call.scratch(p.input_shape, a.dtype, np_dtype, a.format)
+            t_w = call.operand(w, a.dtype, a.format) if w is not None else \
+                call.scratch(p.weight_shape, a.dtype, np_dtype, a.format)
+            outs = []
+            for bit, shape in zip(mask[:2], (p.input_shape, p.weight_shape)):
+                outs.append(call.output(shape, a.dtype, np_dtype, a.format) if bit else
+                            call.scratch(shape, a.dtype, np_dtype, a.format))
+            t_db = call.output((p.bias_size,), a.dtype, np_dtype, compiler.ACL_FORMAT_ND) if mask[2] else None
+            bias_sizes, stride, padding, dilation, output_padding = (
+                call.int_array(v) for v in (a.bias_sizes, a.stride, a.padding, a.dilation, a.output_padding))
+            t_mask = call.bool_array(mask)
+            if p.deterministic:
+                call.deterministic()
+            results = iter(call.run(
+                "aclnnConvolutionBackward", drv.fn.aclnnConvolutionBackwardGetWorkspaceSize,
+                [t_dy, t_x, t_w, bias_sizes, stride, padding, dilation, a.transposed, output_padding, a.groups,
+                 t_mask, a.cube_math_type, outs[0], outs[1], t_db], drv.fn.aclnnConvolutionBackward))
+        return tuple(next(results) if bit else None for bit in mask)

@@ -1,0 +1,746 @@
+"""The CANN runtime under the Ascend backend: library discovery, ctypes declarations, lifecycle, memory.
+
+Nothing is loaded at import. :class:`Driver` finds ``libascendcl.so``, ``libnnopbase.so`` and
+``libopapi.so`` in one directory named by an absolute path:
+
+1. ``$XCONV_ASCEND_LIB_DIR`` (the directory itself), else
+2. ``$ASCEND_HOME_PATH/lib64``, else
+3. ``$ASCEND_TOOLKIT_HOME/lib64`` (both set by CANN's ``set_env.sh``).
+
+The first variable that is set decides; a relative path is refused, never resolved against the
+current directory. The libraries are loaded with RTLD_GLOBAL in the order ascendcl, nnopbase,
+opapi, and every function used has its ``argtypes``/``restype`` declared below, as in CANN's public
+headers (``acl/acl_rt.h``, ``acl/acl_base_rt.h``, ``aclnn/acl_meta.h``, ``aclnnop/aclnn_convolution*.h``).
+
+Lifecycle: ``aclInit`` once per process (100002 "repeat initialize" counts as success);
+``aclrtSetDevice`` on each calling thread (CANN contexts are per thread) with the device from
+``$XCONV_ASCEND_DEVICE`` (default 0), and one stream per thread; :meth:`Driver.release_thread`
+destroys the thread's stream and resets its device.
+
+:class:`DeviceArray` keeps data on the device across calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import weakref
+from ctypes import POINTER, byref, c_bool, c_char_p, c_int, c_int8, c_int32, c_int64, c_size_t, c_uint32
+from ctypes import c_uint64, c_void_p
+
+import numpy as np
+
+from xconv.dtypes import DTYPES, dtype_name
+from xconv.errors import BackendError, BackendUnavailableError
+
+BACKEND = "ascend"
+
+LIB_DIR_VARS = ("XCONV_ASCEND_LIB_DIR", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+DEVICE_VAR = "XCONV_ASCEND_DEVICE"
+LIBRARIES = ("ascendcl", "nnopbase", "opapi")  # load order
+
+# acl_base_rt.h / rt_error_codes.h (aclError) and the aclnn return codes (aclnnStatus)
+ACL_SUCCESS = 0
+ACL_ERROR_UNINITIALIZE = 100001
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_RT_SYSPARAMOPT_NOT_SET = 107021
+ACL_OPT_DETERMINISTIC = 0                      # aclSysParamOpt
+ACL_MEM_MALLOC_HUGE_FIRST = 0                  # aclrtMemMallocPolicy
+ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST = 1, 2  # aclrtMemcpyKind
+
+#: Status code -> name. aclError values from hicann/runtime include/external/acl/acl_base_rt.h and
+#: error_codes/rt_error_codes.h; aclnnStatus values from the "aclnn返回码" table of the CANN op docs.
+STATUS_NAMES = {
+    0: "ACL_SUCCESS",
+    100000: "ACL_ERROR_INVALID_PARAM",
+    100001: "ACL_ERROR_UNINITIALIZE",
+    100002: "ACL_ERROR_REPEAT_INITIALIZE",
+    100003: "ACL_ERROR_INVALID_FILE",
+    100037: "ACL_ERROR_REPEAT_FINALIZE",
+    200000: "ACL_ERROR_BAD_ALLOC",
+    200001: "ACL_ERROR_API_NOT_SUPPORT",
+    200002: "ACL_ERROR_INVALID_DEVICE",
+    107000: "ACL_ERROR_RT_PARAM_INVALID",
+    107001: "ACL_ERROR_RT_INVALID_DEVICEID",
+    107002: "ACL_ERROR_RT_CONTEXT_NULL",
+    107003: "ACL_ERROR_RT_STREAM_CONTEXT",
+    107021: "ACL_ERROR_RT_SYSPARAMOPT_NOT_SET",
+    207000: "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
+    207001: "ACL_ERROR_RT_MEMORY_ALLOCATION",
+    207002: "ACL_ERROR_RT_MEMORY_FREE",
+    207004: "ACL_ERROR_RT_NO_DEVICE",
+    507033: "ACL_ERROR_RT_DEV_SETUP_ERROR",
+    507899: "ACL_ERROR_RT_DRV_INTERNAL_ERROR",
+    161001: "ACLNN_ERR_PARAM_NULLPTR",
+    161002: "ACLNN_ERR_PARAM_INVALID",
+    361001: "ACLNN_ERR_RUNTIME_ERROR",
+    561000: "ACLNN_ERR_INNER",
+    561001: "ACLNN_ERR_INNER_INFERSHAPE_ERROR",
+    561002: "ACLNN_ERR_INNER_TILING_ERROR",
+    561003: "ACLNN_ERR_INNER_FIND_KERNEL_ERROR",
+    561101: "ACLNN_ERR_INNER_CREATE_EXECUTOR",
+    561102: "ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR",
+    561103: "ACLNN_ERR_INNER_NULLPTR",
+    561104: "ACLNN_ERR_INNER_WRONG_ATTR_INFO_SIZE",
+    561105: "ACLNN_ERR_INNER_KEY_CONFLICT",
+    561106: "ACLNN_ERR_INNER_INVALID_IMPL_MODE",
+    561107: "ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND",
+    561108: "ACLNN_ERR_INNER_LOAD_JSON_FAILED",
+    561109: "ACLNN_ERR_INNER_JSON_VALUE_NOT_FOUND",
+    561110: "ACLNN_ERR_INNER_JSON_FORMAT_INVALID",
+    561111: "ACLNN_ERR_INNER_JSON_DTYPE_INVALID",
+    561112: "ACLNN_ERR_INNER_OPP_KERNEL_PKG_NOT_FOUND",
+    561113: "ACLNN_ERR_INNER_OP_FILE_INVALID",
+}
+
+
+def status_name(status: int) -> str:
+    return STATUS_NAMES.get(int(status), f"status {int(status)}")
+
+
+_P = c_void_p
+_I64P = POINTER(c_int64)
+
+#: Every function the backend calls, per library: name -> (restype, argtypes). Enums (aclDataType,
+#: aclFormat, aclrtMemcpyKind, aclrtMemMallocPolicy, aclSysParamOpt) are C ``int``s; aclError and
+#: aclnnStatus are ``int``; handles (aclTensor*, aclIntArray*, aclBoolArray*, aclOpExecutor*,
+#: aclrtStream) are opaque pointers.
+SIGNATURES = {
+    "ascendcl": {
+        "aclInit": (c_int, [c_char_p]),                                        # const char *configPath
+        "aclrtSetDevice": (c_int, [c_int32]),
+        "aclrtResetDevice": (c_int, [c_int32]),
+        "aclrtGetDeviceCount": (c_int, [POINTER(c_uint32)]),
+        "aclrtCreateStream": (c_int, [POINTER(c_void_p)]),
+        "aclrtDestroyStream": (c_int, [_P]),
+        "aclrtSynchronizeStream": (c_int, [_P]),
+        "aclrtMalloc": (c_int, [POINTER(c_void_p), c_size_t, c_int]),
+        "aclrtFree": (c_int, [_P]),
+        "aclrtMemcpy": (c_int, [_P, c_size_t, _P, c_size_t, c_int]),
+        "aclrtMemset": (c_int, [_P, c_size_t, c_int32, c_size_t]),
+        "aclrtCtxSetSysParamOpt": (c_int, [c_int, c_int64]),
+        "aclrtCtxGetSysParamOpt": (c_int, [c_int, _I64P]),
+        "aclGetRecentErrMsg": (c_char_p, []),
+        "aclrtGetSocName": (c_char_p, []),
+    },
+    "nnopbase": {
+        # aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,
+        #     const int64_t *stride, int64_t offset, aclFormat format, const int64_t *storageDims,
+        #     uint64_t storageDimsNum, void *tensorData)
+        "aclCreateTensor": (_P, [_I64P, c_uint64, c_int, _I64P, c_int64, c_int, _I64P, c_uint64, _P]),
+        "aclDestroyTensor": (c_int, [_P]),
+        "aclCreateIntArray": (_P, [_I64P, c_uint64]),
+        "aclDestroyIntArray": (c_int, [_P]),
+        "aclCreateBoolArray": (_P, [POINTER(c_bool), c_uint64]),
+        "aclDestroyBoolArray": (c_int, [_P]),
+    },
+    "opapi": {
+        # gradOutput, input, weight, biasSizes, stride, padding, dilation, bool transposed, outputPadding,
+        # int groups, outputMask, int8_t cubeMathType, gradInput, gradWeight, gradBias, uint64_t *workspaceSize,
+        # aclOpExecutor **executor
+        "aclnnConvolutionBackwardGetWorkspaceSize": (
+            c_int, [_P, _P, _P, _P, _P, _P, _P, c_bool, _P, c_int, _P, c_int8, _P, _P, _P, POINTER(c_uint64),
+                    POINTER(c_void_p)]),
+        "aclnnConvolutionBackward": (c_int, [_P, c_uint64, _P, _P]),
+        # input, weight, bias, stride, padding, dilation, bool transposed, outputPadding, const int64_t groups,
+        # output, int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor
+        "aclnnConvolutionGetWorkspaceSize": (
+            c_int, [_P, _P, _P, _P, _P, _P, c_bool, _P, c_int64, _P, c_int8, POINTER(c_uint64), POINTER(c_void_p)]),
+        "aclnnConvolution": (c_int, [_P, c_uint64, _P, _P]),
+    },
+}
+
+
+class LoadError(Exception):
+    """The libraries cannot be used here; ``str()`` is the availability reason."""
+
+
+class _Functions:
+    """Attribute access to the declared functions."""
+
+
+def _environ_value(environ, name):
+    value = environ.get(name)
+    return value if value else None
+
+
+class Driver:
+    """One CANN runtime as seen by xconv: the three libraries, aclInit, per-thread device and stream.
+
+    ``lib_dir`` overrides the environment lookup; ``environ`` (default ``os.environ``, read at
+    each lookup) is where the variables are read from. A process loads CANN once: create one
+    Driver per library directory (the backend uses :func:`default_driver`).
+    """
+
+    def __init__(self, lib_dir: str | os.PathLike | None = None, environ=None):
+        self._lib_dir = None if lib_dir is None else os.fspath(lib_dir)
+        self._environ = environ
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self.fn = None            # _Functions once loaded
+        self.libs: dict[str, ctypes.CDLL] = {}
+        self.lib_dir: str | None = None
+        self.source = ""
+        self._initialized = False
+        self._device: int | None = None
+
+    # -----------------------------------------------------------------------------------------
+    # Discovery and loading
+
+    @property
+    def environ(self):
+        return os.environ if self._environ is None else self._environ
+
+    def locate(self) -> tuple[str, str]:
+        """(directory, where it came from). LoadError with the reason when there is none."""
+        if self._lib_dir is not None:
+            path, source = self._lib_dir, "lib_dir argument"
+        else:
+            env = self.environ
+            path = source = None
+            for var in LIB_DIR_VARS:
+                value = _environ_value(env, var)
+                if value is not None:
+                    source = f"${var}"
+                    path = value if var == "XCONV_ASCEND_LIB_DIR" else os.path.join(value, "lib64")
+                    if not os.path.isabs(value):
+                        raise LoadError(f"{var}={value!r} is not an absolute path (CANN libraries are never "
+                                        "loaded from a relative path or the current directory)")
+                    break
+            if path is None:
+                raise LoadError("ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME and XCONV_ASCEND_LIB_DIR are unset "
+                                "(source CANN's set_env.sh, or set XCONV_ASCEND_LIB_DIR to the absolute path of "
+                                "the directory holding libascendcl.so)")
+        if not os.path.isabs(path):
+            raise LoadError(f"library directory {path!r} ({source}) is not an absolute path")
+        if not os.path.isdir(path):
+            raise LoadError(f"library directory {path} ({source}) does not exist")
+        return path, source
+
+    def load(self) -> None:
+        """Load and declare the three libraries once (LoadError with the reason)."""
+        with self._lock:
+            if self.fn is not None:
+                return
+            path, source = self.locate()
+            files = {name: os.path.join(path, f"lib{name}.so") for name in LIBRARIES}
+            for name, file in files.items():
+                if not os.path.isfile(file):
+                    raise LoadError(f"lib{name}.so not found in {path} ({source})")
+            libs, fn = {}, _Functions()
+            for name in LIBRARIES:
+                try:
+                    libs[name] = ctypes.CDLL(files[name], mode=ctypes.RTLD_GLOBAL)
+                except OSError as exc:
+                    raise LoadError(f"cannot load {files[name]} ({source}): {exc}") from None
+                for symbol, (restype, argtypes) in SIGNATURES[name].items():
+                    try:
+                        f = getattr(libs[name], symbol)
+                    except AttributeError:
+                        raise LoadError(f"symbol {symbol} missing from {files[name]} ({source})") from None
+                    f.restype, f.argtypes = restype, argtypes
+                    setattr(fn, symbol, f)
+            self.libs, self.fn, self.lib_dir, self.source = libs, fn, path, source
+
+    def device_id(self) -> int:
+        value = _environ_value(self.environ, DEVICE_VAR)
+        if value is None:
+            return 0
+        try:
+            device = int(value)
+        except ValueError:
+            raise LoadError(f"{DEVICE_VAR}={value!r} is not a device number") from None
+        if device < 0:
+            raise LoadError(f"{DEVICE_VAR}={value!r} is not a device number")
+        return device
+
+    def initialize(self) -> None:
+        """load(), aclInit, device count and SoC name, once (LoadError with the reason; retried next time)."""
+        if self._device is not None:
+            return
+        with self._lock:
+            if self._device is not None:
+                return
+            self.load()
+            device = self.device_id()
+            if not self._initialized:
+                self._acl_init()
+                self._initialized = True
+            count = c_uint32(0)
+            status = self.fn.aclrtGetDeviceCount(byref(count))
+            if status != ACL_SUCCESS:
+                raise LoadError(f"no device: aclrtGetDeviceCount failed with {status_name(status)} ({status})"
+                                f"{self._message_suffix()}")
+            if count.value == 0:
+                raise LoadError("no device: aclrtGetDeviceCount reports 0 Ascend devices")
+            if device >= count.value:
+                raise LoadError(f"no device: {DEVICE_VAR}={device} but aclrtGetDeviceCount reports "
+                                f"{count.value} device(s)")
+            self._device = device
+
+    def _acl_init(self) -> None:
+        status = self.fn.aclInit(None)
+        if status not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
+            raise LoadError(f"aclInit failed with {status_name(status)} ({status}){self._message_suffix()}")
+        self.take_message()  # 100002 leaves a message; it is not an error here
+
+    def availability(self) -> tuple[bool, str]:
+        """(available, reason); never raises."""
+        try:
+            self.initialize()
+        except LoadError as exc:
+            return False, str(exc)
+        except Exception as exc:  # noqa: BLE001 - an availability check must not raise
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, ""
+
+    @property
+    def soc_name(self) -> str | None:
+        """aclrtGetSocName() (after initialize()), None when CANN does not report one."""
+        if self.fn is None or self._device is None:
+            return None
+        soc = self.fn.aclrtGetSocName()
+        if not soc:
+            self.take_message()
+            return None
+        return soc.decode(errors="replace")
+
+    @property
+    def device(self) -> int | None:
+        return self._device
+
+    # -----------------------------------------------------------------------------------------
+    # Errors
+
+    def take_message(self) -> str:
+        """aclGetRecentErrMsg(): the pending messages of this thread (cleared), or ""."""
+        if self.fn is None:
+            return ""
+        msg = self.fn.aclGetRecentErrMsg()
+        return msg.decode(errors="replace").strip() if msg else ""
+
+    def _message_suffix(self) -> str:
+        msg = self.take_message()
+        return f": {msg}" if msg else ""
+
+    def error(self, call: str, status: int) -> BackendError:
+        """BackendError for ``status`` returned by ``call``, with aclGetRecentErrMsg()'s text."""
+        return BackendError(BACKEND, int(status), status_name(status), self.take_message(), call=call)
+
+    def check(self, call: str, status: int) -> None:
+        if status != ACL_SUCCESS:
+            raise self.error(call, status)
+
+    # -----------------------------------------------------------------------------------------
+    # Per-thread context and stream
+
+    def stream(self) -> int:
+        """The calling thread's stream, setting its device and creating the stream on first use."""
+        local = self._local
+        stream = getattr(local, "stream", None)
+        if stream is not None:
+            return stream
+        try:
+            self.initialize()
+        except LoadError as exc:
+            raise BackendUnavailableError(BACKEND, str(exc)) from None
+        device = self._device
+        if not getattr(local, "device_set", False):
+            status = self.fn.aclrtSetDevice(device)
+            if status == ACL_ERROR_UNINITIALIZE:  # someone called aclFinalize: initialize again
+                self.take_message()
+                with self._lock:
+                    try:
+                        self._acl_init()
+                    except LoadError as exc:
+                        raise BackendUnavailableError(BACKEND, str(exc)) from None
+                status = self.fn.aclrtSetDevice(device)
+            self.check("aclrtSetDevice", status)
+            local.device_set, local.device = True, device
+        handle = c_void_p()
+        status = self.fn.aclrtCreateStream(byref(handle))
+        if status != ACL_SUCCESS:
+            err = self.error("aclrtCreateStream", status)
+            self._reset_thread_device()
+            raise err
+        local.stream = handle.value
+        return local.stream
+
+    def ensure_context(self) -> None:
+        """Make sure the calling thread has a current context (and stream)."""
+        self.stream()
+
+    def _reset_thread_device(self) -> None:
+        local = self._local
+        if getattr(local, "device_set", False):
+            local.device_set = False
+            self.fn.aclrtResetDevice(local.device)
+            self.take_message()
+
+    def release_thread(self) -> None:
+        """Destroy the calling thread's stream and reset its device (idempotent; errors raise BackendError)."""
+        if self.fn is None:
+            return
+        local = self._local
+        stream = getattr(local, "stream", None)
+        local.stream = None
+        status = ACL_SUCCESS
+        if stream is not None:
+            status = self.fn.aclrtDestroyStream(stream)
+        err = self.error("aclrtDestroyStream", status) if status != ACL_SUCCESS else None
+        if getattr(local, "device_set", False):
+            local.device_set = False
+            status = self.fn.aclrtResetDevice(local.device)
+            if status != ACL_SUCCESS and err is None:
+                err = self.error("aclrtResetDevice", status)
+        if err is not None:
+            raise err
+
+    def synchronize(self) -> None:
+        self.check("aclrtSynchronizeStream", self.fn.aclrtSynchronizeStream(self.stream()))
+
+    # -----------------------------------------------------------------------------------------
+    # Memory (the calling thread must have a context: call stream() first)
+
+    def malloc(self, nbytes: int) -> int:
+        ptr = c_void_p()
+        self.check("aclrtMalloc", self.fn.aclrtMalloc(byref(ptr), max(int(nbytes), 1), ACL_MEM_MALLOC_HUGE_FIRST))
+        return ptr.value
+
+    def free(self, ptr: int) -> int:
+        """aclrtFree(ptr); returns the status (callers decide whether it raises)."""
+        return self.fn.aclrtFree(ptr)
+
+    def memset(self, ptr: int, capacity: int, nbytes: int, value: int = 0) -> None:
+        if nbytes:
+            self.check("aclrtMemset", self.fn.aclrtMemset(ptr, capacity, value, nbytes))
+
+    def upload(self, dst: int, capacity: int, src_address: int, nbytes: int) -> None:
+        if nbytes:
+            self.check("aclrtMemcpy", self.fn.aclrtMemcpy(dst, capacity, src_address, nbytes,
+                                                          ACL_MEMCPY_HOST_TO_DEVICE))
+
+    def download(self, dst_address: int, capacity: int, src: int, nbytes: int) -> None:
+        if nbytes:
+            self.check("aclrtMemcpy", self.fn.aclrtMemcpy(dst_address, capacity, src, nbytes,
+                                                          ACL_MEMCPY_DEVICE_TO_HOST))
+
+    # -----------------------------------------------------------------------------------------
+    # The deterministic option
+
+    def get_deterministic(self) -> int | None:
+        """ACL_OPT_DETERMINISTIC of this thread's context; None when it was never set (107021)."""
+        self.ensure_context()
+        value = c_int64(0)
+        status = self.fn.aclrtCtxGetSysParamOpt(ACL_OPT_DETERMINISTIC, byref(value))
+        if status == ACL_ERROR_RT_SYSPARAMOPT_NOT_SET:
+            self.take_message()
+            return None
+        self.check("aclrtCtxGetSysParamOpt", status)
+        return int(value.value)
+
+    def set_deterministic(self, value: int) -> int:
+        """aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, value); returns the status."""
+        return self.fn.aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, int(value))
+
+
+_default: Driver | None = None
+_default_lock = threading.Lock()
+
+
+def default_driver() -> Driver:
+    """The process's driver (environment lookup), created on first use; loads nothing by itself."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Driver()
+        return _default
+
+
+# ---------------------------------------------------------------------------------------------
+# Device arrays
+
+
+def _np_dtype(dtype) -> np.dtype:
+    name = dtype_name(dtype)
+    if name not in ("float16", "bfloat16", "float32", "float64"):
+        raise TypeError(f"unsupported dtype {dtype!r}")
+    return DTYPES[name]
+
+
+class _Buffer:
+    """One aclrtMalloc allocation, freed by :meth:`free` or, failing that, when garbage collected."""
+
+    def __init__(self, driver: Driver, nbytes: int):
+        driver.ensure_context()
+        self.driver = driver
+        self.nbytes = int(nbytes)
+        self.ptr = driver.malloc(nbytes)
+        self._finalizer = weakref.finalize(self, _free_quietly, driver, self.ptr)
+
+    @property
+    def alive(self) -> bool:
+        return self._finalizer.alive
+
+    def free(self) -> None:
+        if self._finalizer.detach() is not None:
+            self.driver.check("aclrtFree", self.driver.free(self.ptr))
+
+
+def _free_quietly(driver: Driver, ptr: int) -> None:
+    try:
+        driver.free(ptr)
+        driver.take_message()
+    except Exception:  # noqa: BLE001 - a finalizer must not raise
+        pass
+
+
+class DeviceArray:
+    """An array in Ascend device memory: a buffer plus shape, element strides, element offset and dtype.
+
+    Made by :meth:`from_numpy`, :meth:`empty`, :func:`zeros`, or returned by xconv calls given
+    DeviceArrays. Its array family is ``"xconv_ascend"``; :meth:`to_numpy` copies it back to the host.
+    Release its memory with :meth:`free` or a ``with`` block (garbage collection frees it otherwise).
+    Basic slicing (``a[:, :, 1:3]``, ``None``, ints) gives views of the same buffer.
+    """
+
+    __array_priority__ = -1
+
+    def __init__(self, buffer: _Buffer | None, shape, dtype, strides=None, offset: int = 0):
+        self._buffer = buffer
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.strides = tuple(int(s) for s in strides) if strides is not None else _contiguous(self.shape)
+        self.offset = int(offset)
+
+    # construction ------------------------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape, dtype, driver: Driver | None = None) -> "DeviceArray":
+        driver = driver or default_driver()
+        dtype = _np_dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        n = math.prod(shape)
+        return cls(_Buffer(driver, n * dtype.itemsize) if n else None, shape, dtype)
+
+    @classmethod
+    def from_numpy(cls, array, driver: Driver | None = None) -> "DeviceArray":
+        host = np.ascontiguousarray(array)
+        out = cls.empty(host.shape, host.dtype, driver)
+        if out._buffer is not None:
+            try:
+                out._buffer.driver.upload(out._buffer.ptr, out._buffer.nbytes, host.ctypes.data, host.nbytes)
+            except BaseException:
+                out.free()
+                raise
+        return out
+
+    # properties ---------------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def driver(self) -> Driver | None:
+        return None if self._buffer is None else self._buffer.driver
+
+    @property
+    def data_ptr(self) -> int | None:
+        """The device address of the buffer (the aclTensor's tensorData); None for an empty array."""
+        return None if self._buffer is None else self._buffer.ptr
+
+    @property
+    def storage_elements(self) -> int:
+        return 0 if self._buffer is None else self._buffer.nbytes // self.dtype.itemsize
+
+    @property
+    def freed(self) -> bool:
+        return self._buffer is not None and not self._buffer.alive
+
+    @property
+    def is_contiguous(self) -> bool:
+        return all(n == 1 or s == c for n, s, c in zip(self.shape, self.strides, _contiguous(self.shape)))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"DeviceArray(shape={self.shape}, dtype={self.dtype.name if self.dtype.name != 'void' else self.dtype},"
+                f" strides={self.strides}, offset={self.offset}{', freed' if self.freed else ''})")
+
+    # host copies -------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self.freed:
+            raise ValueError("this DeviceArray's device memory was freed")
+
+    def _storage_to_host(self) -> np.ndarray:
+        """The whole buffer as a 1-D host array of this dtype."""
+        self._check_alive()
+        host = np.empty(self.storage_elements, dtype=self.dtype)
+        buf = self._buffer
+        buf.driver.ensure_context()
+        buf.driver.download(host.ctypes.data, host.nbytes, buf.ptr, host.nbytes)
+        return host
+
+    def to_numpy(self) -> np.ndarray:
+        """A new C-contiguous host copy of this array."""
+        if self.size == 0 or self._buffer is None:
+            return np.zeros(self.shape, dtype=self.dtype)
+        self._check_alive()
+        if self.is_contiguous:
+            host = np.empty(self.shape, dtype=self.dtype)
+            buf = self._buffer
+            buf.driver.ensure_context()
+            start = self.offset * self.itemsize
+            buf.driver.download(host.ctypes.data, host.nbytes, buf.ptr + start, host.nbytes)
+            return host
+        storage = self._storage_to_host()
+        view = np.lib.stride_tricks.as_strided(storage[self.offset:], self.shape,
+                                               [s * self.itemsize for s in self.strides])
+        return np.ascontiguousarray(view)
+
+    def __array__(self, dtype=None, copy=None):
+        host = self.to_numpy()
+        return host if dtype is None else host.astype(dtype)
+
+    # release -----------------------------------------------------------------------------------
+    def free(self) -> None:
+        """Free the device buffer (shared by every view of it). Idempotent."""
+        if self._buffer is not None:
+            self._buffer.free()
+
+    def __enter__(self) -> "DeviceArray":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    # views ---------------------------------------------------------------------------------------
+    def _view(self, shape, strides, offset) -> "DeviceArray":
+        return DeviceArray(self._buffer, shape, self.dtype, strides, offset)
+
+    def __getitem__(self, key) -> "DeviceArray":
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            i = key.index(Ellipsis)
+            fill = self.ndim - (len(key) - 1 - sum(k is None for k in key))
+            key = key[:i] + (slice(None),) * fill + key[i + 1:]
+        shape, strides, offset, axis = [], [], self.offset, 0
+        for k in key:
+            if k is None:
+                shape.append(1)
+                strides.append(0)
+                continue
+            if axis >= self.ndim:
+                raise IndexError(f"too many indices for a {self.ndim}-D DeviceArray")
+            n, s = self.shape[axis], self.strides[axis]
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step < 1:
+                    raise IndexError("DeviceArray views take positive slice steps only")
+                length = max(0, -(-(stop - start) // step))
+                shape.append(length)
+                strides.append(s * step)
+                if length:
+                    offset += start * s
+            elif isinstance(k, (int, np.integer)):
+                i = int(k) + (n if k < 0 else 0)
+                if not 0 <= i < n:
+                    raise IndexError(f"index {k} out of range for dim {axis} of size {n}")
+                offset += i * s
+            else:
+                raise IndexError(f"DeviceArray supports basic indexing only, not {type(k).__name__}")
+            axis += 1
+        shape += self.shape[axis:]
+        strides += self.strides[axis:]
+        return self._view(shape, strides, offset)
+
+    def __setitem__(self, key, value) -> None:
+        """Assign through a host round trip of the buffer (used by the core's explicit zero padding)."""
+        self._check_alive()
+        storage = self._storage_to_host()
+        whole = np.lib.stride_tricks.as_strided(storage[self.offset:], self.shape,
+                                                [s * self.itemsize for s in self.strides])
+        whole[key] = value.to_numpy() if isinstance(value, DeviceArray) else value
+        buf = self._buffer
+        buf.driver.upload(buf.ptr, buf.nbytes, storage.ctypes.data, storage.nbytes)
+
+    def reshape(self, *shape) -> "DeviceArray":
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if not self.is_contiguous:
+            raise ValueError("only contiguous DeviceArrays can be reshaped")
+        shape = list(shape)
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = self.size // max(known, 1)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} into {tuple(shape)}")
+        return self._view(shape, _contiguous(shape), self.offset)
+
+    def transpose(self, *axes) -> "DeviceArray":
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        axes = tuple(axes) or tuple(reversed(range(self.ndim)))
+        return self._view([self.shape[a] for a in axes], [self.strides[a] for a in axes], self.offset)
+
+
+def _contiguous(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+# Module-level functions for xconv.arrays (array_module of the "xconv_ascend" family)
+
+
+def empty(shape, dtype="float32") -> DeviceArray:
+    return DeviceArray.empty(shape, dtype)
+
+
+def zeros(shape, dtype="float32") -> DeviceArray:
+    """Zeros on the device (aclrtMemset)."""
+    out = DeviceArray.empty(shape, dtype)
+    if out._buffer is not None:
+        try:
+            out._buffer.driver.memset(out._buffer.ptr, out._buffer.nbytes, out._buffer.nbytes, 0)
+        except BaseException:
+            out.free()
+            raise
+    return out
+
+
+def asarray(array, dtype=None) -> DeviceArray:
+    if isinstance(array, DeviceArray) and dtype is None:
+        return array
+    host = array.to_numpy() if isinstance(array, DeviceArray) else np.asarray(array)
+    return DeviceArray.from_numpy(host if dtype is None else host.astype(dtype))
+
+
+def ascontiguousarray(array) -> DeviceArray:
+    """``array`` itself when contiguous, else a contiguous copy (through the host)."""
+    if isinstance(array, DeviceArray):
+        if array.is_contiguous:
+            return array
+        return DeviceArray.from_numpy(array.to_numpy(), array.driver)
+    return DeviceArray.from_numpy(array)
+
+
+def moveaxis(array: DeviceArray, source, destination) -> DeviceArray:
+    order = [a for a in range(array.ndim) if a != source % array.ndim]
+    order.insert(destination % array.ndim, source % array.ndim)
+    return array.transpose(order)
