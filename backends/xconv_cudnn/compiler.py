@@ -65,11 +65,13 @@ _FLOAT32_DESELECT = {
     "allow_tf32": ("DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION"),
     "allow_fp16": ("REDUCED_PRECISION_REDUCTION",),
 }
-#: float16/bfloat16: math changes nothing (docs/semantics.md); tensor cores are their normal path.
+#: float16/bfloat16: math changes nothing (docs/semantics.md); tensor cores are their normal path;
+#: accumulation stays float32 (no REDUCED_PRECISION_REDUCTION) and inputs are never narrowed
+#: (no DOWN_CONVERT_INPUTS, which PyTorch's cuDNN path also always deselects).
 #: float64: math concerns float32 work only; FP64 tensor cores (DMMA) are full precision.
 _OTHER_DESELECT = {
-    "float16": ("REDUCED_PRECISION_REDUCTION",),
-    "bfloat16": ("REDUCED_PRECISION_REDUCTION",),
+    "float16": ("DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION"),
+    "bfloat16": ("DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION"),
     "float64": ("DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT"),
 }
 NONDETERMINISTIC = "NONDETERMINISTIC"
