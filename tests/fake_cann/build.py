@@ -96,9 +96,33 @@ def _compile(dest: Path, name: str, sources: list[str], extra: list[str]) -> Non
     os.replace(tmp, dest / name)  # atomic: a loaded old copy keeps its inode
 
 
+def loaded_dir() -> Path | None:
+    """The build directory of the fake libascendcl.so already mapped into this process, if any."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].endswith("/libascendcl.so"):
+            lib_dir = Path(fields[5]).parent
+            if (lib_dir / ".fakecann-build.stamp").exists():
+                return lib_dir
+    return None
+
+
 def build(dest_dir: str | os.PathLike[str]) -> Path:
-    """Compile the three libraries into dest_dir (if stale) and return it."""
+    """Compile the three libraries into dest_dir (if stale) and return it.
+
+    When this process has already loaded the emulator from another build directory, that
+    directory is returned instead: a second copy of libascendcl.so (another path) would be a
+    second emulator state, and the libnnopbase.so/libopapi.so loaded next to it would bind to the
+    first copy by soname, mixing the two (e.g. aclrtMalloc answering 107002 after aclrtSetDevice).
+    """
     dest = Path(dest_dir).resolve()
+    loaded = loaded_dir()
+    if loaded is not None and loaded.resolve() != dest:
+        return loaded
     dest.mkdir(parents=True, exist_ok=True)
     if _up_to_date(dest):
         return dest
