@@ -52,8 +52,8 @@ MAX_CHUNK_BYTES = 32 << 20
 MIN_CHUNK_BYTES = 1 << 20
 #: ... and is otherwise this fraction of the bytes of the call's inputs plus outputs.
 BUDGET_FRACTION = 0.5
-#: Chunks running at once (Python threads, each calling single-threaded BLAS); each chunk gets
-#: budget / MAX_WORKERS bytes, whatever the number of threads actually used.
+#: Most chunks running at once (Python threads, each calling single-threaded BLAS); each chunk
+#: gets budget / 2 bytes, whatever the number of threads actually used.
 MAX_WORKERS = 4
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
 MIN_CHUNKS = 4
@@ -285,45 +285,103 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
-def _run(chunks, task, make_workspace, workers: int):
-    """task(workspace, e0, e1) for every chunk; results yielded in chunk order.
+def _run(chunks, task, make_workspace, workers: int) -> None:
+    """task(workspace, index, e0, e1) for every chunk, on up to ``workers`` threads, started in chunk order.
 
-    At most ``workers`` chunks run at once, each with a workspace of its own (reused across chunks).
+    Each running chunk has a workspace of its own (reused by later chunks). Exceptions propagate.
     """
     spare = queue.SimpleQueue()
 
-    def run_one(chunk):
+    def run_one(i):
         try:
             ws = spare.get_nowait()
         except queue.Empty:
             ws = make_workspace()
         try:
-            return task(ws, *chunk)
+            task(ws, i, *chunks[i])
         finally:
             spare.put(ws)
 
     if workers <= 1 or len(chunks) <= 1:
-        for chunk in chunks:
-            yield run_one(chunk)
+        for i in range(len(chunks)):
+            run_one(i)
         return
     ex = _executor(workers)
     pending = collections.deque()
-    it = iter(chunks)
-    for chunk in itertools.islice(it, workers + 1):
-        pending.append(ex.submit(run_one, chunk))
+    nxt = 0
     try:
-        while pending:
-            result = pending.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
+        while nxt < len(chunks) or pending:
+            while nxt < len(chunks) and len(pending) < workers + 1:
                 pending.append(ex.submit(run_one, nxt))
-            yield result
+                nxt += 1
+            pending.popleft().result()
     finally:
         for f in pending:
             f.cancel()
         for f in pending:
             if not f.cancelled():
                 f.exception()
+
+
+class _Slots:
+    """Deterministic accumulation of per-chunk weight-gradient partials computed concurrently.
+
+    Chunk i adds into slot i % S, and a slot takes its chunks strictly in increasing order (a
+    chunk waits for its predecessor in the slot); the slots are summed in order at the end. S
+    depends only on the shapes, so the rounding does not depend on the number of threads. The
+    first chunk of a slot writes its GEMM straight into the slot; later ones go through the
+    worker's scratch and one addition.
+    """
+
+    def __init__(self, n_slots: int, shapes, dtype):
+        self.S = n_slots
+        self.shapes, self.dtype = shapes, dtype
+        self.accs = [None] * n_slots
+        self.next = list(range(n_slots))
+        self.conds = [threading.Condition() for _ in range(n_slots)]
+        self.failed = False
+
+    def scratch(self):
+        return [np.empty(shape, self.dtype) for shape in self.shapes]
+
+    def target(self, i: int, scratch):
+        """Where chunk i computes its partials: its slot's accumulators when it is the slot's first chunk."""
+        if i < self.S:
+            self.accs[i] = self.scratch()
+            return self.accs[i]
+        return scratch
+
+    def commit(self, i: int, parts) -> None:
+        s = i % self.S
+        cond = self.conds[s]
+        with cond:
+            if i >= self.S:
+                cond.wait_for(lambda: self.next[s] == i or self.failed)
+                if self.failed:
+                    raise RuntimeError("an earlier chunk failed")
+                for a, b in zip(self.accs[s], parts):
+                    a += b
+            self.next[s] = i + self.S
+            cond.notify_all()
+
+    def fail(self) -> None:
+        self.failed = True
+        for cond in self.conds:
+            with cond:
+                cond.notify_all()
+
+    def total(self):
+        acc = self.accs[0]
+        for more in self.accs[1:]:
+            if more is not None:
+                for a, b in zip(acc, more):
+                    a += b
+        return acc
+
+
+def _n_slots(io_bytes: int, w_bytes: int) -> int:
+    """Accumulator slots: up to MAX_WORKERS while their memory stays within a quarter of the call's bytes."""
+    return max(1, min(MAX_WORKERS, io_bytes // max(4 * w_bytes, 1)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,14 +396,14 @@ def _budget(nbytes: int) -> int:
 def _chunks(geo: _Geom, line_bytes: int, halo_lines: int, budget: int):
     """(chunks, max lines, aligned): line ranges [e0, e1) covering the batch.
 
-    Each chunk's buffers take at most budget / MAX_WORKERS bytes (so up to MAX_WORKERS chunks in
-    flight fit the budget), and there are at least MIN_CHUNKS chunks when the batch has enough
+    Each chunk's buffers take at most budget / 2 bytes (two chunks in flight fit the budget; four,
+    the most, twice the budget), and there are at least MIN_CHUNKS chunks when the batch has enough
     lines, so that the workers share the work. Whole samples per chunk when one sample fits
     (``aligned``), else equal line ranges of one sample. Depends only on the shapes.
     """
     L1, N = geo.L1, geo.N
     line_bytes = max(line_bytes, 1)
-    cap = max(1, budget // MAX_WORKERS)
+    cap = max(1, budget // 2)
     if (L1 + halo_lines) * line_bytes <= cap:
         nb = max(1, min(N, (cap - halo_lines * line_bytes) // (L1 * line_bytes), -(-N // MIN_CHUNKS)))
         nb = -(-N // -(-N // nb))  # equal-sized sample ranges
@@ -367,6 +425,29 @@ def _w4(w, geo: _Geom, cdt):
 def _x4(t, G, C):
     """An (N, G*C, *spatial) tensor viewed as (N, G, C, *spatial)."""
     return t.reshape((t.shape[0], G, C) + t.shape[2:])
+
+
+def _weight_layout(w, geo: _Geom, cdt, axes: str) -> np.ndarray:
+    """The weight as a new C-contiguous array with axes ``axes``, a permutation of "gock".
+
+    g: group, o: output channel in the group, c: input channel in the group, k: tap, taps in
+    phase order. Copied in blocks of output channels so that the strided reads stay in cache
+    (a plain transposing copy of a large weight runs at a fraction of memory speed).
+    """
+    order = _tap_order(geo)
+    src = w.reshape(geo.g, geo.Cog, geo.Cg, geo.K)            # axes g, o, c, k
+    if order != list(range(geo.K)):
+        src = src[..., order]
+    perm = tuple("gock".index(a) for a in axes)
+    shape = tuple(src.shape[i] for i in perm)
+    out = np.empty(shape, cdt)
+    block = max(1, 8192 // max(1, geo.Cg * geo.K))
+    o_axis = axes.index("o")
+    for o in range(0, geo.Cog, block):
+        sel = [slice(None)] * 4
+        sel[o_axis] = slice(o, o + block)
+        out[tuple(sel)] = src[:, o:o + block].transpose(perm)
+    return out
 
 
 def _tap_order(geo: _Geom):
@@ -397,18 +478,6 @@ def _finish_dw(geo: _Geom, p: ConvParams, parts):
         else:
             view[..., kidx] = arr
     return dw
-
-
-def _sum_in_order(partials):
-    """Sum a sequence of lists of arrays elementwise, strictly in sequence order (deterministic)."""
-    acc = None
-    for part in partials:
-        if acc is None:
-            acc = part
-        else:
-            for a, b in zip(acc, part):
-                a += b
-    return acc
 
 
 def _x_columns(geo: _Geom, xgs, cols, rows):
@@ -467,30 +536,35 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     g, Cg, Cog, line, h = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo
     nph = len(geo.phases)
     Jmax = max(len(t) for _, t in geo.phases)
-    line_bytes = cdt.itemsize * line * g * (Cog + Jmax * Cog + (Cg if need_dx else 0)
-                                            + (nph * Cg + Jmax * Cog * Cg // line if need_dw else 0))
-    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-    chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
+    line_bytes = cdt.itemsize * line * g * (Cog + Jmax * Cog + (Cg if need_dx else 0) + (nph * Cg if need_dw else 0))
+    io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
+    chunks, lines, _ = _chunks(geo, line_bytes, h, _budget(io))
     R = lines * line
     dy4 = _x4(dy, g, Cog)
     if need_dx:
         dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
         dx4 = _x4(dx, g, Cg)
         w4 = _w4(w, geo, cdt)
-        wts = [np.ascontiguousarray(w4[..., [kf for kf, _ in taps]].transpose(0, 2, 3, 1)).reshape(g, Cg, -1)
-               for _, taps in geo.phases]                                  # (g, Cg, J*Cog)
+        wt = _weight_layout(w, geo, cdt, "gcko")                           # taps in phase order
+        wts, k0 = [], 0
+        for _, taps in geo.phases:                                         # views (g, Cg, J*Cog)
+            wts.append(wt[:, :, k0:k0 + len(taps)].reshape(g, Cg, -1))
+            k0 += len(taps)
     if need_dw:
         x4 = _x4(x, g, Cg)
+        slots = _Slots(_n_slots(io, cdt.itemsize * g * geo.K * Cog * Cg),
+                       [(g, len(taps) * Cog, Cg) for _, taps in geo.phases], cdt)
 
     def workspace():
         return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt), cols=np.empty((g, Jmax * Cog * R), cdt),
                     dx=np.empty((g, Cg, R), cdt) if need_dx else None,
-                    x=[_GridBuf(geo, g, Cg, lines, cdt) for _ in geo.phases] if need_dw else None)
+                    x=[_GridBuf(geo, g, Cg, lines, cdt) for _ in geo.phases] if need_dw else None,
+                    dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
-    def task(ws, e0, e1):
+    def task(ws, i, e0, e1):
         rows = (e1 - e0) * line
         dyg = ws["dy"].fill(dy4, e0 - h, e1, geo.y_valid)
-        partial = []
+        parts = slots.target(i, ws["dw"]) if need_dw else None
         for ip, (r, taps) in enumerate(geo.phases):
             J = len(taps)
             cols = ws["cols"][:, :J * Cog * rows].reshape(g, J * Cog, rows)
@@ -503,15 +577,25 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
                 _scatter(geo, dxg, dx4, e0, e1, geo.x_valid[r])
             if need_dw:
                 xg = ws["x"][ip].fill(x4, e0, e1, geo.x_valid[r])
-                partial.append(np.matmul(cols, xg.transpose(0, 2, 1)))     # (g, J*Cog, Cg)
-        return partial
+                np.matmul(cols, xg.transpose(0, 2, 1), out=parts[ip])     # (g, J*Cog, Cg)
+        if need_dw:
+            slots.commit(i, parts)
 
-    accs = _sum_in_order(_run(chunks, task, workspace, workers))
+    _run_guarded(chunks, task, workspace, workers, slots if need_dw else None)
     dw = None
     if need_dw:
         dw = _finish_dw(geo, p, [([kf for kf, _ in taps], acc.reshape(g, len(taps), Cog, Cg).transpose(0, 2, 3, 1))
-                                 for (r, taps), acc in zip(geo.phases, accs)])
+                                 for (r, taps), acc in zip(geo.phases, slots.total())])
     return (dx if need_dx else None), dw
+
+
+def _run_guarded(chunks, task, workspace, workers, slots):
+    try:
+        _run(chunks, task, workspace, workers)
+    except BaseException:
+        if slots is not None:
+            slots.fail()
+        raise
 
 
 def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
@@ -521,35 +605,38 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
     nph = len(geo.phases)
     line_bytes = cdt.itemsize * line * g * (Cog + K * Cg * (need_dx + need_dw) + nph * Cg * (need_dx + need_dw))
-    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-    chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, budget)
+    io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
+    chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, _budget(io))
     hf = 0 if aligned else h           # dy lines before the chunk whose col2im reaches into it
     order = _tap_order(geo)
     dy4 = _x4(dy, g, Cog)
     if need_dw:
         x4 = _x4(x, g, Cg)
+        slots = _Slots(_n_slots(io, cdt.itemsize * g * K * Cog * Cg), [(g, Cog, K * Cg)], cdt)
     if need_dx:
         dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
         dx4 = _x4(dx, g, Cg)
-        wt = np.ascontiguousarray(_w4(w, geo, cdt)[..., order].transpose(0, 3, 2, 1)).reshape(g, K * Cg, Cog)
+        wt = _weight_layout(w, geo, cdt, "gkco").reshape(g, K * Cg, Cog)
 
     def workspace():
         return dict(dy=_GridBuf(geo, g, Cog, lines + hf, cdt),
                     cols=np.empty((g, K * Cg * lines * line), cdt) if need_dw else None,
                     z=np.empty((g, K * Cg * (lines + hf) * line), cdt) if need_dx else None,
                     x=[_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases] if need_dw else None,
-                    dx=[np.empty((g, Cg, (hf + lines + h) * line), cdt) for _ in geo.phases] if need_dx else None)
+                    dx=[np.empty((g, Cg, (hf + lines + h) * line), cdt) for _ in geo.phases] if need_dx else None,
+                    dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
-    def task(ws, e0, e1):
+    def task(ws, i, e0, e1):
         rows = (e1 - e0) * line
         ext = rows + hf * line
         dyg = ws["dy"].fill(dy4, e0 - hf, e1, geo.y_valid)
-        partial = None
         if need_dw:
             xgs = [b.fill(x4, e0, e1 + h, geo.x_valid[r]) for b, (r, _) in zip(ws["x"], geo.phases)]
             cols = ws["cols"][:, :K * Cg * rows].reshape(g, K * Cg, rows)
             _x_columns(geo, xgs, cols, rows)
-            partial = [np.matmul(dyg[:, :, hf * line:], cols.transpose(0, 2, 1))]   # (g, Cog, K*Cg)
+            parts = slots.target(i, ws["dw"])
+            np.matmul(dyg[:, :, hf * line:], cols.transpose(0, 2, 1), out=parts[0])   # (g, Cog, K*Cg)
+            slots.commit(i, parts)
         if need_dx:
             z = ws["z"][:, :K * Cg * ext].reshape(g, K * Cg, ext)
             np.matmul(wt, dyg, out=z)
@@ -561,12 +648,11 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
                     dxg[:, :, off:off + ext] += z[:, jj * Cg:(jj + 1) * Cg]
                     jj += 1
                 _scatter(geo, dxg[:, :, hf * line:], dx4, e0, e1, geo.x_valid[r])
-        return partial
 
-    acc = _sum_in_order(_run(chunks, task, workspace, workers))
+    _run_guarded(chunks, task, workspace, workers, slots if need_dw else None)
     dw = None
     if need_dw:
-        dw = _finish_dw(geo, p, [(order, acc[0].reshape(g, Cog, K, Cg).transpose(0, 1, 3, 2))])
+        dw = _finish_dw(geo, p, [(order, slots.total()[0].reshape(g, Cog, K, Cg).transpose(0, 1, 3, 2))])
     return (dx if need_dx else None), dw
 
 
@@ -581,7 +667,7 @@ def fprop(x, w, bias, p: ConvParams):
     chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
     order = _tap_order(geo)
-    wm = np.ascontiguousarray(_w4(w, geo, cdt)[..., order].transpose(0, 1, 3, 2)).reshape(g, Cog, K * Cg)
+    wm = _weight_layout(w, geo, cdt, "gokc").reshape(g, Cog, K * Cg)
     b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)
     x4 = _x4(x, g, Cg)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
@@ -591,7 +677,7 @@ def fprop(x, w, bias, p: ConvParams):
         return dict(x=[_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases],
                     cols=np.empty((g, K * Cg * R), cdt), y=np.empty((g, Cog, R), cdt))
 
-    def task(ws, e0, e1):
+    def task(ws, i, e0, e1):
         rows = (e1 - e0) * line
         xgs = [buf.fill(x4, e0, e1 + h, geo.x_valid[r]) for buf, (r, _) in zip(ws["x"], geo.phases)]
         cols = ws["cols"][:, :K * Cg * rows].reshape(g, K * Cg, rows)
@@ -603,6 +689,5 @@ def fprop(x, w, bias, p: ConvParams):
         _scatter(geo, yg, y4, e0, e1, geo.y_valid)
 
     with _BLAS as workers:
-        for _ in _run(chunks, task, workspace, workers):
-            pass
+        _run(chunks, task, workspace, workers)
     return y
