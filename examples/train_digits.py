@@ -174,7 +174,7 @@ def test_logits(model, images):
         return model(images.to(next(model.parameters()).dtype))[0].double()
 
 
-def run(epochs=4, batch_size=32, max_batches=None, lr=0.05, seed=0, backend="numpy", out=sys.stdout):
+def run(epochs=5, batch_size=32, max_batches=None, lr=0.05, seed=0, backend="numpy", out=sys.stdout):
     """Train the torch, the xconv and the float64 torch model in lockstep on the same batches.
 
     Returns one dict per epoch; prints a table to ``out`` (None: silent).
@@ -189,7 +189,8 @@ def run(epochs=4, batch_size=32, max_batches=None, lr=0.05, seed=0, backend="num
     rows = []
     if out is not None:
         print(f"digits: {n} train / {len(test_labels)} test images, batch {batch_size}, SGD lr {lr} momentum 0.9, "
-              f"float32, xconv backend {backend!r}, torch {torch.__version__} ({torch.get_num_threads()} threads)",
+              f"float32, xconv backend {backend!r}, torch {torch.__version__} ({torch.get_num_threads()} thread"
+              f"{'s' if torch.get_num_threads() != 1 else ''})",
               file=out)
         print(f"{'epoch':>5} | {'loss torch':>10} {'loss xconv':>10} | {'step |dloss|':>12} {'allowed':>8} | "
               f"{'acc torch':>9} {'acc xconv':>9} | {'max |d|/bound':>13} | {'s/epoch torch':>13} "
@@ -261,15 +262,24 @@ def agree(rows) -> list[str]:
 
 def main(argv=None, out=sys.stdout):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="1 epoch of 10 batches (a smoke test)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default="numpy", help="xconv backend of the converted model")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: xconv's NumPy backend runs its products on one "
+                             "BLAS thread, so both sides get one)")
     args = parser.parse_args(argv)
-    rows = run(epochs=1 if args.quick else args.epochs, batch_size=args.batch_size,
-               max_batches=10 if args.quick else None, lr=args.lr, seed=args.seed, backend=args.backend, out=out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        rows = run(epochs=1 if args.quick else args.epochs, batch_size=args.batch_size,
+                   max_batches=10 if args.quick else None, lr=args.lr, seed=args.seed, backend=args.backend,
+                   out=out)
+    finally:
+        torch.set_num_threads(threads)
     problems = agree(rows)
     if out is not None:
         mean = {k: sum(r[f"seconds_{k}"] for r in rows) / len(rows) for k in ("torch", "xconv")}
