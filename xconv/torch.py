@@ -184,7 +184,9 @@ _EQUIVALENT = {
 def _swap(module, backend, deterministic, math):
     """The xconv equivalent of ``module``, sharing its Parameters, hooks and every other attribute."""
     new = _EQUIVALENT[type(module)].__new__(_EQUIVALENT[type(module)])
-    state = {k: (v.copy() if isinstance(v, dict) else v) for k, v in module.__dict__.items()}
+    # the containers (parameter, buffer, module and hook dicts, the non-persistent buffer set) are copied,
+    # their contents (the Parameters themselves) shared
+    state = {k: (v.copy() if isinstance(v, (dict, set, list)) else v) for k, v in module.__dict__.items()}
     new.__dict__.update(state)
     new._set_xconv(backend, deterministic, math)
     return new
