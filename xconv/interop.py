@@ -5,8 +5,8 @@ PyTorch tensor, a JAX array, …) is viewed, without copying, as the native arra
 (``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA memory); results are handed
 back through the caller's ``from_dlpack``, again without copying.
 
-DLPack has no portable bfloat16 for NumPy, so bfloat16 crosses as its 16-bit pattern (an int16
-view on both sides) for PyTorch tensors.
+DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as their 16-bit pattern
+(an int16 view on both sides). CuPy has no bfloat16 at all: bfloat16 CUDA tensors are refused.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from .arrays import array_family
 from .dtypes import bfloat16
-from .errors import BackendUnavailableError
+from .errors import BackendUnavailableError, UnsupportedError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
 
@@ -49,9 +49,11 @@ def to_native(array):
     else:
         raise BackendUnavailableError("auto", f"no xconv backend takes arrays on DLPack device type {device_type}")
     if family == "torch" and str(array.dtype) == "torch.bfloat16":
+        if native is not np:
+            raise UnsupportedError("bfloat16 CUDA tensors cannot cross into xconv: CuPy has no bfloat16 dtype "
+                                   "(convert to float16 or float32, or use a CPU tensor)")
         import torch
-        bits = native.from_dlpack(array.view(torch.int16))
-        return bits.view(bfloat16) if native is np else bits
+        return native.from_dlpack(array.view(torch.int16)).view(bfloat16)
     return native.from_dlpack(array)
 
 
