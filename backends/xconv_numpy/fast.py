@@ -55,6 +55,8 @@ BUDGET_FRACTION = 0.5
 #: Most chunks running at once (Python threads, each calling single-threaded BLAS); each chunk
 #: gets budget / 2 bytes, whatever the number of threads actually used.
 MAX_WORKERS = 4
+#: Scratch memory kept between calls for reuse (see ``release_memory``).
+ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
 MIN_CHUNKS = 4
 
@@ -162,18 +164,81 @@ def _blocks(geo: _Geom, grid: np.ndarray, tensor: np.ndarray, e0: int, e1: int, 
     return out
 
 
+class _Arena:
+    """Scratch memory kept between calls, so that repeated calls do not pay the kernel's page faults.
+
+    A call leases buffers (``lease.empty``) and gives them all back when it ends; up to
+    ``ARENA_BYTES`` of them are kept for later calls (the most recently returned first), the rest
+    freed. :func:`release_memory` frees them all.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.free: list[np.ndarray] = []          # raw uint8 buffers, most recently returned last
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self.lock:
+            best = None
+            for i, buf in enumerate(self.free):
+                if nbytes <= buf.nbytes <= 2 * nbytes + 4096 and (best is None or buf.nbytes < self.free[best].nbytes):
+                    best = i
+            if best is not None:
+                return self.free.pop(best)
+        return np.empty(max(nbytes, 1), np.uint8)
+
+    def give(self, bufs) -> None:
+        with self.lock:
+            self.free.extend(bufs)
+            total = sum(b.nbytes for b in self.free)
+            while self.free and total > ARENA_BYTES:
+                total -= self.free.pop(0).nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            self.free.clear()
+
+
+_ARENA = _Arena()
+
+
+def release_memory() -> None:
+    """Free the scratch memory the fast path keeps between calls (at most ``ARENA_BYTES``)."""
+    _ARENA.clear()
+
+
+class _Lease:
+    """The scratch buffers of one call, handed back to the arena when the call ends."""
+
+    def __init__(self):
+        self.bufs = []
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        raw = _ARENA.take(n)
+        self.bufs.append(raw)
+        return raw[:n].view(dtype).reshape(shape)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _ARENA.give(self.bufs)
+        self.bufs = []
+
+
 class _GridBuf:
     """A reusable grid buffer for lines [e0, e1) of one tensor; zeroed only where stale data could remain."""
 
-    def __init__(self, geo: _Geom, G: int, C: int, lines: int, dtype):
+    def __init__(self, geo: _Geom, G: int, C: int, lines: int, dtype, lease: _Lease):
         self.geo = geo
-        self.buf = np.zeros((G, C, lines * geo.line), dtype=dtype)
-        self.alignment = 0   # e0 mod L1 of the previous fill: same alignment => same garbage pattern
+        self.buf = lease.empty((G, C, lines * geo.line), dtype)
+        self.alignment = None   # e0 mod L1 of the previous fill: same alignment => same garbage pattern
 
     def fill(self, tensor, e0: int, e1: int, valid):
         geo = self.geo
         grid = self.buf[:, :, :(e1 - e0) * geo.line]
-        if (e0 - self.alignment) % geo.L1:
+        if self.alignment is None or (e0 - self.alignment) % geo.L1:
             grid.fill(0)
             self.alignment = e0 % geo.L1
         else:
@@ -333,8 +398,9 @@ class _Slots:
     worker's scratch and one addition.
     """
 
-    def __init__(self, n_slots: int, shapes, dtype):
+    def __init__(self, n_slots: int, shapes, dtype, lease: _Lease):
         self.S = n_slots
+        self.lease = lease
         self.shapes, self.dtype = shapes, dtype
         self.accs = [None] * n_slots
         self.next = list(range(n_slots))
@@ -342,7 +408,7 @@ class _Slots:
         self.failed = False
 
     def scratch(self):
-        return [np.empty(shape, self.dtype) for shape in self.shapes]
+        return [self.lease.empty(shape, self.dtype) for shape in self.shapes]
 
     def target(self, i: int, scratch):
         """Where chunk i computes its partials: its slot's accumulators when it is the slot's first chunk."""
@@ -417,36 +483,34 @@ def _chunks(geo: _Geom, line_bytes: int, halo_lines: int, budget: int):
 # Layout helpers
 
 
-def _w4(w, geo: _Geom, cdt):
-    """w as (g, C_out/g, C_in/g, K) in the compute dtype (a view when possible)."""
-    return w.astype(cdt, copy=False).reshape(geo.g, geo.Cog, geo.Cg, geo.K)
-
 
 def _x4(t, G, C):
     """An (N, G*C, *spatial) tensor viewed as (N, G, C, *spatial)."""
     return t.reshape((t.shape[0], G, C) + t.shape[2:])
 
 
-def _weight_layout(w, geo: _Geom, cdt, axes: str) -> np.ndarray:
-    """The weight as a new C-contiguous array with axes ``axes``, a permutation of "gock".
+def _weight_layout(w, geo: _Geom, cdt, axes: str, lease: _Lease) -> np.ndarray:
+    """The weight as a C-contiguous scratch array with axes ``axes``, a permutation of "gock".
 
     g: group, o: output channel in the group, c: input channel in the group, k: tap, taps in
     phase order. Copied in blocks of output channels so that the strided reads stay in cache
     (a plain transposing copy of a large weight runs at a fraction of memory speed).
     """
     order = _tap_order(geo)
+    permute_taps = order != list(range(geo.K))
     src = w.reshape(geo.g, geo.Cog, geo.Cg, geo.K)            # axes g, o, c, k
-    if order != list(range(geo.K)):
-        src = src[..., order]
     perm = tuple("gock".index(a) for a in axes)
     shape = tuple(src.shape[i] for i in perm)
-    out = np.empty(shape, cdt)
-    block = max(1, 8192 // max(1, geo.Cg * geo.K))
+    out = lease.empty(shape, cdt)
+    block = max(16, 65536 // max(1, geo.Cg * geo.K))   # source rows of block output channels stay in L2
     o_axis = axes.index("o")
     for o in range(0, geo.Cog, block):
         sel = [slice(None)] * 4
         sel[o_axis] = slice(o, o + block)
-        out[tuple(sel)] = src[:, o:o + block].transpose(perm)
+        part = src[:, o:o + block]
+        if permute_taps:
+            part = part[..., order]
+        out[tuple(sel)] = part.transpose(perm)
     return out
 
 
@@ -507,11 +571,9 @@ def backward(dy, x, w, p: ConvParams, mask):
     dx = dw = None
     if need_dx or need_dw:
         geo = _Geom(p)
-        with _BLAS as workers:
-            if _strategy_a(geo, need_dx, need_dw):
-                dx, dw = _backward_a(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers)
-            else:
-                dx, dw = _backward_b(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers)
+        with _BLAS as workers, _Lease() as lease:
+            run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
 
@@ -529,7 +591,7 @@ def bgrad(dy, p: ConvParams):
     return np.ascontiguousarray(np.sum(dy, axis=axes, dtype=cdt).astype(DTYPES[p.dtype], copy=False))
 
 
-def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
+def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
     """dy-columns: per phase, cols = shifted dy slices; dx_p = W_p^T @ cols; dW_p = cols @ x_p^T."""
     p = geo.p
     cdt = compute_dtype(p)
@@ -544,8 +606,7 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     if need_dx:
         dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
         dx4 = _x4(dx, g, Cg)
-        w4 = _w4(w, geo, cdt)
-        wt = _weight_layout(w, geo, cdt, "gcko")                           # taps in phase order
+        wt = _weight_layout(w, geo, cdt, "gcko", lease)                           # taps in phase order
         wts, k0 = [], 0
         for _, taps in geo.phases:                                         # views (g, Cg, J*Cog)
             wts.append(wt[:, :, k0:k0 + len(taps)].reshape(g, Cg, -1))
@@ -553,12 +614,12 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     if need_dw:
         x4 = _x4(x, g, Cg)
         slots = _Slots(_n_slots(io, cdt.itemsize * g * geo.K * Cog * Cg),
-                       [(g, len(taps) * Cog, Cg) for _, taps in geo.phases], cdt)
+                       [(g, len(taps) * Cog, Cg) for _, taps in geo.phases], cdt, lease)
 
     def workspace():
-        return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt), cols=np.empty((g, Jmax * Cog * R), cdt),
-                    dx=np.empty((g, Cg, R), cdt) if need_dx else None,
-                    x=[_GridBuf(geo, g, Cg, lines, cdt) for _ in geo.phases] if need_dw else None,
+        return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt, lease), cols=lease.empty((g, Jmax * Cog * R), cdt),
+                    dx=lease.empty((g, Cg, R), cdt) if need_dx else None,
+                    x=[_GridBuf(geo, g, Cg, lines, cdt, lease) for _ in geo.phases] if need_dw else None,
                     dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
     def task(ws, i, e0, e1):
@@ -598,7 +659,7 @@ def _run_guarded(chunks, task, workspace, workers, slots):
         raise
 
 
-def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
+def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
     """x-columns: cols = shifted x-phase slices; dW = dy @ cols^T; dx by Z = W^T @ dy and col2im."""
     p = geo.p
     cdt = compute_dtype(p)
@@ -612,18 +673,18 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     dy4 = _x4(dy, g, Cog)
     if need_dw:
         x4 = _x4(x, g, Cg)
-        slots = _Slots(_n_slots(io, cdt.itemsize * g * K * Cog * Cg), [(g, Cog, K * Cg)], cdt)
+        slots = _Slots(_n_slots(io, cdt.itemsize * g * K * Cog * Cg), [(g, Cog, K * Cg)], cdt, lease)
     if need_dx:
         dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
         dx4 = _x4(dx, g, Cg)
-        wt = _weight_layout(w, geo, cdt, "gkco").reshape(g, K * Cg, Cog)
+        wt = _weight_layout(w, geo, cdt, "gkco", lease).reshape(g, K * Cg, Cog)
 
     def workspace():
-        return dict(dy=_GridBuf(geo, g, Cog, lines + hf, cdt),
-                    cols=np.empty((g, K * Cg * lines * line), cdt) if need_dw else None,
-                    z=np.empty((g, K * Cg * (lines + hf) * line), cdt) if need_dx else None,
-                    x=[_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases] if need_dw else None,
-                    dx=[np.empty((g, Cg, (hf + lines + h) * line), cdt) for _ in geo.phases] if need_dx else None,
+        return dict(dy=_GridBuf(geo, g, Cog, lines + hf, cdt, lease),
+                    cols=lease.empty((g, K * Cg * lines * line), cdt) if need_dw else None,
+                    z=lease.empty((g, K * Cg * (lines + hf) * line), cdt) if need_dx else None,
+                    x=[_GridBuf(geo, g, Cg, lines + h, cdt, lease) for _ in geo.phases] if need_dw else None,
+                    dx=[lease.empty((g, Cg, (hf + lines + h) * line), cdt) for _ in geo.phases] if need_dx else None,
                     dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
     def task(ws, i, e0, e1):
@@ -667,15 +728,16 @@ def fprop(x, w, bias, p: ConvParams):
     chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
     order = _tap_order(geo)
-    wm = _weight_layout(w, geo, cdt, "gokc").reshape(g, Cog, K * Cg)
+    lease = _Lease()
+    wm = _weight_layout(w, geo, cdt, "gokc", lease).reshape(g, Cog, K * Cg)
     b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)
     x4 = _x4(x, g, Cg)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
     y4 = _x4(y, g, Cog)
 
     def workspace():
-        return dict(x=[_GridBuf(geo, g, Cg, lines + h, cdt) for _ in geo.phases],
-                    cols=np.empty((g, K * Cg * R), cdt), y=np.empty((g, Cog, R), cdt))
+        return dict(x=[_GridBuf(geo, g, Cg, lines + h, cdt, lease) for _ in geo.phases],
+                    cols=lease.empty((g, K * Cg * R), cdt), y=lease.empty((g, Cog, R), cdt))
 
     def task(ws, i, e0, e1):
         rows = (e1 - e0) * line
@@ -688,6 +750,6 @@ def fprop(x, w, bias, p: ConvParams):
             yg += b
         _scatter(geo, yg, y4, e0, e1, geo.y_valid)
 
-    with _BLAS as workers:
+    with _BLAS as workers, lease:
         _run(chunks, task, workspace, workers)
     return y
