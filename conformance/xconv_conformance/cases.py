@@ -355,7 +355,7 @@ class Inputs:
         h = hashlib.sha256()
         for name in ("grad_output", "input", "weight"):
             a = getattr(self, name)
-            h.update(f"{name}:{a.dtype.str}:{a.shape}\n".encode())
+            h.update(f"{name}:{a.dtype}:{a.shape}\n".encode())
             h.update(np.ascontiguousarray(a).tobytes())
         return h.hexdigest()
 

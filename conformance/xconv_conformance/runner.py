@@ -153,7 +153,7 @@ def digest(a) -> str | None:
     if a is None:
         return None
     a = np.ascontiguousarray(a)
-    h = hashlib.sha256(f"{a.dtype.str}:{a.shape}\n".encode())
+    h = hashlib.sha256(f"{a.dtype}:{a.shape}\n".encode())
     h.update(a.tobytes())
     return h.hexdigest()
 
