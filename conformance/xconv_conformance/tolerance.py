@@ -13,8 +13,9 @@ with ``gamma(n, u) = min(n*u/(1 - n*u), exp(LAMBDA*sqrt(n)*u + n*u**2/(1 - u)) -
 of the worst-case bound of any summation order (Higham 2002, Lemma 3.1) and Higham and Mary's
 probabilistic bound (2019, Theorem 3.1: it holds for any summation order with probability at
 least 1 - 2n exp(-LAMBDA**2 (1-u)**2 / 2) when rounding errors are independent and of mean zero),
-``u_c`` the unit roundoff of the compute precision, ``u_out`` that of the output dtype and
-``eta`` the smallest subnormal. So the constant of the issue, c, is min(K + 2, LAMBDA*sqrt(K + 2))
+``u_c`` the unit roundoff of the compute precision (float32 for 16-bit and float32 inputs, float64
+for float64, 2**-11 for float32 under math="allow_tf32" or "allow_fp16"), ``u_out`` that of the
+output dtype (the one final rounding) and ``eta`` the smallest subnormal. So the constant of the issue, c, is min(K + 2, LAMBDA*sqrt(K + 2))
 (to first order): the worst case up to K = 62, LAMBDA*sqrt(K + 2) beyond.
 """
 
@@ -24,7 +25,7 @@ import math
 
 import numpy as np
 
-from xconv.dtypes import UNIT_ROUNDOFF
+from xconv.dtypes import UNIT_ROUNDOFF, accumulation_dtype
 
 #: The probabilistic bound's lambda: failure probability <= 2n exp(-32) ~ 2.5e-14 n per element.
 LAMBDA = 8.0
@@ -42,8 +43,24 @@ OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
 
 
 def compute_roundoff(dtype: str, math_mode: str = "keep_dtype") -> float:
-    """u_c: the unit roundoff of the case dtype, or of the math mode when that is coarser."""
-    return max(UNIT_ROUNDOFF[dtype], MATH_ROUNDOFF[math_mode])
+    """u_c: the unit roundoff of the precision the products are summed in.
+
+    xconv's semantics (docs/semantics.md): 16-bit and float32 inputs accumulate in float32,
+    float64 in float64, and the result is rounded once to the dtype of the inputs; ``math``
+    lets a backend lower the precision of float32 work only (TF32/HF32 or float16, both with
+    unit roundoff 2**-11), and changes nothing for other dtypes.
+    """
+    u = UNIT_ROUNDOFF[accumulation_dtype(dtype).name]
+    if dtype == "float32":
+        u = max(u, MATH_ROUNDOFF[math_mode])
+    return u
+
+
+def _compute_eta(dtype: str, math_mode: str) -> float:
+    eta = ETA[accumulation_dtype(dtype).name]
+    if dtype == "float32":
+        eta = max(eta, _MATH_ETA[math_mode])
+    return eta
 
 
 def gamma_probabilistic(n, u: float, lam: float = LAMBDA):
@@ -92,7 +109,7 @@ def bound(exact: np.ndarray, abs_sum: np.ndarray, k: int, dtype: str, math_mode:
     """The per-element error bound (float64 array shaped like ``exact``); see the module docstring."""
     u_c = compute_roundoff(dtype, math_mode)
     u_out = UNIT_ROUNDOFF[dtype]
-    eta_c = max(ETA[dtype], _MATH_ETA[math_mode])
+    eta_c = _compute_eta(dtype, math_mode)
     a = np.asarray(abs_sum, dtype=np.float64)
     e = np.abs(np.asarray(exact, dtype=np.float64))
     computed = float(gamma(k + 2, u_c)) * a * (1.0 + u_out) + u_out * e
