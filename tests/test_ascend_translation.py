@@ -170,6 +170,8 @@ def test_capability_table(soc, op, kw, rule):
     text = str(info.value)
     assert f"rule {rule!r}" in text and soc in text and "'ascend'" in text
     assert compiler.OP_FUNCTIONS[op] in text
+    fallback = compiler.direct_fallback(p, soc, op)
+    assert (fallback is not None) == (rule == "backward-output-padding-below-stride")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +183,7 @@ def test_backend_declaration():
     caps = b.capabilities
     assert b.name == "ascend" and b.array_families == ("numpy", "xconv_ascend")
     assert caps.spatial_dims == {1, 2, 3} and caps.dtypes == {"float16", "bfloat16", "float32"}
-    assert caps.asymmetric_padding == {2} and caps.transposed and caps.strided and caps.deterministic
+    assert caps.asymmetric_padding == {1, 2, 3} and caps.transposed and caps.strided and caps.deterministic
     assert caps.math == {"keep_dtype", "allow_tf32", "allow_fp16"}
 
 

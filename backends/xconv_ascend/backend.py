@@ -20,12 +20,13 @@ null workspace and the requested size, which CANN answers by deleting the execut
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from ctypes import byref, c_bool, c_int64, c_uint64, c_void_p
 
 import numpy as np
 
-from xconv import Backend, Capabilities
+from xconv import Backend, Capabilities, legalize
 from xconv.errors import BackendError
 from xconv.params import ConvParams
 
@@ -98,8 +99,8 @@ class _Call:
         if isinstance(a, DeviceArray):
             if a.freed:
                 raise ValueError("a DeviceArray operand's device memory was freed")
-            if a.driver is not None and a.driver is not self.drv:
-                raise ValueError("a DeviceArray operand belongs to another CANN driver")
+            if a.driver is not None and not a.driver.same_runtime(self.drv):
+                raise ValueError("a DeviceArray operand belongs to another CANN runtime")
             if a.data_ptr is None:  # empty: any valid device address will do
                 return self.tensor(a.shape, a.strides, 0, dtype, fmt, 0, self.malloc(1))
             return self.tensor(a.shape, a.strides, a.offset, dtype, fmt, a.storage_elements, a.data_ptr)
@@ -184,6 +185,49 @@ class _Call:
         return [f() for f in self.fetch]
 
 
+class _Narrowed:
+    """The backend as the core sees it for a configuration aclnn cannot take as it is.
+
+    Its capabilities are the backend's with asymmetric padding for 2-D only and, when
+    ``transposed`` is False, no transposed convolution: the core then pads 1-D/3-D inputs
+    explicitly, or maps a transposed convolution onto direct fprop, dgrad and wgrad, and calls
+    back with configurations aclnn takes.
+    """
+
+    def __init__(self, backend: "AscendBackend", transposed: bool):
+        self._backend = backend
+        self.name = backend.name
+        self.capabilities = dataclasses.replace(backend.capabilities, asymmetric_padding=NATIVE_ASYMMETRIC_PADDING,
+                                                transposed=transposed)
+
+    def fprop(self, x, w, bias, p):
+        return self._backend.fprop(x, w, bias, p)
+
+    def dgrad(self, dy, w, p):
+        return self._backend.dgrad(dy, w, p)
+
+    def wgrad(self, x, dy, p):
+        return self._backend.wgrad(x, dy, p)
+
+    def bgrad(self, dy, p):
+        return self._backend.bgrad(dy, p)
+
+    def backward(self, dy, x, w, p, mask):
+        return self._backend.backward(dy, x, w, p, mask)
+
+
+#: Ranks whose (pre, post) padding aclnn takes: 2-D, as [top, bottom, left, right].
+NATIVE_ASYMMETRIC_PADDING = frozenset({2})
+
+
+def _bias_only_params(p: ConvParams) -> ConvParams:
+    """A direct 1x1 depthwise convolution whose output has ``p``'s output shape: its bias gradient is ``p``'s."""
+    nd, channels = p.nd, p.output_shape[1]
+    return p.replace(input_shape=p.output_shape, weight_shape=(channels, 1) + (1,) * nd, stride=(1,) * nd,
+                     padding=((0, 0),) * nd, dilation=(1,) * nd, groups=channels, transposed=False,
+                     output_padding=(0,) * nd)
+
+
 class AscendBackend(Backend):
     """Huawei Ascend NPUs through CANN's aclnnConvolution and aclnnConvolutionBackward (ctypes).
 
@@ -194,11 +238,13 @@ class AscendBackend(Backend):
 
     name = "ascend"
     array_families = ("numpy", "xconv_ascend")
-    priority = 5
+    priority = -5  # NumPy arrays keep going to the numpy backend unless backend="ascend" is asked for
     capabilities = Capabilities(
         spatial_dims=frozenset({1, 2, 3}),          # NCL, NCHW, NCDHW natively
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
-        asymmetric_padding=frozenset({2}),          # 4-value [top, bottom, left, right]; others by the core
+        # 2-D natively as [top, bottom, left, right]; 1-D/3-D are handed back to the core through a narrowed view
+        # (the core's own explicit padding is for direct convolution only, see _route)
+        asymmetric_padding=frozenset({1, 2, 3}),
         transposed=True,                            # aclnn's transposed flag
         strided=True,                               # aclTensors carry element strides and offset
         deterministic=True,                         # ACL_OPT_DETERMINISTIC for the call
@@ -236,12 +282,35 @@ class AscendBackend(Backend):
             raise _driver.BackendUnavailableError(self.name, str(exc)) from None
         return drv, compiler.check(p, drv.soc_name, op, backend=self.name)
 
+    def _route(self, p: ConvParams, op: str) -> _Narrowed | None:
+        """None when aclnn takes ``p`` as it is; else the narrowed view the core must legalize ``p`` for.
+
+        Asymmetric 1-D/3-D padding: the core pads the input explicitly (direct convolution) or maps
+        the transposed convolution onto direct ones. A transposed convolution breaking a rule with a
+        direct fallback (outputPadding >= stride for the backward op): mapped onto direct ones.
+        """
+        native_padding = p.symmetric or p.nd in NATIVE_ASYMMETRIC_PADDING
+        if not p.transposed:
+            return None if native_padding else _Narrowed(self, transposed=True)
+        if native_padding:
+            drv = self.driver
+            try:
+                drv.initialize()
+            except _driver.LoadError as exc:
+                raise _driver.BackendUnavailableError(self.name, str(exc)) from None
+            if compiler.direct_fallback(p, drv.soc_name, op) is None:
+                return None
+        return _Narrowed(self, transposed=False)
+
     @staticmethod
     def _on_device(*arrays) -> bool:
         return any(isinstance(a, DeviceArray) for a in arrays)
 
     # primitives -------------------------------------------------------------------------------------------
     def fprop(self, x, w, bias, p: ConvParams):
+        view = self._route(p, OP_CONVOLUTION)
+        if view is not None:
+            return legalize.fprop(view, x, w, bias, p)
         drv, a = self._begin(p, OP_CONVOLUTION)
         np_dtype = np.dtype(_driver._np_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
@@ -262,15 +331,26 @@ class AscendBackend(Backend):
         mask = tuple(bool(m) for m in mask)
         if not any(mask):
             return None, None, None
+        view = self._route(p, OP_BACKWARD)
+        if view is not None:
+            return legalize.backward(view, dy, x, w, p, mask)
         return self._backward(dy, x, w, p, mask)
 
     def dgrad(self, dy, w, p: ConvParams):
+        view = self._route(p, OP_BACKWARD)
+        if view is not None:
+            return legalize.dgrad(view, dy, w, p)
         return self._backward(dy, None, w, p, (True, False, False))[0]
 
     def wgrad(self, x, dy, p: ConvParams):
+        view = self._route(p, OP_BACKWARD)
+        if view is not None:
+            return legalize.wgrad(view, x, dy, p)
         return self._backward(dy, x, None, p, (False, True, False))[1]
 
     def bgrad(self, dy, p: ConvParams):
+        if self._route(p, OP_BACKWARD) is not None:  # only dy matters: any direct convolution with dy's shape
+            p = _bias_only_params(p)
         return self._backward(dy, None, None, p, (False, False, True))[2]
 
     def _backward(self, dy, x, w, p: ConvParams, mask):

@@ -76,12 +76,17 @@ class ConvArgs:
     cube_math_type: int
 
 
-def translate(p: ConvParams) -> ConvArgs:
-    """The aclnn argument values of the convolution ``p`` (normalized, validated by the core)."""
+def translate(p: ConvParams, strict: bool = True) -> ConvArgs:
+    """The aclnn argument values of the convolution ``p`` (normalized, validated by the core).
+
+    ``strict=False`` (for the capability table, which reads ``p`` itself) leaves ``padding`` empty
+    where aclnn has no form for it instead of raising ValueError.
+    """
     if p.dtype not in DTYPES:
         raise ValueError(f"dtype {p.dtype} has no aclnn convolution type")
+    native = p.symmetric or p.nd == 2
     return ConvArgs(dtype=DTYPES[p.dtype], format=FORMATS[p.nd], stride=tuple(p.stride),
-                    padding=tuple(padding_values(p)), dilation=tuple(p.dilation), transposed=bool(p.transposed),
+                    padding=tuple(padding_values(p)) if strict or native else (), dilation=tuple(p.dilation), transposed=bool(p.transposed),
                     output_padding=tuple(p.output_padding) if p.transposed else (0,) * p.nd,
                     groups=int(p.groups), bias_sizes=(int(p.bias_size),), cube_math_type=cube_math_type(p))
 
@@ -154,6 +159,9 @@ class Rule:
     ops: tuple[str, ...]
     violated: Callable[[ConvParams, ConvArgs], bool]
     message: str
+    #: "direct": a transposed convolution breaking this rule runs as the core's mapping onto direct
+    #: convolutions (aclnn's transposed=False) instead of being refused.
+    fallback: str = ""
 
     def applies_to(self, family: str | None, op: str) -> bool:
         return family in self.families and op in self.ops
@@ -171,7 +179,7 @@ RULES: tuple[Rule, ...] = (
          "aclnnConvolutionBackward is not supported on this product"),
     Rule("backward-output-padding-below-stride", ALL_FAMILIES, _B,
          lambda p, a: p.transposed and any(op >= s for op, s in zip(p.output_padding, p.stride)),
-         "outputPadding must lie in [0, stride) in every spatial dim"),
+         "outputPadding must lie in [0, stride) in every spatial dim", fallback="direct"),
     Rule("a2a3-backward-kernel-hw-max-255", ("atlas-a2-a3",), _B,
          lambda p, a: not p.transposed and bool(_over(p.kernel, 255, _hw(p))),
          "kernel H and W (L for 1-D) must lie in [1, 255] (transposed=False)"),
@@ -230,16 +238,26 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def violations(p: ConvParams, soc: str | None, op: str, rules=RULES) -> list[Rule]:
-    """The rules of ``soc``'s family that the call ``p`` on operator ``op`` violates (none for unknown SoCs)."""
+def violations(p: ConvParams, soc: str | None, op: str, rules=None) -> list[Rule]:
+    """The rules of ``soc``'s family that the call ``p`` on operator ``op`` violates (none for unknown SoCs).
+
+    ``rules`` defaults to :data:`RULES` (looked up at call time)."""
+    rules = RULES if rules is None else rules
     fam = soc_family(soc)
     if fam is None:
         return []
-    args = translate(p)
+    args = translate(p, strict=False)
     return [r for r in rules if r.applies_to(fam.key, op) and r.violated(p, args)]
 
 
-def check(p: ConvParams, soc: str | None, op: str, backend: str = "ascend", rules=RULES) -> ConvArgs:
+def direct_fallback(p: ConvParams, soc: str | None, op: str, rules=None) -> Rule | None:
+    """The first violated rule of a transposed ``p`` that running it as direct convolutions avoids, else None."""
+    if not p.transposed:
+        return None
+    return next((r for r in violations(p, soc, op, rules) if r.fallback == "direct"), None)
+
+
+def check(p: ConvParams, soc: str | None, op: str, backend: str = "ascend", rules=None) -> ConvArgs:
     """The aclnn arguments of ``p``; UnsupportedError naming the first violated rule of ``soc``'s family."""
     args = translate(p)
     broken = violations(p, soc, op, rules)

@@ -244,6 +244,13 @@ class Driver:
                     setattr(fn, symbol, f)
             self.libs, self.fn, self.lib_dir, self.source = libs, fn, path, source
 
+    def same_runtime(self, other: "Driver") -> bool:
+        """Whether ``other`` drives the same loaded libraries (device pointers are valid in both)."""
+        if other is self:
+            return True
+        mine, theirs = self.libs.get("ascendcl"), other.libs.get("ascendcl")
+        return mine is not None and theirs is not None and mine._handle == theirs._handle
+
     def device_id(self) -> int:
         value = _environ_value(self.environ, DEVICE_VAR)
         if value is None:
