@@ -232,13 +232,16 @@ def test_backward_matches_reference(env, cfg, dtype, mask, math_mode, determinis
     typed = p.replace(dtype=dtype, math=math_mode)
     as_direct = p.transposed and (compiler.direct_fallback(typed, "Ascend910B2", compiler.OP_BACKWARD) is not None
                                   or not (p.symmetric or p.nd == 2))  # mapped onto direct convolutions
-    if any(mask) and 0 not in (p.input_shape[0], p.input_shape[1], p.output_shape[1]) and not as_direct:
-        fc = env.fc
+    fc = env.fc
+    if mask == (False, False, True) and p.input_shape[0] and p.output_shape[1]:
+        # grad_bias alone: the 1x1 depthwise direct backward over grad_output
+        assert fc.call_count() == 1 and fc.last("mask") == 4 and fc.last("transposed") == 0
+        assert fc.last("groups") == p.output_shape[1]
+    elif any(mask) and 0 not in (p.input_shape[0], p.input_shape[1], p.output_shape[1]) and not as_direct:
+        assert fc.call_count() == 1
         assert fc.last("op") == OP_BACKWARD and fc.last("mask") == mask[0] | mask[1] << 1 | mask[2] << 2
         assert fc.last("transposed") == int(p.transposed) and fc.last("groups") == p.groups
-        assert fc.last("deterministic") == int(deterministic)
-    if env.fc.call_count():
-        fc = env.fc
+    if fc.call_count():
         assert fc.last("deterministic") == int(deterministic)
         assert fc.last("cube_math") == (compiler.MATH_TO_CUBE[math_mode] if dtype == "float32" else 0)
         assert fc.last("dtype") == compiler.DTYPES[dtype]
@@ -620,6 +623,27 @@ def test_empty_tensors_never_reach_the_device(env):
     assert env.fc.prepare_count() == 0
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_grad_bias_alone_runs_as_a_1x1_depthwise_backward(env, transposed):
+    """grad_bias needs only grad_output: also with C_in = 0 (aclnn rejects a weight dim of 0) and big kernels."""
+    rng = np.random.default_rng(10)
+    x, w = np.ones((2, 0, 5), np.float32), np.ones((0, 3, 3) if transposed else (3, 0, 3), np.float32)
+    p = xconv.params.make_params(x.shape, w.shape, transposed=transposed)
+    dy = rand(rng, p.output_shape, "float32")
+    dx, dw, db = xconv.convolution_backward(dy, x, w, transposed=transposed, backend="ascend")
+    assert dx.shape == x.shape and dw.shape == w.shape
+    np.testing.assert_allclose(db, dy.astype(np.float64).sum(axis=(0, 2)), rtol=1e-6)
+    assert env.fc.last("mask") == 4 and env.fc.last("groups") == 3 and env.fc.last("transposed") == 0
+    env.fc.set_soc_name(b"Ascend910B2")
+    big = rand(rng, (1, 2, 300), "float16")
+    kernel = rand(rng, (2, 2, 256), "float16")  # beyond the A2/A3 backward kernel limit, irrelevant to grad_bias
+    dy = rand(rng, (1, 2, 45), "float16")
+    db = xconv.convolution_backward(dy, big, kernel, output_mask=(False, False, True), backend="ascend")[2]
+    np.testing.assert_allclose(db, dy.astype(np.float64).sum(axis=(0, 2)), rtol=2**-10)
+    with pytest.raises(xconv.UnsupportedError, match="a2a3-backward-kernel-hw-max-255"):
+        xconv.convolution_backward(dy, big, kernel, output_mask=(False, True, True), backend="ascend")
+
+
 # ---------------------------------------------------------------------------------------------
 # Leaks
 
@@ -728,7 +752,6 @@ def test_zero_live_objects_after_1000_calls_with_failures(env, monkeypatch):
         outcomes[name] += 1
         if i % 97 == 0:
             assert env.live() == base, name
-    print("OUTCOMES", outcomes, "prepared", fc.prepare_count(), "executed", fc.call_count())
     assert sum(outcomes.values()) == 1000 and min(outcomes.values()) >= 1000 // len(names)
     failures = sum(n for name, n in outcomes.items() if scenarios[name][1] is not None)
     assert failures > 600
@@ -848,3 +871,23 @@ def test_missing_library_and_symbol_are_unavailable_with_reason(broken_dirs, lib
     reason = _probe(d["unloadable"])
     assert reason.startswith(f"cannot load {d['unloadable']}/libopapi.so ($XCONV_ASCEND_LIB_DIR): ")
     assert _probe(lib_dir) == "NO ERROR"
+
+
+# ---------------------------------------------------------------------------------------------
+# The conformance kit on the emulator
+
+
+def test_conformance_kit_on_the_emulator(lib_dir):
+    """``pytest conformance --xconv-backend ascend`` with the emulator: no case fails (float64 is refused)."""
+    root = HERE.parent
+    if not (root / "conformance" / "conftest.py").exists():
+        pytest.skip("the conformance kit is not in this checkout")
+    env = {k: v for k, v in os.environ.items() if k not in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME",
+                                                             "XCONV_BACKEND", "PYTEST_ADDOPTS")}
+    env["XCONV_ASCEND_LIB_DIR"] = str(lib_dir)
+    out = subprocess.run([sys.executable, "-m", "pytest", "conformance", "--xconv-backend", "ascend", "-q",
+                          "-p", "no:cacheprovider"], cwd=root, capture_output=True, text=True, env=env, timeout=900)
+    tail = out.stdout[-3000:] + out.stderr[-2000:]
+    assert out.returncode == 0, tail
+    row = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("ascend ")]
+    assert row and row[-1][2] == "0" and int(row[-1][1]) > 0, tail  # passed > 0, failed == 0

@@ -27,7 +27,7 @@ from ctypes import byref, c_bool, c_int64, c_uint64, c_void_p
 import numpy as np
 
 from xconv import Backend, Capabilities, legalize
-from xconv.errors import BackendError
+from xconv.errors import BackendError, UnsupportedError
 from xconv.params import ConvParams
 
 from . import compiler, driver as _driver
@@ -221,7 +221,9 @@ NATIVE_ASYMMETRIC_PADDING = frozenset({2})
 
 
 def _bias_only_params(p: ConvParams) -> ConvParams:
-    """A direct 1x1 depthwise convolution whose output has ``p``'s output shape: its bias gradient is ``p``'s."""
+    """A direct 1x1 depthwise convolution whose output has ``p``'s output shape: its bias gradient is ``p``'s.
+
+    Also for an empty ``p`` (C_in = 0: aclnn rejects a weight dim of 0), as the core asks for grad_bias there."""
     nd, channels = p.nd, p.output_shape[1]
     return p.replace(input_shape=p.output_shape, weight_shape=(channels, 1) + (1,) * nd, stride=(1,) * nd,
                      padding=((0, 0),) * nd, dilation=(1,) * nd, groups=channels, transposed=False,
@@ -331,6 +333,8 @@ class AscendBackend(Backend):
         mask = tuple(bool(m) for m in mask)
         if not any(mask):
             return None, None, None
+        if mask == (False, False, True):
+            return None, None, self.bgrad(dy, p)
         view = self._route(p, OP_BACKWARD)
         if view is not None:
             return legalize.backward(view, dy, x, w, p, mask)
@@ -349,9 +353,16 @@ class AscendBackend(Backend):
         return self._backward(dy, x, None, p, (False, True, False))[1]
 
     def bgrad(self, dy, p: ConvParams):
-        if self._route(p, OP_BACKWARD) is not None:  # only dy matters: any direct convolution with dy's shape
-            p = _bias_only_params(p)
-        return self._backward(dy, None, None, p, (False, False, True))[2]
+        # Only dy matters: run the 1x1 depthwise convolution with dy's shape (small scratch operands, no
+        # constraint of p's kernel, padding or transposition, no empty input) unless its groups would exceed
+        # aclnn's 65535.
+        q = _bias_only_params(p)
+        if q.groups > 65535:
+            if self._route(p, OP_BACKWARD) is not None:
+                raise UnsupportedError(f"backend {self.name!r}: grad_bias alone of this configuration "
+                                       f"({p.output_shape[1]} channels) has no aclnn form")
+            q = p
+        return self._backward(dy, None, None, q, (False, False, True))[2]
 
     def _backward(self, dy, x, w, p: ConvParams, mask):
         """aclnnConvolutionBackward with ``mask``. ``x``/``w`` None: scratch tensors of the right shape stand in
