@@ -659,3 +659,28 @@ def test_third_party_plugin_fresh_process_drift_is_caught(third_party_env):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "fresh process computed different bits" in out
+
+
+class Reuses(Wrapped):
+    """Returns grad_bias as a view of one buffer that every call overwrites (a scratch-arena bug)."""
+
+    buffer = np.zeros(64, np.float32)
+
+    def backward(self, dy, x, w, p, mask):
+        out = list(super().backward(dy, x, w, p, mask))
+        if out[2] is not None and out[2].dtype == np.float32:
+            view = Reuses.buffer[: out[2].size]
+            view[...] = out[2]
+            out[2] = view
+        return tuple(out)
+
+
+def test_results_overwritten_by_a_later_call_are_caught(register, capsys):
+    name = register(Reuses("reuses-memory"))
+    assert cli.main(["--backend", name, "--cases", "kernel/k3-s1", "--no-progress"]) == 1
+    text = capsys.readouterr().out
+    assert "changed results the backend had returned for earlier cases (grad_bias of kernel/k3-s1-p0)" in text
+    watch = runner.Watch()
+    first = watch.after(xcc.run_case(CASES["mask/m111-direct-f32"], name))
+    second = watch.after(xcc.run_case(CASES["kernel/k3-s1-psym"], name))
+    assert first.status == "passed" and second.status == "failed" and "mask/m111-direct-f32" in second.message

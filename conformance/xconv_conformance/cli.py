@@ -31,7 +31,7 @@ from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, format_comparison, report_runs
 from .report import write_report
-from .runner import ORACLE, apply_fresh_process, availability, fresh_process_digests, inputs_of, resolve, run_case
+from .runner import ORACLE, Watch, apply_fresh_process, availability, fresh_process_digests, inputs_of, resolve, run_case
 
 SUBCOMMANDS = ("run", "compare", "cases")
 
@@ -68,8 +68,9 @@ def run_backend(cases, backend: str, progress: Progress | None = None, keep_outp
                 imports=()) -> list:
     """Outcomes of ``cases`` on ``backend``, with the batched fresh-process determinism check."""
     outcomes = []
+    watch = Watch()
     for case in cases:
-        out = run_case(case, backend, keep_outputs=keep_outputs)
+        out = watch.after(run_case(case, backend, keep_outputs=keep_outputs))
         outcomes.append(out)
         if progress:
             progress.step(f"{backend} {case.id}", out.status == "failed")

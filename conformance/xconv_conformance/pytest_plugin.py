@@ -23,7 +23,7 @@ import pytest
 import xconv
 
 from .cases import load_corpus, select
-from .runner import ORACLE, apply_fresh_process, fresh_process_digests, run_case
+from .runner import ORACLE, Watch, apply_fresh_process, fresh_process_digests, run_case
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_terminal_summary",
            "conformance_check"]
@@ -50,7 +50,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.stash[_STATE] = {"outcomes": defaultdict(list), "fresh": {}, "seconds": defaultdict(float)}
+    config.stash[_STATE] = {"outcomes": defaultdict(list), "fresh": {}, "seconds": defaultdict(float),
+                            "watch": defaultdict(Watch)}
     for module in config.getoption("--xconv-import") or ():
         importlib.import_module(module)
 
@@ -96,11 +97,11 @@ def conformance_check(request):
 
     def check(case, backend):
         start = time.perf_counter()
-        outcome = run_case(case, backend)
+        state = request.config.stash[_STATE]
+        outcome = state["watch"][backend].after(run_case(case, backend))
         if outcome.status == "passed" and case.deterministic and case.kind == "valid":
             fresh = _fresh_digests(request, backend)
             apply_fresh_process(outcome, fresh.get(case.id, "error: the fresh process did not run this case"))
-        state = request.config.stash[_STATE]
         state["outcomes"][backend].append((case, outcome))
         state["seconds"][backend] += time.perf_counter() - start
         if outcome.ratio is not None:

@@ -3,7 +3,8 @@
 Per valid case: the call's results have the right structure, shapes and dtypes; masked
 gradients are None; every unmasked gradient is within the error bound of the float64 oracle
 (:mod:`.tolerance`); for ``deterministic=True`` a second call is bitwise identical (and, via
-:func:`fresh_process_digests`, so is a call in a fresh process) unless the backend refused.
+:func:`fresh_process_digests`, so is a call in a fresh process) unless the backend refused;
+results stay unchanged by later calls (:class:`Watch`).
 Per invalid case: :class:`xconv.ShapeError` naming the expected argument, with no backend
 primitive called.
 
@@ -54,6 +55,7 @@ class Outcome:
     digests: tuple | None = None                    # sha256 of each result (None where masked)
     seconds: float = 0.0
     ratio_samples: dict = dataclasses.field(default_factory=dict)  # per output: log10(ratio) histogram data
+    live: tuple | None = dataclasses.field(default=None, repr=False)  # the backend's own result objects
 
     @property
     def ok(self) -> bool:
@@ -319,7 +321,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
             problems.append(f"{oname}: shape {got_shape}, expected {tuple(shape)}")
             outputs.append(None)
             continue
-        arr = np.ascontiguousarray(fam.to_numpy(res))
+        arr = np.array(fam.to_numpy(res), order="C", copy=True)     # a copy: the check below needs one
         outputs.append(arr)
         ratio = tolerance.error_ratio(arr, ref.exact[i], ref.bounds[i])
         w, idx = tolerance.worst(ratio)
@@ -347,7 +349,8 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
     ratio = max(ratios.values()) if ratios else None
     status = "failed" if problems else "passed"
     return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
-                   tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples)
+                   tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples,
+                   live=(fam, tuple(results)))
 
 
 def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:
@@ -358,6 +361,47 @@ def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:
         flat = np.concatenate([flat[::step], np.sort(flat)[-64:]])
     with np.errstate(divide="ignore"):
         return np.log10(np.maximum(flat, 1e-30)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results must stay valid: a later call must not change them
+
+
+class Watch:
+    """Holds the results a backend returned for recent cases and notices when a later call changes them.
+
+    A backend that returns views of memory it reuses (a scratch arena, a cache) hands its caller
+    results that a later call silently overwrites. After each case, :meth:`after` re-hashes the
+    results of up to ``window`` earlier cases (at most ``max_bytes`` of them) and fails the case
+    whose call changed one.
+    """
+
+    def __init__(self, window: int = 32, max_bytes: int = 64 << 20):
+        self.window, self.max_bytes = window, max_bytes
+        self.kept: list = []          # (case id, family, results, digests, nbytes)
+
+    def after(self, outcome: Outcome) -> Outcome:
+        changed = []
+        for cid, fam, results, digests, _ in self.kept:
+            for oname, res, before in zip(OUTPUTS, results, digests):
+                if res is not None and before is not None and digest(fam.to_numpy(res)) != before:
+                    changed.append(f"{oname} of {cid}")
+        if changed:
+            self.kept = [k for k in self.kept if not any(k[0] in c for c in changed)]
+            if outcome.status in ("passed", "failed"):
+                outcome.status = "failed"
+                note = (f"this call changed results the backend had returned for earlier cases ({', '.join(changed)}): "
+                        "they are views of memory the backend reuses")
+                outcome.message = f"{outcome.message}; {note}" if outcome.message else note
+        if outcome.live is not None and outcome.digests is not None:
+            fam, results = outcome.live
+            nbytes = sum(int(getattr(r, "nbytes", 0) or 0) for r in results if r is not None)
+            if nbytes <= self.max_bytes:
+                self.kept.append((outcome.case_id, fam, results, outcome.digests, nbytes))
+        outcome.live = None
+        while self.kept and (len(self.kept) > self.window or sum(k[4] for k in self.kept) > self.max_bytes):
+            self.kept.pop(0)
+        return outcome
 
 
 # ---------------------------------------------------------------------------------------------
