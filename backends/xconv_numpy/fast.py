@@ -51,14 +51,16 @@ MAX_CHUNK_BYTES = 32 << 20
 #: ... and may use at least this many bytes even for tiny calls (below it chunking only adds overhead).
 MIN_CHUNK_BYTES = 1 << 20
 #: ... and is otherwise this fraction of the bytes of the call's inputs plus outputs.
-BUDGET_FRACTION = 0.5
+BUDGET_FRACTION = 1.0
 #: Most chunks running at once (Python threads, each calling single-threaded BLAS); each chunk
 #: gets budget / 2 bytes, whatever the number of threads actually used.
 MAX_WORKERS = 4
+#: Force the backward strategy: "a" (dy-columns), "b" (x-columns) or None (chosen by cost).
+STRATEGY = __import__("os").environ.get("XCONV_NUMPY_STRATEGY") or None
 #: Scratch memory kept between calls for reuse (see ``release_memory``).
 ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
-MIN_CHUNKS = 4
+MIN_CHUNKS = 2
 
 
 def compute_dtype(p: ConvParams) -> np.dtype:
@@ -115,6 +117,9 @@ class _Geom:
                 rng.append((lo, max(lo, hi), lo * s[i] + r[i] - pre[i], s[i]))
             self.x_valid[r] = tuple(rng)
         self.y_valid = tuple((0, o, 0, 1) for o in self.O)
+        # 1x1 kernel, stride 1, no padding: output positions are input positions, no grid needed
+        self.pointwise = self.K == 1 and all(st == 1 for st in s) and all(a == b == 0 for a, b in p.padding)
+        self.P = math.prod(self.S)
 
     def pieces(self, e0: int, e1: int):
         """Grid lines [e0, e1) (line e = n*L1 + m) inside the batch, as at most three blocks.
@@ -322,7 +327,7 @@ class _Blas:
                 if self.saved != 1:
                     self.set(1)
             self.depth += 1
-            return min(self.saved, MAX_WORKERS, os.cpu_count() or 1)
+            return min(self.saved, MAX_WORKERS, _CPUS)
 
     def __exit__(self, *exc):
         with self.lock:
@@ -334,6 +339,7 @@ class _Blas:
 
 
 _BLAS = _Blas()
+_CPUS = os.cpu_count() or 1
 
 
 def single_threaded_blas() -> _Blas:
@@ -497,20 +503,20 @@ def _weight_layout(w, geo: _Geom, cdt, axes: str, lease: _Lease) -> np.ndarray:
     (a plain transposing copy of a large weight runs at a fraction of memory speed).
     """
     order = _tap_order(geo)
-    permute_taps = order != list(range(geo.K))
     src = w.reshape(geo.g, geo.Cog, geo.Cg, geo.K)            # axes g, o, c, k
     perm = tuple("gock".index(a) for a in axes)
     shape = tuple(src.shape[i] for i in perm)
+    permute_taps = order != list(range(geo.K))
     out = lease.empty(shape, cdt)
-    block = max(16, 65536 // max(1, geo.Cg * geo.K))   # source rows of block output channels stay in L2
+    tmp = lease.empty(shape, cdt) if permute_taps else out
+    block = 32                                          # 32 source rows of C_in/g*K stay in cache
     o_axis = axes.index("o")
     for o in range(0, geo.Cog, block):
         sel = [slice(None)] * 4
         sel[o_axis] = slice(o, o + block)
-        part = src[:, o:o + block]
-        if permute_taps:
-            part = part[..., order]
-        out[tuple(sel)] = part.transpose(perm)
+        tmp[tuple(sel)] = src[:, o:o + block].transpose(perm)
+    if permute_taps:                                    # then reorder taps: contiguous rows move
+        np.take(tmp, order, axis=axes.index("k"), out=out)
     return out
 
 
@@ -560,6 +566,8 @@ def _x_columns(geo: _Geom, xgs, cols, rows):
 
 def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     """Whether the dy-columns strategy (A) is cheaper than the x-columns one (B)."""
+    if STRATEGY is not None:
+        return STRATEGY == "a"
     if need_dw and not need_dx:
         return geo.Cog <= geo.Cg
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
@@ -572,7 +580,10 @@ def backward(dy, x, w, p: ConvParams, mask):
     if need_dx or need_dw:
         geo = _Geom(p)
         with _BLAS as workers, _Lease() as lease:
-            run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            if geo.pointwise:
+                run = _backward_pointwise
+            else:
+                run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
             dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
@@ -647,6 +658,84 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     if need_dw:
         dw = _finish_dw(geo, p, [([kf for kf, _ in taps], acc.reshape(g, len(taps), Cog, Cg).transpose(0, 2, 3, 1))
                                  for (r, taps), acc in zip(geo.phases, slots.total())])
+    return (dx if need_dx else None), dw
+
+
+def _blasable(a: np.ndarray, cdt) -> bool:
+    """Whether matmul can hand ``a`` (..., rows, cols) to BLAS as is: compute dtype, unit inner stride."""
+    return (a.dtype == cdt and a.strides[-1] == cdt.itemsize and a.strides[-2] >= a.shape[-1] * cdt.itemsize
+            and all(st >= 0 for st in a.strides))
+
+
+def _samples(t: np.ndarray, n0: int, n1: int, G: int, C: int, P: int, cdt, scratch: np.ndarray):
+    """t[n0:n1] as (n, G, C, P) in the compute dtype: a view when BLAS can take it, else copied into scratch."""
+    part = t[n0:n1]
+    view = None
+    try:
+        view = part.view()
+        view.shape = (n1 - n0, G, C, P)                    # raises where no view exists
+    except AttributeError:
+        view = None
+    if view is not None and _blasable(view, cdt):
+        return view
+    out = scratch[:(n1 - n0) * G * C * P].reshape(n1 - n0, G, C, P)
+    out.reshape(part.shape)[...] = part
+    return out
+
+
+def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
+    """1x1 kernel, stride 1, no padding: per-sample matrix products on the (N, C, positions) layout as is."""
+    p = geo.p
+    cdt = compute_dtype(p)
+    g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
+    it = cdt.itemsize
+    out_dt = DTYPES[p.dtype]
+    copy_dy = not _blasable(dy.reshape(N, g, Cog, P), cdt) if dy.flags.c_contiguous else True
+    copy_x = need_dw and (not _blasable(x.reshape(N, g, Cg, P), cdt) if x.flags.c_contiguous else True)
+    sample_bytes = it * g * P * (Cog * copy_dy + Cg * copy_x + Cg * (need_dx and out_dt != cdt)) \
+        + (it * g * Cog * Cg if need_dw else 0)
+    io = _io_bytes(geo, out_dt.itemsize, need_dx, need_dw)
+    cap = max(1, _budget(io) // 2)
+    nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))
+    nb = -(-N // -(-N // nb))
+    chunks = [(n, min(n + nb, N)) for n in range(0, N, nb)]
+    if need_dx:
+        dx = np.empty(p.input_shape, out_dt)
+        wt = lease.empty((g, Cg, Cog), cdt)
+        wt[...] = w.reshape(g, Cog, Cg).transpose(0, 2, 1)
+    if need_dw:
+        slots = _Slots(_n_slots(io, it * g * Cog * Cg), [(g, Cg, Cog)], cdt, lease)
+
+    def workspace():
+        return dict(dy=lease.empty((nb * g * Cog * P,), cdt) if copy_dy else None,
+                    x=lease.empty((nb * g * Cg * P,), cdt) if copy_x else None,
+                    dx=lease.empty((nb, g, Cg, P), cdt) if need_dx and out_dt != cdt else None,
+                    dws=lease.empty((nb, g, Cg, Cog), cdt) if need_dw else None,
+                    dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
+
+    def task(ws, i, n0, n1):
+        m = n1 - n0
+        dyc = _samples(dy, n0, n1, g, Cog, P, cdt, ws["dy"])
+        if need_dx:
+            if ws["dx"] is None:
+                np.matmul(wt, dyc, out=dx[n0:n1].reshape(m, g, Cg, P))
+            else:
+                out = ws["dx"][:m]
+                np.matmul(wt, dyc, out=out)
+                dx[n0:n1].reshape(m, g, Cg, P)[...] = out
+        if need_dw:
+            xc = _samples(x, n0, n1, g, Cg, P, cdt, ws["x"])
+            per = ws["dws"][:m]                                        # dW^T per sample: x @ dy^T
+            np.matmul(xc, dyc.transpose(0, 1, 3, 2), out=per)          # (packs faster than dy @ x^T)
+            parts = slots.target(i, ws["dw"])
+            np.sum(per, axis=0, out=parts[0])
+            slots.commit(i, parts)
+
+    _run_guarded(chunks, task, workspace, workers, slots if need_dw else None)
+    dw = None
+    if need_dw:
+        dw = np.empty(p.weight_shape, out_dt)
+        dw.reshape(g, Cog, Cg)[...] = slots.total()[0].transpose(0, 2, 1)
     return (dx if need_dx else None), dw
 
 
