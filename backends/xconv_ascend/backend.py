@@ -40,6 +40,11 @@ def _i64(values):
     return (c_int64 * max(len(values), 1))(*values)
 
 
+def _null_handle(drv: Driver, call: str) -> BackendError:
+    """BackendError for an aclCreate* call that returned NULL (these return no status code: status -1)."""
+    return BackendError(_driver.BACKEND, -1, "NULL handle", drv.take_message(), call=call)
+
+
 def _release_callback(drv: Driver, call: str, fn, handle):
     """An ExitStack exit callback running ``fn(handle)``; a failure raises only when nothing else is failing."""
     def _exit(exc_type, exc, tb):
@@ -74,7 +79,7 @@ class _Call:
         handle = self.fn.aclCreateTensor(_i64(shape), len(shape), dtype, _i64(strides), int(offset), fmt,
                                          _i64([storage_elements]), 1, ptr)
         if not handle:
-            raise BackendError(_driver.BACKEND, -1, "nullptr", self.drv.take_message(), call="aclCreateTensor")
+            raise _null_handle(self.drv, "aclCreateTensor")
         self.stack.push(_release_callback(self.drv, "aclDestroyTensor", self.fn.aclDestroyTensor, handle))
         return handle
 
@@ -82,7 +87,7 @@ class _Call:
         values = list(values)
         handle = self.fn.aclCreateIntArray(_i64(values), len(values))
         if not handle:
-            raise BackendError(_driver.BACKEND, -1, "nullptr", self.drv.take_message(), call="aclCreateIntArray")
+            raise _null_handle(self.drv, "aclCreateIntArray")
         self.stack.push(_release_callback(self.drv, "aclDestroyIntArray", self.fn.aclDestroyIntArray, handle))
         return handle
 
@@ -90,7 +95,7 @@ class _Call:
         values = [bool(v) for v in values]
         handle = self.fn.aclCreateBoolArray((c_bool * len(values))(*values), len(values))
         if not handle:
-            raise BackendError(_driver.BACKEND, -1, "nullptr", self.drv.take_message(), call="aclCreateBoolArray")
+            raise _null_handle(self.drv, "aclCreateBoolArray")
         self.stack.push(_release_callback(self.drv, "aclDestroyBoolArray", self.fn.aclDestroyBoolArray, handle))
         return handle
 
@@ -314,7 +319,7 @@ class AscendBackend(Backend):
         if view is not None:
             return legalize.fprop(view, x, w, bias, p)
         drv, a = self._begin(p, OP_CONVOLUTION)
-        np_dtype = np.dtype(_driver._np_dtype(p.dtype))
+        np_dtype = np.dtype(_driver.numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
             call = _Call(drv, stack, self._on_device(x, w, bias))
             t_x = call.operand(x, a.dtype, a.format)
@@ -368,7 +373,7 @@ class AscendBackend(Backend):
         """aclnnConvolutionBackward with ``mask``. ``x``/``w`` None: scratch tensors of the right shape stand in
         (the masked computations do not read them). Masked gradients get scratch outputs and come back None."""
         drv, a = self._begin(p, OP_BACKWARD)
-        np_dtype = np.dtype(_driver._np_dtype(p.dtype))
+        np_dtype = np.dtype(_driver.numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
             call = _Call(drv, stack, self._on_device(dy, x, w))
             t_dy = call.operand(dy, a.dtype, a.format)

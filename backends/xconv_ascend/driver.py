@@ -470,7 +470,8 @@ def default_driver() -> Driver:
 # Device arrays
 
 
-def _np_dtype(dtype) -> np.dtype:
+def numpy_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a supported dtype (name or dtype); TypeError otherwise."""
     name = dtype_name(dtype)
     if name not in ("float16", "bfloat16", "float32", "float64"):
         raise TypeError(f"unsupported dtype {dtype!r}")
@@ -526,7 +527,7 @@ class DeviceArray:
     @classmethod
     def empty(cls, shape, dtype, driver: Driver | None = None) -> "DeviceArray":
         driver = driver or default_driver()
-        dtype = _np_dtype(dtype)
+        dtype = numpy_dtype(dtype)
         shape = tuple(int(s) for s in shape)
         n = math.prod(shape)
         return cls(_Buffer(driver, n * dtype.itemsize) if n else None, shape, dtype)
