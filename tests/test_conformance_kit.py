@@ -684,3 +684,16 @@ def test_results_overwritten_by_a_later_call_are_caught(register, capsys):
     first = watch.after(xcc.run_case(CASES["mask/m111-direct-f32"], name))
     second = watch.after(xcc.run_case(CASES["kernel/k3-s1-psym"], name))
     assert first.status == "passed" and second.status == "failed" and "mask/m111-direct-f32" in second.message
+
+
+def test_compare_flags_a_passed_case_without_its_results(numpy_bundle, tmp_path, capsys):
+    b = xbundle.load_bundle(numpy_bundle)
+    manifest = json.loads(json.dumps({k: v for k, v in b.manifest.items()
+                                      if k not in ("format", "format_version", "members")}))
+    rec = next(r for r in manifest["cases"] if r["id"] == "mask/m111-direct-f32")
+    key = rec["outputs"].pop("grad_bias")["key"]
+    arrays = {k: v for k, v in b.arrays.items() if k != key}
+    edited = str(tmp_path / "dropped.xcr")
+    xbundle.write_bundle(edited, manifest, arrays)
+    assert cli.main(["compare", numpy_bundle, edited]) == 1
+    assert "records the case as passed but holds no grad_bias" in capsys.readouterr().out

@@ -109,6 +109,12 @@ def _compare_case(case, bundles, records) -> CaseRow:
             ratios.append(None)
             continue
         outs = {name: b.output(rec, name) for name in OUTPUTS}
+        if rec["status"] == "passed":
+            for name, bit in zip(OUTPUTS, case.mask):
+                if bit and outs[name] is None:
+                    problems.append(f"{tag} records the case as passed but holds no {name}")
+                elif not bit and outs[name] is not None:
+                    problems.append(f"{tag} holds a {name} although its output_mask bit is False")
         if not any(o is not None for o in outs.values()):
             ratios.append(None)
             continue
@@ -240,8 +246,8 @@ def report_runs(cmp: Comparison) -> list[dict]:
     for i, b in enumerate(cmp.bundles):
         m = b.manifest
         rows = [{"id": row.case_id, "group": row.group, "dtype": row.dtype,
-                 "status": "failed" if any(p.startswith(f"[{_letter(i)}]") for p in row.problems) and
-                 row.statuses[i] != "absent" else row.statuses[i],
+                 "status": "failed" if any(p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
+                                           for p in row.problems) else row.statuses[i],
                  "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i]}
                 for row in cmp.rows if row.statuses[i] != "absent"]
         runs.append({"label": f"[{_letter(i)}] {b.backend}", "detail": f"{m['backend'].get('version', '')} on "
