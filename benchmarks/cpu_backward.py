@@ -89,10 +89,11 @@ def matmul_rate(size: int = 2048, reps: int = 5) -> float:
 
 
 def peak_extra(fn) -> tuple[int, int]:
-    """(peak bytes allocated during fn() beyond what it returns, bytes it returns), by tracemalloc.
+    """(peak bytes allocated during fn() beyond the arrays it returns, bytes it returns), by tracemalloc.
 
-    The NumPy fast path keeps its scratch buffers between calls; they are freed first, so that
-    the measured call allocates (and tracemalloc sees) all of its scratch memory.
+    The NumPy fast path keeps its scratch buffers between calls (see docs/numpy-backend.md);
+    they are freed first, so that the measured call allocates, and tracemalloc sees, all of its
+    scratch memory.
     """
     try:
         from xconv_numpy.fast import release_memory
@@ -104,12 +105,11 @@ def peak_extra(fn) -> tuple[int, int]:
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
         result = fn()
-        current, peak = tracemalloc.get_traced_memory()
+        peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    kept = current - base
-    del result
-    return peak - current, kept
+    kept = sum(r.nbytes for r in result if r is not None)
+    return peak - base - kept, kept
 
 
 def check(ours, theirs, name: str, what: str) -> float:

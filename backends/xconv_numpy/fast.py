@@ -97,13 +97,22 @@ class _Geom:
         self.full_cover = all(len(res) == st for res, st in zip(residues, s))
         kstride = [math.prod(self.k[i + 1:]) for i in range(nd)]
         self.phases = []                                    # list of (r tuple, [(kflat, off), ...])
+        self.tapgrid = []                                   # per phase: per dim (q0, dq, count)
         for r in itertools.product(*residues):
+            lists = [[t for t in per_dim[i] if t[2] == r[i]] for i in range(nd)]
             taps = []
-            for combo in itertools.product(*[[t for t in per_dim[i] if t[2] == r[i]] for i in range(nd)]):
+            for combo in itertools.product(*lists):
                 kflat = sum(t[0] * kstride[i] for i, t in enumerate(combo))
                 off = sum(t[1] * self.gstride[i] for i, t in enumerate(combo))
                 taps.append((kflat, off))
             self.phases.append((r, taps))
+            # a phase's taps along a dim are j = j0, j0 + s', ... so their q form an arithmetic progression
+            spec = []
+            for lst in lists:
+                dq = lst[1][1] - lst[0][1] if len(lst) > 1 else 0
+                assert all(b[1] - a[1] == dq for a, b in zip(lst, lst[1:]))
+                spec.append((lst[0][1], dq, len(lst)))
+            self.tapgrid.append(tuple(spec))
         self.qmax1 = max(j * d[0] // s[0] for j in range(self.k[0]))
         max_off = max(off for _, taps in self.phases for _, off in taps)
         self.halo = -(-max_off // self.line) if self.line else 0   # halo lines covering every tap offset
@@ -550,14 +559,32 @@ def _finish_dw(geo: _Geom, p: ConvParams, parts):
     return dw
 
 
+def _tap_view(geo: _Geom, ip: int, grid: np.ndarray, base: int, sign: int, rows: int) -> np.ndarray:
+    """All of phase ip's tap slices of ``grid`` (G, C, positions) as one strided view (G, J, C, rows).
+
+    Tap i reads grid[:, :, base + sign*off_i : ... + rows]; the offsets are sums of arithmetic
+    progressions along each dim, so the taps form a regular (n_1, ..., n_nd) array of slices.
+    """
+    G, C = grid.shape[:2]
+    spec = geo.tapgrid[ip]
+    it = grid.itemsize
+    start = base + sign * sum(q0 * gs for (q0, _, _), gs in zip(spec, geo.gstride))
+    shape = (G,) + tuple(n for _, _, n in spec) + (C, rows)
+    strides = ((grid.strides[0],) + tuple(sign * dq * gs * it for (_, dq, _), gs in zip(spec, geo.gstride))
+               + (grid.strides[1], grid.strides[2]))
+    view = np.lib.stride_tricks.as_strided(grid[:, :, start:], shape=shape, strides=strides, writeable=False)
+    return view
+
+
 def _x_columns(geo: _Geom, xgs, cols, rows):
     """Fill cols (g, K*Cg, rows) with each tap's shifted slice of its x phase grid (taps in phase order)."""
     Cg = geo.Cg
     jj = 0
-    for (r, taps), xg in zip(geo.phases, xgs):
-        for _, off in taps:
-            cols[:, jj * Cg:(jj + 1) * Cg] = xg[:, :, off:off + rows]
-            jj += 1
+    for ip, ((r, taps), xg) in enumerate(zip(geo.phases, xgs)):
+        J = len(taps)
+        view = _tap_view(geo, ip, xg, 0, 1, rows)
+        cols[:, jj * Cg:(jj + J) * Cg].reshape(view.shape)[...] = view
+        jj += J
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,9 +667,8 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
         for ip, (r, taps) in enumerate(geo.phases):
             J = len(taps)
             cols = ws["cols"][:, :J * Cog * rows].reshape(g, J * Cog, rows)
-            for jj, (_, off) in enumerate(taps):
-                start = h * line - off
-                cols[:, jj * Cog:(jj + 1) * Cog] = dyg[:, :, start:start + rows]
+            view = _tap_view(geo, ip, dyg, h * line, -1, rows)
+            cols.reshape(view.shape)[...] = view
             if need_dx:
                 dxg = ws["dx"][:, :, :rows]
                 np.matmul(wts[ip], cols, out=dxg)
