@@ -292,6 +292,7 @@ def test_each_mask_passes_scratch_outputs_and_null_grad_bias(env, mask, monkeypa
         seen.append(args)
         return phase1(*args)
     monkeypatch.setattr(env.drv.fn, "aclnnConvolutionBackwardGetWorkspaceSize", spy)
+    env.fc.set_strict_outputs(1)  # outputs must be contiguous
     rng = np.random.default_rng(1)
     x, w, dy = rand(rng, (2, 3, 6, 6), "float32"), rand(rng, (4, 3, 3, 3), "float32"), rand(rng, (2, 4, 4, 4),
                                                                                               "float32")
@@ -642,6 +643,18 @@ def test_grad_bias_alone_runs_as_a_1x1_depthwise_backward(env, transposed):
     np.testing.assert_allclose(db, dy.astype(np.float64).sum(axis=(0, 2)), rtol=2**-10)
     with pytest.raises(xconv.UnsupportedError, match="a2a3-backward-kernel-hw-max-255"):
         xconv.convolution_backward(dy, big, kernel, output_mask=(False, True, True), backend="ascend")
+
+
+def test_workspace_allocation_failure_releases_the_executor_without_running(env):
+    env.fc.set_workspace_size(1 << 60)
+    x, w, dy = np.ones((1, 1, 4, 4), np.float32), np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32)
+    with pytest.raises(xconv.BackendError) as info:
+        xconv.convolution_backward(dy, x, w, backend="ascend")
+    e = info.value
+    assert e.call == "aclrtMalloc" and e.status == 207001 and e.status_name == "ACL_ERROR_RT_MEMORY_ALLOCATION"
+    assert "out of memory" in e.vendor_message
+    assert env.fc.prepare_count() == 1 and env.fc.call_count() == 0  # phase 1 ran, nothing executed
+    assert env.fc.live_count(KIND_EXECUTOR) == 0 and env.drv.take_message() == ""
 
 
 # ---------------------------------------------------------------------------------------------

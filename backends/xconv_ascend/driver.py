@@ -493,7 +493,9 @@ class _Buffer:
         return self._finalizer.alive
 
     def free(self) -> None:
-        if self._finalizer.detach() is not None:
+        if self._finalizer.alive:
+            self.driver.ensure_context()  # the freeing thread needs a context too
+            self._finalizer.detach()
             self.driver.check("aclrtFree", self.driver.free(self.ptr))
 
 
