@@ -242,27 +242,45 @@ class _Lease:
 
 
 class _GridBuf:
-    """A reusable grid buffer for lines [e0, e1) of one tensor; zeroed only where stale data could remain."""
+    """A reusable grid buffer for lines [e0, e1) of one tensor.
+
+    Zeroed in full on first use; afterwards a fill zeroes only the lines that hold no data
+    (outside the batch or outside the valid range of the first grid dim). Within a line the
+    positions that hold no data are the same for every line and are never written, so they
+    stay zero.
+    """
 
     def __init__(self, geo: _Geom, G: int, C: int, lines: int, dtype, lease: _Lease):
         self.geo = geo
         self.buf = lease.empty((G, C, lines * geo.line), dtype)
-        self.alignment = None   # e0 mod L1 of the previous fill: same alignment => same garbage pattern
+        self.fresh = True
 
     def fill(self, tensor, e0: int, e1: int, valid):
         geo = self.geo
-        grid = self.buf[:, :, :(e1 - e0) * geo.line]
-        if self.alignment is None or (e0 - self.alignment) % geo.L1:
-            grid.fill(0)
-            self.alignment = e0 % geo.L1
+        line = geo.line
+        n = e1 - e0
+        grid = self.buf[:, :, :n * line]
+        if self.fresh or any(v[1] <= v[0] for v in valid[1:]):
+            self.buf.fill(0)
+            self.fresh = False
         else:
-            # lines outside the batch may hold data of an earlier chunk
-            before = min(max(-e0, 0), e1 - e0)
-            after = max(e1 - max(e0, geo.N * geo.L1), 0)
+            before = min(max(-e0, 0), n)
+            after = min(max(e1 - max(e0, geo.N * geo.L1), 0), n)
             if before:
-                grid[:, :, :before * geo.line] = 0
+                grid[:, :, :before * line] = 0
             if after:
-                grid[:, :, (e1 - e0 - after) * geo.line:] = 0
+                grid[:, :, (n - after) * line:] = 0
+            lo, hi = valid[0][:2]
+            G, C = grid.shape[:2]
+            for n0, n1, m0, m1, i0 in geo.pieces(e0, e1):
+                nb, nl = n1 - n0, m1 - m0
+                a, b = min(max(lo - m0, 0), nl), min(max(hi - m0, 0), nl)
+                if a > 0 or b < nl:
+                    v = grid[:, :, i0 * line:(i0 + nb * nl) * line].reshape(G, C, nb, nl, line)
+                    if a > 0:
+                        v[:, :, :, :a] = 0
+                    if b < nl:
+                        v[:, :, :, max(a, b):] = 0
         for gv, tv in _blocks(geo, grid, tensor, e0, e1, valid):
             gv[...] = tv
         return grid
