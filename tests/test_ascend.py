@@ -187,6 +187,23 @@ def assert_within(got, exact, abs_sum, dtype, u_in=0.0, what=""):
     assert worst <= 0, f"{what}: max excess {worst} (err {err.max()}, dtype {dtype}, u_in {u_in})"
 
 
+LAYOUTS = ["contiguous", "channels_last", "strided", "reversed"]
+
+
+def relayout(a: np.ndarray, kind: str) -> np.ndarray:
+    """An array equal to ``a`` laid out in memory as ``kind`` says (all but "contiguous" are non-contiguous views)."""
+    if kind == "channels_last":
+        return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+    if kind == "strided":  # every other element of a buffer twice as large in every dim, from offset 1
+        big = np.zeros(tuple(2 * n for n in a.shape), a.dtype)
+        view = big[tuple(slice(1, None, 2) for _ in a.shape)]
+        view[...] = a
+        return view
+    if kind == "reversed":  # negative strides in the last dim
+        return np.flip(np.ascontiguousarray(np.flip(a, -1)), -1)
+    return a
+
+
 def u_in_for(dtype, math_mode):
     return U_REDUCED if dtype == "float32" and math_mode != "keep_dtype" else 0.0
 
@@ -212,15 +229,16 @@ MASKS = [(a, b, c) for a in (False, True) for b in (False, True) for c in (False
                                                                    HealthCheck.too_slow])
 @given(cfg=conv_configs(max_spatial=6), dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
        mask=st.sampled_from(MASKS), math_mode=st.sampled_from(["keep_dtype", "allow_tf32", "allow_fp16"]),
-       deterministic=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_backward_matches_reference(env, cfg, dtype, mask, math_mode, deterministic, seed):
+       deterministic=st.booleans(), seed=st.integers(0, 2**31 - 1),
+       layouts=st.tuples(*[st.sampled_from(LAYOUTS)] * 3))
+def test_backward_matches_reference(env, cfg, dtype, mask, math_mode, deterministic, seed, layouts):
     env.fc.reset()  # call records per example
     p = cfg["params"]
     rng = np.random.default_rng(seed)
     x, w = rand(rng, cfg["input_shape"], dtype), rand(rng, cfg["weight_shape"], dtype)
     dy = rand(rng, cfg["output_shape"], dtype)
     kw = cfg["kwargs"]
-    got = xconv.convolution_backward(dy, x, w, output_mask=mask, math=math_mode, deterministic=deterministic,
+    got = xconv.convolution_backward(*(relayout(a, k) for a, k in zip((dy, x, w), layouts)), output_mask=mask, math=math_mode, deterministic=deterministic,
                                      bias_sizes=[p.bias_size], backend="ascend", **kw)
     refs = reference("backward", (dy, x, w), kw)
     for bit, g, (exact, abs_sum), name in zip(mask, got, refs, ("grad_input", "grad_weight", "grad_bias")):
@@ -253,13 +271,13 @@ def test_backward_matches_reference(env, cfg, dtype, mask, math_mode, determinis
                                                                    HealthCheck.too_slow])
 @given(cfg=conv_configs(max_spatial=6), dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
        with_bias=st.booleans(), math_mode=st.sampled_from(["keep_dtype", "allow_tf32"]),
-       seed=st.integers(0, 2**31 - 1))
-def test_fprop_matches_reference(env, cfg, dtype, with_bias, math_mode, seed):
+       seed=st.integers(0, 2**31 - 1), layouts=st.tuples(*[st.sampled_from(LAYOUTS)] * 2))
+def test_fprop_matches_reference(env, cfg, dtype, with_bias, math_mode, seed, layouts):
     p = cfg["params"]
     rng = np.random.default_rng(seed)
     x, w = rand(rng, cfg["input_shape"], dtype), rand(rng, cfg["weight_shape"], dtype)
     bias = rand(rng, (p.bias_size,), dtype) if with_bias else None
-    y = xconv.conv_fprop(x, w, bias=bias, math=math_mode, backend="ascend", **cfg["kwargs"])
+    y = xconv.conv_fprop(relayout(x, layouts[0]), relayout(w, layouts[1]), bias=bias, math=math_mode, backend="ascend", **cfg["kwargs"])
     ((exact, abs_sum),) = reference("fprop", (x, w, bias), cfg["kwargs"])
     assert_within(y, exact, abs_sum, dtype, u_in_for(dtype, math_mode), "output")
 

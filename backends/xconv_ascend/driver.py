@@ -97,7 +97,14 @@ STATUS_NAMES = {
 
 
 def status_name(status: int) -> str:
+    """The name of an aclError/aclnnStatus code, or ``"status N"`` for one the table does not know."""
     return STATUS_NAMES.get(int(status), f"status {int(status)}")
+
+
+def describe_status(status: int) -> str:
+    """``"NAME (code)"``, or ``"status code"`` for an unknown code."""
+    status = int(status)
+    return f"{STATUS_NAMES[status]} ({status})" if status in STATUS_NAMES else f"status {status}"
 
 
 _P = c_void_p
@@ -278,7 +285,7 @@ class Driver:
             count = c_uint32(0)
             status = self.fn.aclrtGetDeviceCount(byref(count))
             if status != ACL_SUCCESS:
-                raise LoadError(f"no device: aclrtGetDeviceCount failed with {status_name(status)} ({status})"
+                raise LoadError(f"no device: aclrtGetDeviceCount failed with {describe_status(status)}"
                                 f"{self._message_suffix()}")
             if count.value == 0:
                 raise LoadError("no device: aclrtGetDeviceCount reports 0 Ascend devices")
@@ -290,7 +297,7 @@ class Driver:
     def _acl_init(self) -> None:
         status = self.fn.aclInit(None)
         if status not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
-            raise LoadError(f"aclInit failed with {status_name(status)} ({status}){self._message_suffix()}")
+            raise LoadError(f"aclInit failed with {describe_status(status)}{self._message_suffix()}")
         self.take_message()  # 100002 leaves a message; it is not an error here
 
     def availability(self) -> tuple[bool, str]:
