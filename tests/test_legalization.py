@@ -112,6 +112,9 @@ def test_unsupported_rank_and_dtype_refused_before_work():
                              backend="only2d")
         with pytest.raises(xconv.UnsupportedError, match="float64"):
             xconv.conv_fprop(np.ones((1, 1, 2, 2)), np.ones((1, 1, 1, 1)), backend="only2d")
+        with pytest.raises(xconv.ShapeError, match="bias_sizes"):  # invalid arguments are reported first
+            xconv.convolution_backward(np.ones((1, 1, 2, 2, 2)), np.ones((1, 1, 2, 2, 2)), np.ones((1, 1, 1, 1, 1)),
+                                       bias_sizes=[2], backend="only2d")
         assert only2d.calls == []
 
 

@@ -12,7 +12,7 @@ from .params import (check_bias_sizes, check_grad_output, check_output_mask, com
 from .registry import select_backend
 
 
-def _prepare(tensors: dict, input_shape, weight_shape, backend, bias=None, **conv):
+def _prepare(tensors: dict, input_shape, weight_shape, backend, bias=None, bias_sizes=None, **conv):
     """Validate the tensors and parameters, pick the backend; return (backend, params, shapes).
 
     ``input_shape``/``weight_shape`` are names of entries in ``tensors`` or explicit shapes.
@@ -27,6 +27,7 @@ def _prepare(tensors: dict, input_shape, weight_shape, backend, bias=None, **con
     if bias is not None and tuple(getattr(bias, "shape", ())) != (p.bias_size,):
         raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,),
                          given=tuple(getattr(bias, "shape", ())))
+    check_bias_sizes(p, bias_sizes)
     b = select_backend(backend, common_family(arrays))
     legalize.check_supported(b, p)
     return b, p
@@ -55,9 +56,8 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
     grad_output, input, weight = map(interop.to_native, (grad_output, input, weight))
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight", backend,
-                    stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
-                    output_padding=output_padding, math=math, deterministic=deterministic)
-    check_bias_sizes(p, bias_sizes)
+                    bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                    transposed=transposed, output_padding=output_padding, math=math, deterministic=deterministic)
     return tuple(interop.to_family(r, family) for r in legalize.backward(b, grad_output, input, weight, p, mask))
 
 
