@@ -12,9 +12,7 @@ run in a subprocess: a process loads CANN once.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
-import math
 import os
 import shutil
 import subprocess
@@ -238,7 +236,8 @@ def test_backward_matches_reference(env, cfg, dtype, mask, math_mode, determinis
     x, w = rand(rng, cfg["input_shape"], dtype), rand(rng, cfg["weight_shape"], dtype)
     dy = rand(rng, cfg["output_shape"], dtype)
     kw = cfg["kwargs"]
-    got = xconv.convolution_backward(*(relayout(a, k) for a, k in zip((dy, x, w), layouts)), output_mask=mask, math=math_mode, deterministic=deterministic,
+    operands = (relayout(a, k) for a, k in zip((dy, x, w), layouts))
+    got = xconv.convolution_backward(*operands, output_mask=mask, math=math_mode, deterministic=deterministic,
                                      bias_sizes=[p.bias_size], backend="ascend", **kw)
     refs = reference("backward", (dy, x, w), kw)
     for bit, g, (exact, abs_sum), name in zip(mask, got, refs, ("grad_input", "grad_weight", "grad_bias")):
@@ -277,7 +276,8 @@ def test_fprop_matches_reference(env, cfg, dtype, with_bias, math_mode, seed, la
     rng = np.random.default_rng(seed)
     x, w = rand(rng, cfg["input_shape"], dtype), rand(rng, cfg["weight_shape"], dtype)
     bias = rand(rng, (p.bias_size,), dtype) if with_bias else None
-    y = xconv.conv_fprop(relayout(x, layouts[0]), relayout(w, layouts[1]), bias=bias, math=math_mode, backend="ascend", **cfg["kwargs"])
+    y = xconv.conv_fprop(relayout(x, layouts[0]), relayout(w, layouts[1]), bias=bias, math=math_mode,
+                         backend="ascend", **cfg["kwargs"])
     ((exact, abs_sum),) = reference("fprop", (x, w, bias), cfg["kwargs"])
     assert_within(y, exact, abs_sum, dtype, u_in_for(dtype, math_mode), "output")
 

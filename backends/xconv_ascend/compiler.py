@@ -86,7 +86,8 @@ def translate(p: ConvParams, strict: bool = True) -> ConvArgs:
         raise ValueError(f"dtype {p.dtype} has no aclnn convolution type")
     native = p.symmetric or p.nd == 2
     return ConvArgs(dtype=DTYPES[p.dtype], format=FORMATS[p.nd], stride=tuple(p.stride),
-                    padding=tuple(padding_values(p)) if strict or native else (), dilation=tuple(p.dilation), transposed=bool(p.transposed),
+                    padding=tuple(padding_values(p)) if strict or native else (), dilation=tuple(p.dilation),
+                    transposed=bool(p.transposed),
                     output_padding=tuple(p.output_padding) if p.transposed else (0,) * p.nd,
                     groups=int(p.groups), bias_sizes=(int(p.bias_size),), cube_math_type=cube_math_type(p))
 

@@ -595,7 +595,7 @@ class DeviceArray:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return (f"DeviceArray(shape={self.shape}, dtype={self.dtype.name if self.dtype.name != 'void' else self.dtype},"
+        return (f"DeviceArray(shape={self.shape}, dtype={self.dtype.name},"
                 f" strides={self.strides}, offset={self.offset}{', freed' if self.freed else ''})")
 
     # host copies -------------------------------------------------------------------------------
