@@ -173,15 +173,19 @@ def test_fast_matches_exact(conv, seed):
     compare(c, x, w, dy, mask, layout)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), budget=st.sampled_from([1, 200, 3000, 40000]))
-def test_chunked_matches_exact(conv, seed, budget):
-    """Tiny working-set budgets force line-range chunks inside a sample, with halos carried between chunks."""
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), budget=st.sampled_from([1, 200, 3000, 40000, None]),
+       strategy=st.sampled_from([None, "a", "b"]))
+def test_chunked_matches_exact(conv, seed, budget, strategy):
+    """Both backward strategies, and tiny working-set budgets that force line-range chunks inside a
+    sample (halos between chunks) and many chunks per call (ordered accumulation across chunks)."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fast, "MAX_CHUNK_BYTES", budget)
-        mp.setattr(fast, "MIN_CHUNK_BYTES", 1)
+        if budget is not None:
+            mp.setattr(fast, "MAX_CHUNK_BYTES", budget)
+            mp.setattr(fast, "MIN_CHUNK_BYTES", 1)
+        mp.setattr(fast, "STRATEGY", strategy)
         compare(c, x, w, dy, mask, layout)
 
 
