@@ -57,6 +57,8 @@ BUDGET_FRACTION = 1.0
 MAX_WORKERS = 4
 #: Force the backward strategy: "a" (dy-columns), "b" (x-columns) or None (chosen by cost).
 STRATEGY = __import__("os").environ.get("XCONV_NUMPY_STRATEGY") or None
+#: Force (True/False) or leave to a cost rule (None) the implicit first-dim taps of strategy "a".
+IMPLICIT_OUTER = None
 #: Scratch memory kept between calls for reuse (see ``release_memory``).
 ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
@@ -577,14 +579,15 @@ def _finish_dw(geo: _Geom, p: ConvParams, parts):
     return dw
 
 
-def _tap_view(geo: _Geom, ip: int, grid: np.ndarray, base: int, sign: int, rows: int) -> np.ndarray:
+def _tap_view(geo: _Geom, ip: int, grid: np.ndarray, base: int, sign: int, rows: int, spec=None) -> np.ndarray:
     """All of phase ip's tap slices of ``grid`` (G, C, positions) as one strided view (G, J, C, rows).
 
     Tap i reads grid[:, :, base + sign*off_i : ... + rows]; the offsets are sums of arithmetic
     progressions along each dim, so the taps form a regular (n_1, ..., n_nd) array of slices.
+    ``spec`` overrides the phase's per-dim (q0, dq, count).
     """
     G, C = grid.shape[:2]
-    spec = geo.tapgrid[ip]
+    spec = geo.tapgrid[ip] if spec is None else spec
     it = grid.itemsize
     start = base + sign * sum(q0 * gs for (q0, _, _), gs in zip(spec, geo.gstride))
     shape = (G,) + tuple(n for _, _, n in spec) + (C, rows)
@@ -647,17 +650,40 @@ def bgrad(dy, p: ConvParams):
     return np.ascontiguousarray(np.sum(dy, axis=axes, dtype=cdt).astype(DTYPES[p.dtype], copy=False))
 
 
+def _implicit_outer(geo: _Geom, ip: int, need_dx: bool) -> bool:
+    """Whether phase ip's first-dim taps should be line-shifted views of inner-tap columns.
+
+    That copies 1/n_1 of the columns, at the price of n_1 smaller GEMMs and, for the input
+    gradient, n_1 - 1 additions of a (C_in/g, rows) block. Measured on the suite: 5-7% faster
+    for 2-D kernels, 3% slower for the 3x3x3 one (whose GEMMs get too small).
+    """
+    if geo.nd == 1 or geo.tapgrid[ip][0][2] == 1:
+        return False
+    if IMPLICIT_OUTER is not None:
+        return bool(IMPLICIT_OUTER)
+    return geo.nd == 2
+
+
 def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
     """dy-columns: per phase, cols = shifted dy slices; dx_p = W_p^T @ cols; dW_p = cols @ x_p^T."""
     p = geo.p
     cdt = compute_dtype(p)
     g, Cg, Cog, line, h = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo
     nph = len(geo.phases)
-    Jmax = max(len(t) for _, t in geo.phases)
-    line_bytes = cdt.itemsize * line * g * (Cog + Jmax * Cog + (Cg if need_dx else 0) + (nph * Cg if need_dw else 0))
+    # per phase: build columns of the inner-dim taps only, taking the first-dim taps as line shifts?
+    implicit = [_implicit_outer(geo, ip, need_dx) for ip in range(nph)]
+    # column rows per line of chunk (and fixed extra positions, for the span of the line shifts)
+    col_rows = max((len(t) // geo.tapgrid[ip][0][2] if implicit[ip] else len(t)) * Cog
+                   for ip, (_, t) in enumerate(geo.phases))
+    span = max(((geo.tapgrid[ip][0][2] - 1) * geo.tapgrid[ip][0][1] * line if implicit[ip] else 0)
+               for ip in range(nph))
+    line_bytes = cdt.itemsize * line * g * (Cog + col_rows + (Cg * (1 + any(implicit)) if need_dx else 0)
+                                            + (nph * Cg if need_dw else 0))
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    chunks, lines, _ = _chunks(geo, line_bytes, h, _budget(io))
+    chunks, lines, _ = _chunks(geo, line_bytes, h + -(-span // line), _budget(io))
     R = lines * line
+    cols_len = max((len(t) // geo.tapgrid[ip][0][2] * Cog * (R + span)) if implicit[ip] else len(t) * Cog * R
+                   for ip, (_, t) in enumerate(geo.phases))
     dy4 = _x4(dy, g, Cog)
     if need_dx:
         dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
@@ -673,8 +699,9 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
                        [(g, len(taps) * Cog, Cg) for _, taps in geo.phases], cdt, lease)
 
     def workspace():
-        return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt, lease), cols=lease.empty((g, Jmax * Cog * R), cdt),
+        return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt, lease), cols=lease.empty((g, cols_len), cdt),
                     dx=lease.empty((g, Cg, R), cdt) if need_dx else None,
+                    dx2=lease.empty((g, Cg, R), cdt) if need_dx and any(implicit) else None,
                     x=[_GridBuf(geo, g, Cg, lines, cdt, lease) for _ in geo.phases] if need_dw else None,
                     dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
@@ -684,16 +711,39 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
         parts = slots.target(i, ws["dw"]) if need_dw else None
         for ip, (r, taps) in enumerate(geo.phases):
             J = len(taps)
-            cols = ws["cols"][:, :J * Cog * rows].reshape(g, J * Cog, rows)
-            view = _tap_view(geo, ip, dyg, h * line, -1, rows)
-            cols.reshape(view.shape)[...] = view
+            (q0, dq, n1), inner = geo.tapgrid[ip][0], geo.tapgrid[ip][1:]
+            Ji = J // n1
+            if implicit[ip]:
+                # columns of the inner-dim taps only, over rows + span positions; the first-dim
+                # taps are line shifts of them: views, not copies
+                span = (n1 - 1) * dq * line
+                q1max = q0 + (n1 - 1) * dq
+                ci = ws["cols"][:, :Ji * Cog * (rows + span)].reshape(g, Ji * Cog, rows + span)
+                view = _tap_view(geo, ip, dyg, (h - q1max) * line, -1, rows + span, ((0, 0, 1),) + inner)
+                ci.reshape(view.shape)[...] = view
+                blocks = [ci[:, :, (n1 - 1 - a) * dq * line:(n1 - 1 - a) * dq * line + rows] for a in range(n1)]
+            else:
+                cols = ws["cols"][:, :J * Cog * rows].reshape(g, J * Cog, rows)
+                view = _tap_view(geo, ip, dyg, h * line, -1, rows)
+                cols.reshape(view.shape)[...] = view
+                blocks = [cols]
+            nbk = len(blocks)
+            kb = J * Cog // nbk                                         # rows of cols per block
             if need_dx:
                 dxg = ws["dx"][:, :, :rows]
-                np.matmul(wts[ip], cols, out=dxg)
+                for a, blk in enumerate(blocks):
+                    wa = wts[ip][:, :, a * kb:(a + 1) * kb]
+                    if a == 0:
+                        np.matmul(wa, blk, out=dxg)
+                    else:
+                        tmp = ws["dx2"][:, :, :rows]
+                        np.matmul(wa, blk, out=tmp)
+                        dxg += tmp
                 _scatter(geo, dxg, dx4, e0, e1, geo.x_valid[r])
             if need_dw:
-                xg = ws["x"][ip].fill(x4, e0, e1, geo.x_valid[r])
-                np.matmul(cols, xg.transpose(0, 2, 1), out=parts[ip])     # (g, J*Cog, Cg)
+                xg = ws["x"][ip].fill(x4, e0, e1, geo.x_valid[r]).transpose(0, 2, 1)
+                for a, blk in enumerate(blocks):                       # (g, J*Cog, Cg), block rows
+                    np.matmul(blk, xg, out=parts[ip][:, a * kb:(a + 1) * kb])
         if need_dw:
             slots.commit(i, parts)
 
