@@ -183,7 +183,7 @@ def test_backend_declaration():
     caps = b.capabilities
     assert b.name == "ascend" and b.array_families == ("numpy", "xconv_ascend")
     assert caps.spatial_dims == {1, 2, 3} and caps.dtypes == {"float16", "bfloat16", "float32"}
-    assert caps.asymmetric_padding == {1, 2, 3} and caps.transposed and caps.strided and caps.deterministic
+    assert caps.asymmetric_padding == {2} and caps.transposed and caps.strided and caps.deterministic
     assert caps.math == {"keep_dtype", "allow_tf32", "allow_fp16"}
 
 

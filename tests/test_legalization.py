@@ -136,3 +136,64 @@ def test_backend_returning_wrong_shape_is_reported():
     with registered(Broken("broken")):
         with pytest.raises(xconv.XconvError, match="returned fprop output of shape"):
             xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)), backend="broken")
+
+
+class TransposedSymmetricOnly(SpyBackend):
+    """Runs transposed convolution natively (through the reference), but only with symmetric padding."""
+
+    def __init__(self):
+        super().__init__("tsym", xconv.Capabilities(transposed=True, asymmetric_padding=frozenset()))
+        self.reference = xconv.get_backend("numpy-exact")
+
+    def _run(self, op, p, *args):
+        assert p.symmetric, p
+        self.calls.append((op, p, args))
+        if p.transposed:
+            from xconv import legalize
+            return getattr(legalize, op)(self.reference, *args, p)
+        return getattr(self.reference, op)(*args, p)
+
+    def fprop(self, x, w, bias, p):
+        return self._run("fprop", p, x, w, bias)
+
+    def dgrad(self, dy, w, p):
+        return self._run("dgrad", p, dy, w)
+
+    def wgrad(self, x, dy, p):
+        return self._run("wgrad", p, x, dy)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cfg=conv_configs(transposed=True), seed=st.integers(0, 2**31 - 1))
+def test_transposed_asymmetric_padding_legalized_for_native_transposed_backend(cfg, seed):
+    rng = np.random.default_rng(seed)
+    kw = cfg["kwargs"]
+    x, w = rng.standard_normal(cfg["input_shape"]), rng.standard_normal(cfg["weight_shape"])
+    dy = rng.standard_normal(cfg["output_shape"])
+    bias = rng.standard_normal(cfg["params"].bias_size)
+    with registered(TransposedSymmetricOnly()) as backend:
+        got = xconv.convolution_backward(dy, x, w, backend="tsym", **kw)
+        y = xconv.conv_fprop(x, w, bias=bias, backend="tsym", **kw)
+        assert all(c[1].transposed for c in backend.calls if c[0] != "bgrad")  # ran natively, not mapped
+    want = xconv.convolution_backward(dy, x, w, backend="numpy-exact", **kw)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, bias=bias, backend="numpy-exact", **kw),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_capabilities_for_narrows_one_configuration():
+    class NoTransposedWithOutputPadding(TransposedSymmetricOnly):
+        def capabilities_for(self, p, op):
+            if p.transposed and any(p.output_padding):
+                import dataclasses
+                return dataclasses.replace(self.capabilities, transposed=False)
+            return self.capabilities
+
+    x, w = np.ones((1, 2, 4)), np.ones((2, 3, 3))
+    with registered(NoTransposedWithOutputPadding()) as backend:
+        xconv.conv_fprop(x, w, stride=2, transposed=True, backend="tsym")
+        assert backend.calls[-1][1].transposed
+        y = xconv.conv_fprop(x, w, stride=2, output_padding=1, transposed=True, backend="tsym")
+        assert backend.calls[-1][0] == "dgrad" and not backend.calls[-1][1].transposed
+    np.testing.assert_array_equal(y, xconv.conv_fprop(x, w, stride=2, output_padding=1, transposed=True))

@@ -77,6 +77,13 @@ class Backend:
         """(available, reason). Cheap, never raises; reason is "" when available."""
         return True, ""
 
+    def capabilities_for(self, p: ConvParams, op: str) -> Capabilities:
+        """What runs natively for this configuration and primitive ("fprop", "dgrad", "wgrad", "bgrad",
+        "backward"): ``capabilities`` unless overridden. A backend whose vendor library refuses some
+        configurations that the core can legalize (say, a transposed case it can run as direct
+        convolutions) narrows its capabilities here; the core then legalizes that call."""
+        return self.capabilities
+
     def version(self) -> str:
         return ""
 

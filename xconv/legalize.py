@@ -24,6 +24,11 @@ from .errors import UnsupportedError, XconvError
 from .params import ConvParams
 
 
+def capabilities(b: Backend, p: ConvParams, op: str):
+    """What ``b`` runs natively for this configuration and primitive (see Backend.capabilities_for)."""
+    return b.capabilities_for(p, op)
+
+
 def check_supported(b: Backend, p: ConvParams) -> None:
     """Raise UnsupportedError, before any work, for what legalization cannot make runnable."""
     caps = b.capabilities
@@ -46,50 +51,59 @@ def check_supported(b: Backend, p: ConvParams) -> None:
 def fprop(b: Backend, x, w, bias, p: ConvParams):
     if _empty(p):
         return _add_bias(zeros(x, p.output_shape), bias)
-    if _lift(b, p):
+    caps = capabilities(b, p, "fprop")
+    if _lift(caps, p):
         return _squeeze(fprop(b, _unsqueeze(x), _unsqueeze(w), bias, _lifted(p)))
-    if p.transposed and not b.capabilities.transposed:
+    if p.transposed and not caps.transposed:
         q = p.as_direct()
         return _add_bias(dgrad(b, _extend(x, q.output_shape), w, q), bias)
-    if _needs_explicit_padding(b, p):
+    if _needs_explicit_padding(caps, p):
         q, pads = _symmetric(p)
+        if p.transposed:  # the symmetric output is larger: crop it
+            return crop(fprop(b, x, w, bias, q), [pre for pre, _ in pads], p.output_shape[2:])
         return fprop(b, zero_pad(x, pads), w, bias, q)
-    return _expect(b, b.fprop(*_native(b, x, w, bias), p), p.output_shape, "fprop output")
+    return _expect(b, b.fprop(*_native(caps, x, w, bias), p), p.output_shape, "fprop output")
 
 
 def dgrad(b: Backend, dy, w, p: ConvParams):
     if _empty(p):
         return zeros(dy, p.input_shape)
-    if _lift(b, p):
+    caps = capabilities(b, p, "dgrad")
+    if _lift(caps, p):
         return _squeeze(dgrad(b, _unsqueeze(dy), _unsqueeze(w), _lifted(p)))
-    if p.transposed and not b.capabilities.transposed:
+    if p.transposed and not caps.transposed:
         q = p.as_direct()
         return crop(fprop(b, dy, w, None, q), (0,) * p.nd, p.input_shape[2:])
-    if _needs_explicit_padding(b, p):
+    if _needs_explicit_padding(caps, p):
         q, pads = _symmetric(p)
+        if p.transposed:  # grad_output of the larger symmetric output: zeros where p's output was cropped
+            return dgrad(b, zero_pad(dy, pads), w, q)
         return crop(dgrad(b, dy, w, q), [pre for pre, _ in pads], p.input_shape[2:])
-    return _expect(b, b.dgrad(*_native(b, dy, w), p), p.input_shape, "grad_input")
+    return _expect(b, b.dgrad(*_native(caps, dy, w), p), p.input_shape, "grad_input")
 
 
 def wgrad(b: Backend, x, dy, p: ConvParams):
     if _empty(p):
         return zeros(dy, p.weight_shape)
-    if _lift(b, p):
+    caps = capabilities(b, p, "wgrad")
+    if _lift(caps, p):
         return _squeeze(wgrad(b, _unsqueeze(x), _unsqueeze(dy), _lifted(p)))
-    if p.transposed and not b.capabilities.transposed:
+    if p.transposed and not caps.transposed:
         q = p.as_direct()
         return wgrad(b, dy, _extend(x, q.output_shape), q)
-    if _needs_explicit_padding(b, p):
+    if _needs_explicit_padding(caps, p):
         q, pads = _symmetric(p)
+        if p.transposed:
+            return wgrad(b, x, zero_pad(dy, pads), q)
         return wgrad(b, zero_pad(x, pads), dy, q)
-    return _expect(b, b.wgrad(*_native(b, x, dy), p), p.weight_shape, "grad_weight")
+    return _expect(b, b.wgrad(*_native(caps, x, dy), p), p.weight_shape, "grad_weight")
 
 
 def bgrad(b: Backend, dy, p: ConvParams):
     """Sum of dy over N and the spatial dims; ``p`` may be transposed (bgrad reads only its dtype and flags)."""
     if _math.prod(dy.shape) == 0:
         return zeros(dy, (p.bias_size,))
-    return _expect(b, b.bgrad(*_native(b, dy), p), (p.bias_size,), "grad_bias")
+    return _expect(b, b.bgrad(*_native(capabilities(b, p, "bgrad"), dy), p), (p.bias_size,), "grad_bias")
 
 
 def backward(b: Backend, dy, x, w, p: ConvParams, mask):
@@ -99,17 +113,20 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
     if _empty(p):
         return (zeros(dy, p.input_shape) if m_in else None, zeros(dy, p.weight_shape) if m_w else None,
                 bgrad(b, dy, p) if m_b else None)
-    if _lift(b, p):
+    caps = capabilities(b, p, "backward")
+    if _lift(caps, p):
         dx, dw, db = backward(b, _unsqueeze(dy), _unsqueeze(x), _unsqueeze(w), _lifted(p), mask)
         return _squeeze(dx), _squeeze(dw), db
-    if p.transposed and not b.capabilities.transposed:
+    if p.transposed and not caps.transposed:
         return (dgrad(b, dy, w, p) if m_in else None, wgrad(b, x, dy, p) if m_w else None,
                 bgrad(b, dy, p) if m_b else None)
-    if _needs_explicit_padding(b, p):
+    if _needs_explicit_padding(caps, p):
         q, pads = _symmetric(p)
+        if p.transposed:
+            return backward(b, zero_pad(dy, pads), x, w, q, mask)
         dx, dw, db = backward(b, dy, zero_pad(x, pads), w, q, mask)
         return (crop(dx, [pre for pre, _ in pads], p.input_shape[2:]) if m_in else None), dw, db
-    results = b.backward(*_native(b, dy, x, w), p, mask)
+    results = b.backward(*_native(caps, dy, x, w), p, mask)
     expected = (p.input_shape, p.weight_shape, (p.bias_size,))
     what = ("grad_input", "grad_weight", "grad_bias")
     return tuple(_expect(b, r, shape, name) if bit else _expect_none(b, r, name)
@@ -124,9 +141,8 @@ def _empty(p: ConvParams) -> bool:
     return 0 in (p.input_shape[0], p.input_shape[1], p.output_shape[1])
 
 
-def _lift(b: Backend, p: ConvParams) -> bool:
-    caps = b.capabilities.spatial_dims
-    return p.nd == 1 and 1 not in caps and 2 in caps
+def _lift(caps, p: ConvParams) -> bool:
+    return p.nd == 1 and 1 not in caps.spatial_dims and 2 in caps.spatial_dims
 
 
 def _lifted(p: ConvParams) -> ConvParams:
@@ -146,16 +162,25 @@ def _squeeze(a):
     return None if a is None else a[:, :, 0]
 
 
-def _needs_explicit_padding(b: Backend, p: ConvParams) -> bool:
-    return not p.symmetric and p.nd not in b.capabilities.asymmetric_padding
+def _needs_explicit_padding(caps, p: ConvParams) -> bool:
+    return not p.symmetric and p.nd not in caps.asymmetric_padding
 
 
 def _symmetric(p: ConvParams):
-    """(q, pads): ``p`` with padding min(pre, post) per dim, and the extra zeros to add to its input."""
+    """(q, pads): ``p`` with padding min(pre, post) per dim, and the (pre, post) difference per dim.
+
+    Direct: q's input is p's input zero-padded by ``pads``; the outputs are equal.
+    Transposed: the inputs are equal; q's output is p's output extended by ``pads`` (p's output
+    is q's cropped, and p's grad_output zero-padded by ``pads`` is q's).
+    """
     sym = [min(pair) for pair in p.padding]
     pads = tuple((pre - s, post - s) for (pre, post), s in zip(p.padding, sym))
-    shape = p.input_shape[:2] + tuple(n + pre + post for n, (pre, post) in zip(p.input_shape[2:], pads))
-    return p.replace(input_shape=shape, padding=tuple((s, s) for s in sym)), pads
+    grown = p.output_shape if p.transposed else p.input_shape
+    grown = grown[:2] + tuple(n + pre + post for n, (pre, post) in zip(grown[2:], pads))
+    padding = tuple((s, s) for s in sym)
+    if p.transposed:
+        return p.replace(output_shape=grown, padding=padding), pads
+    return p.replace(input_shape=grown, padding=padding), pads
 
 
 def _extend(a, shape):
@@ -169,8 +194,8 @@ def _add_bias(y, bias):
     return contiguous((y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))).astype(y.dtype))
 
 
-def _native(b: Backend, *arrays):
-    if b.capabilities.strided:
+def _native(caps, *arrays):
+    if caps.strided:
         return arrays
     return tuple(None if a is None else contiguous(a) for a in arrays)
 

@@ -26,7 +26,7 @@ from ctypes import byref, c_bool, c_int64, c_uint64, c_void_p
 
 import numpy as np
 
-from xconv import Backend, Capabilities, legalize
+from xconv import Backend, Capabilities
 from xconv.errors import BackendError, UnsupportedError
 from xconv.params import ConvParams
 
@@ -190,37 +190,6 @@ class _Call:
         return [f() for f in self.fetch]
 
 
-class _Narrowed:
-    """The backend as the core sees it for a configuration aclnn cannot take as it is.
-
-    Its capabilities are the backend's with asymmetric padding for 2-D only and, when
-    ``transposed`` is False, no transposed convolution: the core then pads 1-D/3-D inputs
-    explicitly, or maps a transposed convolution onto direct fprop, dgrad and wgrad, and calls
-    back with configurations aclnn takes.
-    """
-
-    def __init__(self, backend: "AscendBackend", transposed: bool):
-        self._backend = backend
-        self.name = backend.name
-        self.capabilities = dataclasses.replace(backend.capabilities, asymmetric_padding=NATIVE_ASYMMETRIC_PADDING,
-                                                transposed=transposed)
-
-    def fprop(self, x, w, bias, p):
-        return self._backend.fprop(x, w, bias, p)
-
-    def dgrad(self, dy, w, p):
-        return self._backend.dgrad(dy, w, p)
-
-    def wgrad(self, x, dy, p):
-        return self._backend.wgrad(x, dy, p)
-
-    def bgrad(self, dy, p):
-        return self._backend.bgrad(dy, p)
-
-    def backward(self, dy, x, w, p, mask):
-        return self._backend.backward(dy, x, w, p, mask)
-
-
 #: Ranks whose (pre, post) padding aclnn takes: 2-D, as [top, bottom, left, right].
 NATIVE_ASYMMETRIC_PADDING = frozenset({2})
 
@@ -249,9 +218,7 @@ class AscendBackend(Backend):
     capabilities = Capabilities(
         spatial_dims=frozenset({1, 2, 3}),          # NCL, NCHW, NCDHW natively
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
-        # 2-D natively as [top, bottom, left, right]; 1-D/3-D are handed back to the core through a narrowed view
-        # (the core's own explicit padding is for direct convolution only, see _route)
-        asymmetric_padding=frozenset({1, 2, 3}),
+        asymmetric_padding=NATIVE_ASYMMETRIC_PADDING,  # 2-D as [top, bottom, left, right]; others: the core pads
         transposed=True,                            # aclnn's transposed flag
         strided=True,                               # aclTensors carry element strides and offset
         deterministic=True,                         # ACL_OPT_DETERMINISTIC for the call
@@ -289,25 +256,19 @@ class AscendBackend(Backend):
             raise _driver.BackendUnavailableError(self.name, str(exc)) from None
         return drv, compiler.check(p, drv.soc_name, op, backend=self.name)
 
-    def _route(self, p: ConvParams, op: str) -> _Narrowed | None:
-        """None when aclnn takes ``p`` as it is; else the narrowed view the core must legalize ``p`` for.
-
-        Asymmetric 1-D/3-D padding: the core pads the input explicitly (direct convolution) or maps
-        the transposed convolution onto direct ones. A transposed convolution breaking a rule with a
-        direct fallback (outputPadding >= stride for the backward op): mapped onto direct ones.
-        """
-        native_padding = p.symmetric or p.nd in NATIVE_ASYMMETRIC_PADDING
-        if not p.transposed:
-            return None if native_padding else _Narrowed(self, transposed=True)
-        if native_padding:
+    def capabilities_for(self, p: ConvParams, op: str) -> Capabilities:
+        """Without transposed convolution for a transposed ``p`` that breaks a rule of aclnn which running it
+        as direct convolutions avoids (outputPadding >= stride for the backward op): the core maps it."""
+        if p.transposed:
             drv = self.driver
             try:
                 drv.initialize()
             except _driver.LoadError as exc:
                 raise _driver.BackendUnavailableError(self.name, str(exc)) from None
-            if compiler.direct_fallback(p, drv.soc_name, op) is None:
-                return None
-        return _Narrowed(self, transposed=False)
+            aclnn_op = OP_CONVOLUTION if op == "fprop" else OP_BACKWARD
+            if compiler.direct_fallback(p, drv.soc_name, aclnn_op) is not None:
+                return dataclasses.replace(self.capabilities, transposed=False)
+        return self.capabilities
 
     @staticmethod
     def _on_device(*arrays) -> bool:
@@ -315,9 +276,6 @@ class AscendBackend(Backend):
 
     # primitives -------------------------------------------------------------------------------------------
     def fprop(self, x, w, bias, p: ConvParams):
-        view = self._route(p, OP_CONVOLUTION)
-        if view is not None:
-            return legalize.fprop(view, x, w, bias, p)
         drv, a = self._begin(p, OP_CONVOLUTION)
         np_dtype = np.dtype(_driver.numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
@@ -340,21 +298,12 @@ class AscendBackend(Backend):
             return None, None, None
         if mask == (False, False, True):
             return None, None, self.bgrad(dy, p)
-        view = self._route(p, OP_BACKWARD)
-        if view is not None:
-            return legalize.backward(view, dy, x, w, p, mask)
         return self._backward(dy, x, w, p, mask)
 
     def dgrad(self, dy, w, p: ConvParams):
-        view = self._route(p, OP_BACKWARD)
-        if view is not None:
-            return legalize.dgrad(view, dy, w, p)
         return self._backward(dy, None, w, p, (True, False, False))[0]
 
     def wgrad(self, x, dy, p: ConvParams):
-        view = self._route(p, OP_BACKWARD)
-        if view is not None:
-            return legalize.wgrad(view, x, dy, p)
         return self._backward(dy, x, None, p, (False, True, False))[1]
 
     def bgrad(self, dy, p: ConvParams):
@@ -363,7 +312,9 @@ class AscendBackend(Backend):
         # aclnn's 65535.
         q = _bias_only_params(p)
         if q.groups > 65535:
-            if self._route(p, OP_BACKWARD) is not None:
+            native = ((p.symmetric or p.nd in NATIVE_ASYMMETRIC_PADDING)
+                      and (not p.transposed or self.capabilities_for(p, "bgrad").transposed))
+            if not native:
                 raise UnsupportedError(f"backend {self.name!r}: grad_bias alone of this configuration "
                                        f"({p.output_shape[1]} channels) has no aclnn form")
             q = p
