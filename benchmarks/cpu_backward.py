@@ -121,12 +121,70 @@ def check(ours, theirs, name: str, what: str) -> float:
     return err
 
 
+DEGENERATE = [  # (name, input, weight, conv kwargs): long reductions over few channels
+    ("c1_1d_long", [4, 1, 200000], [1, 1, 9], dict(padding=[4])),
+    ("c1_2d", [16, 1, 256, 256], [1, 1, 3, 3], dict(padding=[1, 1])),
+    ("c1_1x1_huge_batch", [4096, 1, 16, 16], [1, 1, 1, 1], dict()),
+    ("depthwise_1d", [8, 64, 4096], [64, 1, 7], dict(padding=[3], groups=64)),
+]
+
+
+def _hash_fast_path(cases) -> dict:
+    """sha256 of the fast path's (dx, dw, db) per case, fixed inputs (run in a subprocess)."""
+    import hashlib
+    out = {}
+    for name, xs, ws, kw in cases:
+        rng = np.random.default_rng(11)
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ws, dtype=np.float32)
+        dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw), dtype=np.float32)
+        h = hashlib.sha256()
+        for r in xconv.convolution_backward(dy, x, w, backend="numpy", **kw):
+            h.update(r.tobytes())
+        out[name] = h.hexdigest()[:16]
+    return out
+
+
+def determinism(threads=(1, 2, 4)) -> int:
+    """Run the fast path with OPENBLAS_NUM_THREADS = each of ``threads`` in subprocesses; compare bitwise."""
+    import subprocess
+    suite, _ = load_suite()
+    cases = [(c["name"], c["input"], c["weight"],
+              dict(stride=c["stride"], padding=c["padding"], dilation=c["dilation"], groups=c["groups"]))
+             for c in suite] + DEGENERATE
+    script = ("import json, sys; sys.path[:0] = {paths!r}; import cpu_backward as b; "
+              "print(json.dumps(b._hash_fast_path({cases!r})))")
+    paths = [str(ROOT / "benchmarks"), str(ROOT / "backends"), str(ROOT)]
+    results = {}
+    for t in threads:
+        for rep in range(2):
+            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(t), OMP_NUM_THREADS=str(t))
+            proc = subprocess.run([sys.executable, "-c", script.format(paths=paths, cases=cases)], env=env,
+                                  capture_output=True, text=True, check=True)
+            results[(t, rep)] = json.loads(proc.stdout.strip().splitlines()[-1])
+    keys = list(results)
+    print(f"fast path, bitwise, across processes {keys}:")
+    same_all = True
+    for name, *_ in cases:
+        hashes = {k: results[k][name] for k in keys}
+        same = len(set(hashes.values())) == 1
+        same_all &= same
+        print(f"  {name:24s} {'identical' if same else 'DIFFERENT: ' + str(hashes)}")
+    print("all identical" if same_all else "some differ")
+    return 0 if same_all else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median; >= 5)")
     ap.add_argument("--threads", type=int, default=None, help="threads for both (default: torch's default)")
     ap.add_argument("--cases", nargs="*", help="only these case names")
+    ap.add_argument("--determinism", action="store_true",
+                    help="instead of timing: compare the fast path's results bitwise across processes run with "
+                         "OPENBLAS_NUM_THREADS=1, 2 and 4 (suite shapes and degenerate ones)")
     args = ap.parse_args(argv)
+    if args.determinism:
+        return determinism()
     reps = max(5, args.reps)
 
     import torch
