@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 import xconv  # noqa: E402
 
 SHARED_SUITE = ROOT.parent / "shared" / "bench" / "suite.json"
+#: Cases whose xconv rate is compared with numpy's matrix-product rate.
+GEMM_SHAPED = ("resnet_conv1x1_28", "resnet_conv3x3_28_s2")
 LOCAL_SUITE = ROOT / "benchmarks" / "suite.json"
 
 
@@ -113,9 +115,14 @@ def peak_extra(fn) -> tuple[int, int]:
 
 
 def check(ours, theirs, name: str, what: str) -> float:
-    """Normwise relative error of ours vs torch; exit if it is not float32-rounding sized."""
+    """Normwise relative error of ours vs torch; exit if it is not float32-rounding sized.
+
+    (No BLAS here: a multithreaded OpenBLAS call leaves its threads spinning for a while, which
+    would slow whatever is timed next on a 2-core machine.)
+    """
     ref = theirs.detach().numpy().astype(np.float64)
-    err = float(np.linalg.norm(ours.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+    diff = ours.astype(np.float64) - ref
+    err = float(np.sqrt(np.sum(diff * diff)) / max(np.sqrt(np.sum(ref * ref)), 1e-30))
     if not err < 1e-4:
         raise SystemExit(f"{name}: xconv {what} differs from torch: relative error {err:.3g}")
     return err
@@ -178,6 +185,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median; >= 5)")
     ap.add_argument("--threads", type=int, default=None, help="threads for both (default: torch's default)")
+    ap.add_argument("--pause", type=float, default=0.01,
+                    help="seconds of idle before each timed call (default 0.01), so that threads one library "
+                         "leaves spinning do not slow the other")
     ap.add_argument("--cases", nargs="*", help="only these case names")
     ap.add_argument("--determinism", action="store_true",
                     help="instead of timing: compare the fast path's results bitwise across processes run with "
@@ -203,14 +213,12 @@ def main(argv=None) -> int:
     print("env: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}"
                               for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                         "OMP_NUM_THREADS")))
-    rate = matmul_rate()
-    print(f"numpy float32 matmul 2048^3: {rate:.1f} GFLOP/s  (70% = {0.7 * rate:.1f})")
     print()
     header = (f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s} {'xc GF/s':>8s} {'pt GF/s':>8s} "
               f"{'xc extra MiB':>12s} {'/ io':>5s}")
     print(header)
     print("-" * len(header))
-    ratios = []
+    ratios, rates = [], []
     rng = np.random.default_rng(1234)
     for case in cases:
         name = case["name"]
@@ -242,6 +250,7 @@ def main(argv=None) -> int:
         for rep in range(reps + 1):  # the first pair is a warm-up
             order = (run_xconv, run_torch) if rep % 2 == 0 else (run_torch, run_xconv)
             for fn in order:
+                time.sleep(args.pause)
                 t = time.perf_counter()
                 fn()
                 elapsed = time.perf_counter() - t
@@ -250,12 +259,18 @@ def main(argv=None) -> int:
         f = flops(case, out_shape[2:])
         ratio = t_t / t_x
         ratios.append(ratio)
+        rates.append(f / t_x / 1e9)
         print(f"{name:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {ratio:8.2f} {f / t_x / 1e9:8.1f} {f / t_t / 1e9:8.1f} "
               f"{extra / 2**20:12.1f} {extra / io_bytes:5.2f}", flush=True)
     gmean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print("-" * len(header))
     print(f"geometric mean torch/xconv: {gmean:.3f}   min: {min(ratios):.3f}")
-    print(f"numpy float32 matmul rate: {rate:.1f} GFLOP/s")
+    # measured last: OpenBLAS's threads keep spinning for a while after a threaded product
+    rate = matmul_rate()
+    print(f"numpy float32 matmul rate (2048^3, {threads} threads): {rate:.1f} GFLOP/s; 70% = {0.7 * rate:.1f}")
+    for case, r in zip(cases, rates):
+        if case["name"] in GEMM_SHAPED:
+            print(f"  {case['name']}: xconv {r:.1f} GFLOP/s = {100 * r / rate:.0f}% of it")
     return 0
 
 
