@@ -25,8 +25,11 @@ from .params import ConvParams
 
 
 def capabilities(b: Backend, p: ConvParams, op: str):
-    """What ``b`` runs natively for this configuration and primitive (see Backend.capabilities_for)."""
-    return b.capabilities_for(p, op)
+    """What ``b`` runs natively for this configuration and primitive (see Backend.capabilities_for).
+
+    Backends need not subclass Backend: one without ``capabilities_for`` has ``capabilities`` everywhere."""
+    narrow = getattr(b, "capabilities_for", None)
+    return b.capabilities if narrow is None else narrow(p, op)
 
 
 def check_supported(b: Backend, p: ConvParams) -> None:
