@@ -25,6 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+# PyTorch's OpenMP threads (libgomp) spin after each parallel region by default; in one process
+# on 2 cores that spinning steals the cores from whatever runs next (measured: xconv's 1x1 case
+# 4.1 ms after a torch call with PASSIVE, 8.0 ms without; torch's own time unchanged). Must be
+# set before torch loads libgomp; an explicit setting is respected.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT))
@@ -185,9 +191,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median; >= 5)")
     ap.add_argument("--threads", type=int, default=None, help="threads for both (default: torch's default)")
-    ap.add_argument("--pause", type=float, default=0.01,
-                    help="seconds of idle before each timed call (default 0.01), so that threads one library "
-                         "leaves spinning do not slow the other")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds of idle before each timed call (default 0: idling slows both libraries' "
+                         "next call)")
     ap.add_argument("--cases", nargs="*", help="only these case names")
     ap.add_argument("--determinism", action="store_true",
                     help="instead of timing: compare the fast path's results bitwise across processes run with "
@@ -212,7 +218,7 @@ def main(argv=None) -> int:
           + ("" if limiter is not None else " (threadpoolctl missing: BLAS threads not pinned)"))
     print("env: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}"
                               for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                                        "OMP_NUM_THREADS")))
+                                        "OMP_NUM_THREADS", "OMP_WAIT_POLICY")))
     print()
     header = (f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s} {'xc GF/s':>8s} {'pt GF/s':>8s} "
               f"{'xc extra MiB':>12s} {'/ io':>5s}")
@@ -250,7 +256,8 @@ def main(argv=None) -> int:
         for rep in range(reps + 1):  # the first pair is a warm-up
             order = (run_xconv, run_torch) if rep % 2 == 0 else (run_torch, run_xconv)
             for fn in order:
-                time.sleep(args.pause)
+                if args.pause:
+                    time.sleep(args.pause)
                 t = time.perf_counter()
                 fn()
                 elapsed = time.perf_counter() - t
