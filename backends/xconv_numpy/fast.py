@@ -59,6 +59,8 @@ MAX_WORKERS = 4
 STRATEGY = __import__("os").environ.get("XCONV_NUMPY_STRATEGY") or None
 #: Force (True/False) or leave to a cost rule (None) the implicit first-dim taps of strategy "a".
 IMPLICIT_OUTER = None
+#: The bias gradient sums dy in blocks of whole samples of about this many bytes, in parallel.
+BGRAD_BLOCK_BYTES = 2 << 20
 #: Scratch memory kept between calls for reuse (see ``release_memory``).
 ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
@@ -645,9 +647,25 @@ def wgrad(x, dy, p: ConvParams):
 
 
 def bgrad(dy, p: ConvParams):
+    """dy summed over N and the spatial dims: per block of samples (blocks fixed by the shape alone),
+    blocks summed on the workers, partial sums added in block order."""
     cdt = compute_dtype(p)
     axes = (0,) + tuple(range(2, dy.ndim))
-    return np.ascontiguousarray(np.sum(dy, axis=axes, dtype=cdt).astype(DTYPES[p.dtype], copy=False))
+    N = dy.shape[0]
+    per_sample = max(1, dy.size // max(N, 1) * dy.itemsize)
+    nb = max(1, BGRAD_BLOCK_BYTES // per_sample)
+    blocks = [(n, min(n + nb, N)) for n in range(0, N, nb)]
+    if len(blocks) <= 1:
+        db = np.sum(dy, axis=axes, dtype=cdt)
+    else:
+        def part(b):
+            return np.sum(dy[b[0]:b[1]], axis=axes, dtype=cdt)
+        with _BLAS as workers:
+            parts = list(_executor(workers).map(part, blocks)) if workers > 1 else [part(b) for b in blocks]
+        db = parts[0]
+        for more in parts[1:]:
+            db += more
+    return np.ascontiguousarray(db.astype(DTYPES[p.dtype], copy=False))
 
 
 def _implicit_outer(geo: _Geom, ip: int, need_dx: bool) -> bool:
@@ -661,7 +679,7 @@ def _implicit_outer(geo: _Geom, ip: int, need_dx: bool) -> bool:
         return False
     if IMPLICIT_OUTER is not None:
         return bool(IMPLICIT_OUTER)
-    return geo.nd == 2
+    return geo.nd == 2 and geo.Cg >= 8         # (with tiny groups the extra BLAS calls cost more)
 
 
 def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
