@@ -668,108 +668,177 @@ def bgrad(dy, p: ConvParams):
     return np.ascontiguousarray(db.astype(DTYPES[p.dtype], copy=False))
 
 
-def _implicit_outer(geo: _Geom, ip: int, need_dx: bool) -> bool:
+def _implicit_outer(geo: _Geom, ip: int, single_sample: bool) -> bool:
     """Whether phase ip's first-dim taps should be line-shifted views of inner-tap columns.
 
     That copies 1/n_1 of the columns, at the price of n_1 smaller GEMMs and, for the input
-    gradient, n_1 - 1 additions of a (C_in/g, rows) block. Measured on the suite: 5-7% faster
-    for 2-D kernels, 3% slower for the 3x3x3 one (whose GEMMs get too small).
+    gradient, n_1 - 1 additions of a (C_in/g, rows) block. Needs chunks inside one sample (the
+    shifted views must be plain matrices). Measured on the suite: 5-7% faster for 2-D kernels
+    with C_in/g >= 8, slower for the 3x3x3 one (whose GEMMs get too small) and for depthwise.
     """
-    if geo.nd == 1 or geo.tapgrid[ip][0][2] == 1:
+    if geo.nd == 1 or geo.tapgrid[ip][0][2] == 1 or not single_sample:
         return False
     if IMPLICIT_OUTER is not None:
         return bool(IMPLICIT_OUTER)
-    return geo.nd == 2 and geo.Cg >= 8         # (with tiny groups the extra BLAS calls cost more)
+    return geo.nd == 2 and geo.Cg >= 8
+
+
+def _chunks_compact(geo: _Geom, lo1: int, hi1: int, dy_line_bytes: int, unit_bytes: int, budget: int,
+                    single_sample: bool):
+    """Chunks (n0, nb, a, b): samples n0..n0+nb-1, grid lines [a, b) of the first dim, within [lo1, hi1).
+
+    Whole samples per chunk when one fits half the budget (and ``single_sample`` is False), else
+    line ranges of one sample; at least MIN_CHUNKS chunks when there is enough work. Also returns
+    the most dy-grid lines and compact lines a chunk has. Depends only on the shapes.
+    """
+    N, L1, h = geo.N, geo.L1, geo.halo
+    S1 = hi1 - lo1
+    cap = max(1, budget // 2)
+    sample = S1 * unit_bytes + L1 * dy_line_bytes
+    if not single_sample and sample + h * dy_line_bytes <= cap:
+        nb = max(1, min(N, (cap - h * dy_line_bytes) // max(sample, 1), -(-N // MIN_CHUNKS)))
+        nb = -(-N // -(-N // nb))
+        return [(n, min(n + nb, N) - n, lo1, hi1) for n in range(0, N, nb)], nb * L1 + h, nb * S1
+    per_line = unit_bytes + dy_line_bytes
+    nl = max(1, min(cap // max(per_line, 1) - h, -(-N * S1 // MIN_CHUNKS)))
+    nl = -(-S1 // -(-S1 // nl))
+    return [(n, 1, a, min(a + nl, hi1)) for n in range(N) for a in range(lo1, hi1, nl)], nl + h, nl
 
 
 def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
-    """dy-columns: per phase, cols = shifted dy slices; dx_p = W_p^T @ cols; dW_p = cols @ x_p^T."""
+    """dy-columns on the valid input positions only.
+
+    Per chunk and phase p: cols_p = the taps' shifted slices of the dy grid, gathered for the
+    positions u of x's phase p only (garbage and padding positions are skipped), then
+    dx_p = W_p^T @ cols_p (scattered into dx) and dW_p = cols_p @ x_p^T.
+    """
     p = geo.p
     cdt = compute_dtype(p)
-    g, Cg, Cog, line, h = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo
-    nph = len(geo.phases)
-    # per phase: build columns of the inner-dim taps only, taking the first-dim taps as line shifts?
-    implicit = [_implicit_outer(geo, ip, need_dx) for ip in range(nph)]
-    # column rows per line of chunk (and fixed extra positions, for the span of the line shifts)
-    col_rows = max((len(t) // geo.tapgrid[ip][0][2] if implicit[ip] else len(t)) * Cog
-                   for ip, (_, t) in enumerate(geo.phases))
-    span = max(((geo.tapgrid[ip][0][2] - 1) * geo.tapgrid[ip][0][1] * line if implicit[ip] else 0)
-               for ip in range(nph))
-    line_bytes = cdt.itemsize * line * g * (Cog + col_rows + (Cg * (1 + any(implicit)) if need_dx else 0)
-                                            + (nph * Cg if need_dw else 0))
+    it = cdt.itemsize
+    g, Cg, Cog, line, h, nd, L1 = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.nd, geo.L1
+    gs = geo.gstride
+    live = [ip for ip, (r, _) in enumerate(geo.phases) if all(v[1] > v[0] for v in geo.x_valid[r])]
+    if not live:
+        return (_new_output(p.input_shape, p, zero=True) if need_dx else None,
+                np.zeros(p.weight_shape, DTYPES[p.dtype]) if need_dw else None)
+    valid = {ip: geo.x_valid[geo.phases[ip][0]] for ip in live}
+    rest_n = {ip: math.prod(v[1] - v[0] for v in valid[ip][1:]) for ip in live}
+    lo1 = min(valid[ip][0][0] for ip in live)
+    hi1 = max(valid[ip][0][1] for ip in live)
+    per_sample_positions = max(rest_n[ip] * (valid[ip][0][1] - valid[ip][0][0]) for ip in live)
+    single = (nd == 2 and Cg >= 8 and per_sample_positions >= 2048) if IMPLICIT_OUTER is None else bool(IMPLICIT_OUTER)
+    implicit = {ip: _implicit_outer(geo, ip, single) for ip in live}
+    J = {ip: len(geo.phases[ip][1]) for ip in live}
+    n1 = {ip: geo.tapgrid[ip][0][2] for ip in live}
+    ext = {ip: ((n1[ip] - 1) * geo.tapgrid[ip][0][1] if implicit[ip] else 0) for ip in live}
+    col_rows = {ip: (J[ip] // n1[ip] if implicit[ip] else J[ip]) * Cog for ip in live}
+    unit_bytes = it * g * max(rest_n[ip] * (col_rows[ip] + (Cg * (1 + implicit[ip]) if need_dx else 0)
+                                            + (Cg if need_dw else 0)) for ip in live)
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    chunks, lines, _ = _chunks(geo, line_bytes, h + -(-span // line), _budget(io))
-    R = lines * line
-    cols_len = max((len(t) // geo.tapgrid[ip][0][2] * Cog * (R + span)) if implicit[ip] else len(t) * Cog * R
-                   for ip, (_, t) in enumerate(geo.phases))
+    chunks, dy_lines, c_lines = _chunks_compact(geo, lo1, hi1, it * g * Cog * line, unit_bytes, _budget(io), single)
+    U = max(rest_n[ip] * (c_lines + ext[ip]) for ip in live)
+    cols_len = max(col_rows[ip] * rest_n[ip] * (c_lines + ext[ip]) for ip in live)
     dy4 = _x4(dy, g, Cog)
     if need_dx:
-        dx = _new_output(p.input_shape, p, zero=not geo.full_cover)
+        dx = _new_output(p.input_shape, p, zero=not geo.full_cover or len(live) < len(geo.phases))
         dx4 = _x4(dx, g, Cg)
-        wt = _weight_layout(w, geo, cdt, "gcko", lease)                           # taps in phase order
-        wts, k0 = [], 0
-        for _, taps in geo.phases:                                         # views (g, Cg, J*Cog)
-            wts.append(wt[:, :, k0:k0 + len(taps)].reshape(g, Cg, -1))
+        wt = _weight_layout(w, geo, cdt, "gcko", lease)                   # taps in phase order
+        wts, k0 = {}, 0
+        for ip, (_, taps) in enumerate(geo.phases):                         # views (g, Cg, J*Cog)
+            wts[ip] = wt[:, :, k0:k0 + len(taps)].reshape(g, Cg, -1)
             k0 += len(taps)
     if need_dw:
         x4 = _x4(x, g, Cg)
-        slots = _Slots(_n_slots(io, cdt.itemsize * g * geo.K * Cog * Cg),
+        slots = _Slots(_n_slots(io, it * g * geo.K * Cog * Cg),
                        [(g, len(taps) * Cog, Cg) for _, taps in geo.phases], cdt, lease)
 
     def workspace():
-        return dict(dy=_GridBuf(geo, g, Cog, lines + h, cdt, lease), cols=lease.empty((g, cols_len), cdt),
-                    dx=lease.empty((g, Cg, R), cdt) if need_dx else None,
-                    dx2=lease.empty((g, Cg, R), cdt) if need_dx and any(implicit) else None,
-                    x=[_GridBuf(geo, g, Cg, lines, cdt, lease) for _ in geo.phases] if need_dw else None,
+        return dict(dy=_GridBuf(geo, g, Cog, dy_lines, cdt, lease), cols=lease.empty((g, cols_len), cdt),
+                    dx=lease.empty((g, Cg, U), cdt) if need_dx else None,
+                    dx2=lease.empty((g, Cg, U), cdt) if need_dx and any(implicit.values()) else None,
+                    x=lease.empty((g, Cg, U), cdt) if need_dw else None,
                     dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
-    def task(ws, i, e0, e1):
-        rows = (e1 - e0) * line
-        dyg = ws["dy"].fill(dy4, e0 - h, e1, geo.y_valid)
+    def tensor_block(t4, ip, n0, nb, ca, c1):
+        """The phase-ip positions of samples n0.., first-dim grid lines [ca, ca+c1) of tensor t4 (N, G, C, *S)."""
+        sl = [slice(n0, n0 + nb), slice(None), slice(None)]
+        for d, (lo, hi, start, step) in enumerate(valid[ip]):
+            first, cnt = (start + (ca - lo) * step, c1) if d == 0 else (start, hi - lo)
+            sl.append(slice(first, first + (cnt - 1) * step + 1, step))
+        return t4[tuple(sl)].transpose((1, 2, 0) + tuple(range(3, 3 + nd)))      # (G, C, nb, c1, ...)
+
+    def task(ws, i, n0, nb, a, b):
+        E0 = n0 * L1 + a - h
+        dyg = ws["dy"].fill(dy4, E0, (n0 + nb - 1) * L1 + b, geo.y_valid)
         parts = slots.target(i, ws["dw"]) if need_dw else None
-        for ip, (r, taps) in enumerate(geo.phases):
-            J = len(taps)
-            (q0, dq, n1), inner = geo.tapgrid[ip][0], geo.tapgrid[ip][1:]
-            Ji = J // n1
+        for ip in live:
+            r, taps = geo.phases[ip]
+            v = valid[ip]
+            ca, cb = max(a, v[0][0]), min(b, v[0][1])
+            c1 = cb - ca
+            if c1 <= 0:
+                if need_dw:
+                    parts[ip].fill(0)
+                continue
+            rest_shape = tuple(hi - lo for lo, hi, _, _ in v[1:])
+            rows = nb * c1 * rest_n[ip]
+            spec = geo.tapgrid[ip]
+            inner_off = sum(lo * gstr for (lo, _, _, _), gstr in zip(v[1:], gs[1:]))
+            pos_shape = (nb, c1 + ext[ip]) + rest_shape
+            pos_strides = (L1 * line, line) + gs[1:]
+            base = (n0 * L1 + ca - E0) * line + inner_off
             if implicit[ip]:
-                # columns of the inner-dim taps only, over rows + span positions; the first-dim
-                # taps are line shifts of them: views, not copies
-                span = (n1 - 1) * dq * line
-                q1max = q0 + (n1 - 1) * dq
-                ci = ws["cols"][:, :Ji * Cog * (rows + span)].reshape(g, Ji * Cog, rows + span)
-                view = _tap_view(geo, ip, dyg, (h - q1max) * line, -1, rows + span, ((0, 0, 1),) + inner)
-                ci.reshape(view.shape)[...] = view
-                blocks = [ci[:, :, (n1 - 1 - a) * dq * line:(n1 - 1 - a) * dq * line + rows] for a in range(n1)]
+                q0, dq, cnt = spec[0]
+                base -= (q0 + (cnt - 1) * dq) * line                         # virtual line 0
+                tspec = spec[1:]
+                tgs = gs[1:]
             else:
-                cols = ws["cols"][:, :J * Cog * rows].reshape(g, J * Cog, rows)
-                view = _tap_view(geo, ip, dyg, h * line, -1, rows)
-                cols.reshape(view.shape)[...] = view
+                tspec, tgs = spec, gs
+            start = base - sum(q * gstr for (q, _, _), gstr in zip(tspec, tgs))
+            tap_shape = tuple(c for _, _, c in tspec)
+            tap_strides = tuple(-dqq * gstr for (_, dqq, _), gstr in zip(tspec, tgs))
+            view = np.lib.stride_tricks.as_strided(                         # start >= 0: h covers every tap
+                dyg[:, :, start:], shape=(g,) + tap_shape + (Cog,) + pos_shape,
+                strides=(dyg.strides[0],) + tuple(st * it for st in tap_strides) + (dyg.strides[1],)
+                + tuple(st * it for st in pos_strides), writeable=False)
+            full = nb * (c1 + ext[ip]) * rest_n[ip]
+            cols = ws["cols"][:, :col_rows[ip] * full].reshape(g, col_rows[ip], full)
+            cols.reshape(view.shape)[...] = view
+            if implicit[ip]:
+                q0, dq, cnt = spec[0]
+                blocks = [cols[:, :, (cnt - 1 - k) * dq * rest_n[ip]:(cnt - 1 - k) * dq * rest_n[ip] + rows]
+                          for k in range(cnt)]
+            else:
                 blocks = [cols]
-            nbk = len(blocks)
-            kb = J * Cog // nbk                                         # rows of cols per block
+            kb = col_rows[ip]
             if need_dx:
-                dxg = ws["dx"][:, :, :rows]
-                for a, blk in enumerate(blocks):
-                    wa = wts[ip][:, :, a * kb:(a + 1) * kb]
-                    if a == 0:
-                        np.matmul(wa, blk, out=dxg)
+                dxc = ws["dx"][:, :, :rows]
+                for k, blk in enumerate(blocks):
+                    wk = wts[ip][:, :, k * kb:(k + 1) * kb]
+                    if k == 0:
+                        np.matmul(wk, blk, out=dxc)
                     else:
                         tmp = ws["dx2"][:, :, :rows]
-                        np.matmul(wa, blk, out=tmp)
-                        dxg += tmp
-                _scatter(geo, dxg, dx4, e0, e1, geo.x_valid[r])
+                        np.matmul(wk, blk, out=tmp)
+                        dxc += tmp
+                tensor_block(dx4, ip, n0, nb, ca, c1)[...] = dxc.reshape((g, Cg, nb, c1) + rest_shape)
             if need_dw:
-                xg = ws["x"][ip].fill(x4, e0, e1, geo.x_valid[r]).transpose(0, 2, 1)
-                for a, blk in enumerate(blocks):                       # (g, J*Cog, Cg), block rows
-                    np.matmul(blk, xg, out=parts[ip][:, a * kb:(a + 1) * kb])
+                xc = ws["x"][:, :, :rows]
+                xc.reshape((g, Cg, nb, c1) + rest_shape)[...] = tensor_block(x4, ip, n0, nb, ca, c1)
+                xt = xc.transpose(0, 2, 1)
+                for k, blk in enumerate(blocks):
+                    np.matmul(blk, xt, out=parts[ip][:, k * kb:(k + 1) * kb])
         if need_dw:
             slots.commit(i, parts)
 
     _run_guarded(chunks, task, workspace, workers, slots if need_dw else None)
     dw = None
     if need_dw:
-        dw = _finish_dw(geo, p, [([kf for kf, _ in taps], acc.reshape(g, len(taps), Cog, Cg).transpose(0, 2, 3, 1))
-                                 for (r, taps), acc in zip(geo.phases, slots.total())])
+        accs = slots.total()
+        dw = _finish_dw(geo, p, [([kf for kf, _ in taps],
+                                  accs[ip].reshape(g, len(taps), Cog, Cg).transpose(0, 2, 3, 1) if ip in valid
+                                  else np.zeros((g, Cog, Cg, len(taps)), cdt))   # taps that read no input
+                                 for ip, (r, taps) in enumerate(geo.phases)])
     return (dx if need_dx else None), dw
 
 
