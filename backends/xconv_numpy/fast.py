@@ -378,13 +378,23 @@ def single_threaded_blas() -> _Blas:
     return _BLAS
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
+_POOLS_PID = os.getpid()
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
+    global _POOLS_PID
     with _POOLS_LOCK:
+        if _POOLS_PID != os.getpid():      # a forked child has the pools but not their threads
+            _POOLS.clear()
+            _POOLS_PID = os.getpid()
         if workers not in _POOLS:
             _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xconv-numpy")
         return _POOLS[workers]
+
+
+def _cap_workers(workers: int, budget: int, chunk_bytes: int) -> int:
+    """Workers whose chunks in flight fit the working-set budget together (at least one)."""
+    return max(1, min(workers, budget // max(chunk_bytes, 1)))
 
 
 def _run(chunks, task, make_workspace, workers: int) -> None:
@@ -735,7 +745,9 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     unit_bytes = it * g * max(rest_n[ip] * (col_rows[ip] + (Cg * (1 + implicit[ip]) if need_dx else 0)
                                             + (Cg if need_dw else 0)) for ip in live)
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    chunks, dy_lines, c_lines = _chunks_compact(geo, lo1, hi1, it * g * Cog * line, unit_bytes, _budget(io), single)
+    budget = _budget(io)
+    chunks, dy_lines, c_lines = _chunks_compact(geo, lo1, hi1, it * g * Cog * line, unit_bytes, budget, single)
+    workers = _cap_workers(workers, budget, dy_lines * it * g * Cog * line + c_lines * unit_bytes)
     U = max(rest_n[ip] * (c_lines + ext[ip]) for ip in live)
     cols_len = max(col_rows[ip] * rest_n[ip] * (c_lines + ext[ip]) for ip in live)
     dy4 = _x4(dy, g, Cog)
@@ -876,10 +888,12 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, work
     sample_bytes = it * g * P * (Cog * copy_dy + Cg * copy_x + Cg * (need_dx and out_dt != cdt)) \
         + (it * g * Cog * Cg if need_dw else 0)
     io = _io_bytes(geo, out_dt.itemsize, need_dx, need_dw)
-    cap = max(1, _budget(io) // 2)
+    budget = _budget(io)
+    cap = max(1, budget // 2)
     nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))
     nb = -(-N // -(-N // nb))
     chunks = [(n, min(n + nb, N)) for n in range(0, N, nb)]
+    workers = _cap_workers(workers, budget, nb * sample_bytes)
     if need_dx:
         dx = np.empty(p.input_shape, out_dt)
         wt = lease.empty((g, Cg, Cog), cdt)
@@ -937,7 +951,9 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     nph = len(geo.phases)
     line_bytes = cdt.itemsize * line * g * (Cog + K * Cg * (need_dx + need_dw) + nph * Cg * (need_dx + need_dw))
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, _budget(io))
+    budget = _budget(io)
+    chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, budget)
+    workers = _cap_workers(workers, budget, (lines + 2 * h) * line_bytes)
     hf = 0 if aligned else h           # dy lines before the chunk whose col2im reaches into it
     order = _tap_order(geo)
     dy4 = _x4(dy, g, Cog)
@@ -999,6 +1015,7 @@ def fprop(x, w, bias, p: ConvParams):
     R = lines * line
     order = _tap_order(geo)
     lease = _Lease()
+    chunk_bytes = (lines + h) * line_bytes
     wm = _weight_layout(w, geo, cdt, "gokc", lease).reshape(g, Cog, K * Cg)
     b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)
     x4 = _x4(x, g, Cg)
@@ -1021,5 +1038,5 @@ def fprop(x, w, bias, p: ConvParams):
         _scatter(geo, yg, y4, e0, e1, geo.y_valid)
 
     with _BLAS as workers, lease:
-        _run(chunks, task, workspace, workers)
+        _run(chunks, task, workspace, _cap_workers(workers, budget, chunk_bytes))
     return y
