@@ -6,6 +6,7 @@ few array functions the core's legalization uses (``zeros``, ``ascontiguousarray
 """
 
 from .backend import AscendBackend
-from .driver import DeviceArray, Driver, asarray, ascontiguousarray, empty, moveaxis, zeros
+from .device_array import DeviceArray, asarray, ascontiguousarray, empty, moveaxis, zeros
+from .driver import Driver
 
 __all__ = ["AscendBackend", "DeviceArray", "Driver", "asarray", "ascontiguousarray", "empty", "moveaxis", "zeros"]

@@ -5,7 +5,7 @@ Every primitive is one call of the two-phase aclnn API:
 1. the SoC capability table (:mod:`.compiler`) is checked: UnsupportedError before any device work;
 2. operands become aclTensors: host NumPy arrays are copied to device memory (aclrtMalloc +
    aclrtMemcpy) with their real element strides, so non-contiguous inputs need no host copy;
-   :class:`~xconv_ascend.driver.DeviceArray` operands are used in place (dims, strides, offset);
+   :class:`~xconv_ascend.device_array.DeviceArray` operands are used in place (dims, strides, offset);
 3. ``...GetWorkspaceSize`` (phase 1), workspace allocation, phase 2 on the thread's stream, then
    ``aclrtSynchronizeStream``;
 4. results are copied back to new NumPy arrays, or returned as new DeviceArrays.
@@ -32,7 +32,8 @@ from xconv.params import ConvParams
 
 from . import compiler, driver as _driver
 from .compiler import OP_BACKWARD, OP_CONVOLUTION
-from .driver import DeviceArray, Driver
+from .device_array import DeviceArray, _Buffer, numpy_dtype
+from .driver import Driver
 
 
 def _i64(values):
@@ -135,7 +136,7 @@ class _Call:
         n = math.prod(shape)
         nbytes = n * np_dtype.itemsize
         if self.device_results:
-            buf = _driver._Buffer(self.drv, nbytes)
+            buf = _Buffer(self.drv, nbytes)
 
             def _exit(exc_type, exc, tb):  # the caller owns the buffer once the call succeeded
                 if exc is not None:
@@ -208,7 +209,7 @@ class AscendBackend(Backend):
     """Huawei Ascend NPUs through CANN's aclnnConvolution and aclnnConvolutionBackward (ctypes).
 
     Takes NumPy arrays (copied to the device and back per call) and
-    :class:`~xconv_ascend.driver.DeviceArray` (kept on the device). ``driver`` replaces the
+    :class:`~xconv_ascend.device_array.DeviceArray` (kept on the device). ``driver`` replaces the
     process's default :class:`~xconv_ascend.driver.Driver` (tests).
     """
 
@@ -277,7 +278,7 @@ class AscendBackend(Backend):
     # primitives -------------------------------------------------------------------------------------------
     def fprop(self, x, w, bias, p: ConvParams):
         drv, a = self._begin(p, OP_CONVOLUTION)
-        np_dtype = np.dtype(_driver.numpy_dtype(p.dtype))
+        np_dtype = np.dtype(numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
             call = _Call(drv, stack, self._on_device(x, w, bias))
             t_x = call.operand(x, a.dtype, a.format)
@@ -324,7 +325,7 @@ class AscendBackend(Backend):
         """aclnnConvolutionBackward with ``mask``. ``x``/``w`` None: scratch tensors of the right shape stand in
         (the masked computations do not read them). Masked gradients get scratch outputs and come back None."""
         drv, a = self._begin(p, OP_BACKWARD)
-        np_dtype = np.dtype(_driver.numpy_dtype(p.dtype))
+        np_dtype = np.dtype(numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
             call = _Call(drv, stack, self._on_device(dy, x, w))
             t_dy = call.operand(dy, a.dtype, a.format)

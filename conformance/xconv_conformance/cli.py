@@ -22,7 +22,7 @@ import importlib
 import json
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import xconv
 
