@@ -175,9 +175,9 @@ def test_fast_matches_exact(conv, seed):
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), budget=st.sampled_from([1, 200, 3000, 40000, None]),
-       strategy=st.sampled_from([None, "a", "b", "a-implicit"]))
+       strategy=st.sampled_from([None, "a", "b", "a-implicit", "a-compact"]))
 def test_chunked_matches_exact(conv, seed, budget, strategy):
-    """Both backward strategies (and strategy "a" with implicit first-dim taps), and tiny working-set budgets that force line-range chunks inside a
+    """Both backward strategies (and strategy "a" with implicit first-dim taps, or compact lines), and tiny working-set budgets that force line-range chunks inside a
     sample (halos between chunks) and many chunks per call (ordered accumulation across chunks)."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
@@ -187,6 +187,7 @@ def test_chunked_matches_exact(conv, seed, budget, strategy):
             mp.setattr(fast, "MIN_CHUNK_BYTES", 1)
         mp.setattr(fast, "STRATEGY", strategy and strategy[0])
         mp.setattr(fast, "IMPLICIT_OUTER", True if strategy == "a-implicit" else None)
+        mp.setattr(fast, "COMPACT_INNER", True if strategy == "a-compact" else False if strategy == "a" else None)
         compare(c, x, w, dy, mask, layout)
 
 

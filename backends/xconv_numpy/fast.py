@@ -61,6 +61,9 @@ STRATEGY = __import__("os").environ.get("XCONV_NUMPY_STRATEGY") or None
 IMPLICIT_OUTER = None
 #: The bias gradient sums dy in blocks of whole samples of about this many bytes, in parallel.
 BGRAD_BLOCK_BYTES = 2 << 20
+#: Strategy "a" gathers only valid positions within each grid line (True) or whole lines (False:
+#: faster copies; the padding columns cost GEMM work instead); None: by channel count.
+COMPACT_INNER = None
 #: Scratch memory kept between calls for reuse (see ``release_memory``).
 ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
@@ -732,7 +735,12 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
         return (_new_output(p.input_shape, p, zero=True) if need_dx else None,
                 np.zeros(p.weight_shape, DTYPES[p.dtype]) if need_dw else None)
     valid = {ip: geo.x_valid[geo.phases[ip][0]] for ip in live}
-    rest_n = {ip: math.prod(v[1] - v[0] for v in valid[ip][1:]) for ip in live}
+    # positions per line: the valid ones only (compact), or whole grid lines (flat: long contiguous
+    # copies, GEMM work on the few padding columns, whose x is zero and whose dx is dropped)
+    # (measured: compact is faster for C_in/g >= 64, where the GEMMs dominate; flat for the thin
+    # channel counts, where copies do)
+    flat = nd > 1 and not (COMPACT_INNER if COMPACT_INNER is not None else Cg >= 64)
+    rest_n = {ip: line if flat else math.prod(v[1] - v[0] for v in valid[ip][1:]) for ip in live}
     lo1 = min(valid[ip][0][0] for ip in live)
     hi1 = max(valid[ip][0][1] for ip in live)
     per_sample_positions = max(rest_n[ip] * (valid[ip][0][1] - valid[ip][0][0]) for ip in live)
@@ -768,7 +776,8 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
         return dict(dy=_GridBuf(geo, g, Cog, dy_lines, cdt, lease), cols=lease.empty((g, cols_len), cdt),
                     dx=lease.empty((g, Cg, U), cdt) if need_dx else None,
                     dx2=lease.empty((g, Cg, U), cdt) if need_dx and any(implicit.values()) else None,
-                    x=lease.empty((g, Cg, U), cdt) if need_dw else None,
+                    x={ip: lease.empty((g, Cg, U), cdt) for ip in live} if need_dw else None,
+                    fresh=set(live),                        # flat x blocks still to zero (padding columns)
                     dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
 
     def tensor_block(t4, ip, n0, nb, ca, c1):
@@ -792,12 +801,19 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
                 if need_dw:
                     parts[ip].fill(0)
                 continue
-            rest_shape = tuple(hi - lo for lo, hi, _, _ in v[1:])
             rows = nb * c1 * rest_n[ip]
             spec = geo.tapgrid[ip]
-            inner_off = sum(lo * gstr for (lo, _, _, _), gstr in zip(v[1:], gs[1:]))
-            pos_shape = (nb, c1 + ext[ip]) + rest_shape
-            pos_strides = (L1 * line, line) + gs[1:]
+            if flat:
+                rest_shape, inner_off = (line,), 0
+                pos_shape, pos_strides = (nb, c1 + ext[ip], line), (L1 * line, line, 1)
+                inner = (slice(None),) * 4 + tuple(slice(lo, hi) for lo, hi, _, _ in v[1:])
+                grid_shape = geo.L[1:]
+            else:
+                rest_shape = tuple(hi - lo for lo, hi, _, _ in v[1:])
+                inner_off = sum(lo * gstr for (lo, _, _, _), gstr in zip(v[1:], gs[1:]))
+                pos_shape = (nb, c1 + ext[ip]) + rest_shape
+                pos_strides = (L1 * line, line) + gs[1:]
+                inner, grid_shape = (Ellipsis,), rest_shape
             base = (n0 * L1 + ca - E0) * line + inner_off
             if implicit[ip]:
                 q0, dq, cnt = spec[0]
@@ -833,10 +849,13 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
                         tmp = ws["dx2"][:, :, :rows]
                         np.matmul(wk, blk, out=tmp)
                         dxc += tmp
-                tensor_block(dx4, ip, n0, nb, ca, c1)[...] = dxc.reshape((g, Cg, nb, c1) + rest_shape)
+                tensor_block(dx4, ip, n0, nb, ca, c1)[...] = dxc.reshape((g, Cg, nb, c1) + grid_shape)[inner]
             if need_dw:
-                xc = ws["x"][:, :, :rows]
-                xc.reshape((g, Cg, nb, c1) + rest_shape)[...] = tensor_block(x4, ip, n0, nb, ca, c1)
+                if flat and ip in ws["fresh"]:
+                    ws["x"][ip].fill(0)
+                    ws["fresh"].discard(ip)
+                xc = ws["x"][ip][:, :, :rows]
+                xc.reshape((g, Cg, nb, c1) + grid_shape)[inner] = tensor_block(x4, ip, n0, nb, ca, c1)
                 xt = xc.transpose(0, 2, 1)
                 for k, blk in enumerate(blocks):
                     np.matmul(blk, xt, out=parts[ip][:, k * kb:(k + 1) * kb])
