@@ -1,32 +1,30 @@
 """The fast NumPy convolution: large BLAS matrix products on chunked, channel-major "grid" buffers.
 
 :mod:`.reference` defines the math; this module computes the same sums, accumulating in float32
-(float64 for float64 inputs), laid out for BLAS. See ``docs/numpy-backend.md`` for the design.
+(float64 for float64 inputs), laid out for BLAS. ``docs/numpy-backend.md`` describes the design;
+in short:
 
-Layout. Per dim, the zero-padded input of length ``Sp = S + pre + post`` is split into ``stride``
-phases: phase ``r`` holds ``x_pad[m*s + r]`` for ``m`` in ``[0, L)``, ``L = ceil(Sp / s)``. Tap ``j``
-of the kernel reads ``x_pad[i*s + j*d] = phase_{r_j}[i + q_j]`` with ``(q_j, r_j) = divmod(j*d, s)``,
-so every tap is a stride-1 shift of one phase. Each phase, the output gradient and the output are
-stored on the same grid ``(N, L_1, ..., L_nd)`` flattened, channel-major: an array
-``(groups, C/groups, positions)``. On that flat grid a tap is a constant offset
-``off_j = sum_d q_j[d] * prod(L[d+1:])`` (positions past the end of a row read the next row; such
-positions are "garbage": outside the real output, zero in the output-gradient grid and never
-copied out). So a tap's shifted operand is a contiguous slice, and the convolution becomes
+- Polyphase grid. Per dim, the zero-padded input (length ``Sp = S + pre + post``) is split into
+  ``stride`` phases, phase ``r`` holding ``x_pad[m*s + r]``, ``m < L = ceil(Sp / s)``. Tap ``j``
+  reads ``x_pad[i*s + j*d] = phase_{r_j}[i + q_j]``, ``(q_j, r_j) = divmod(j*d, s)``: every tap is
+  a stride-1 shift of one phase. Phases, dy and y live on one grid ``(N, L_1, ..., L_nd)``,
+  flattened and channel-major, ``(groups, C/groups, positions)``, where a tap is a constant
+  offset, so the shifted operand of all of a phase's taps is one strided view. Grid positions
+  outside the real tensors hold zeros ("garbage" rows read the next row; never copied out).
+- Strategy A ("dy-columns", the usual one): per phase, the taps' shifted dy slices gathered for
+  the phase's valid input positions (im2col of dy, one strided copy), then
+  ``dx_p = W_p^T @ cols_p`` and ``dW_p = cols_p @ x_p^T``. For 2-D kernels with enough channels
+  the first-dim taps are line-shifted views of inner-tap columns.
+- Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
+  ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
+- Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
+- Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
+  working-set budget proportional to the call's bytes, run on a few Python threads with BLAS
+  single-threaded; weight-gradient partials summed in a fixed order; scratch from an arena.
 
-- strategy "dy-columns" (A): for each phase, stack the shifted slices of the dy grid for the taps
-  of that phase (im2col of dy, ``(J*C_out/g, R)``), then one GEMM gives the phase's input gradient
-  and one GEMM its taps' weight gradient: ``dx_p = W_p^T @ cols_p``, ``dW_p += cols_p @ x_p^T``;
-- strategy "x-columns" (B): stack the shifted slices of the x phases (im2col of x,
-  ``(K*C_in/g, R)``): ``dW += dy @ cols^T``, ``y = W @ cols`` (fprop) and, for the input gradient,
-  ``Z = W^T @ dy`` followed by K shifted adds into the phase grids (col2im).
-
-A picks the smaller stack when C_out/g <= C_in/g (the usual case); B when C_in/g is small (a stem
-convolution with 3 input channels). Work is done in chunks of grid lines (whole samples when one
-fits the working-set budget, else line ranges of one sample with halos carried between chunks),
-so the extra memory stays within a budget proportional to the bytes of the call's operands.
-
-Everything here is a fixed sequence of NumPy operations on shapes that depend only on the
-convolution's parameters, so results are bitwise reproducible run to run.
+Everything is a fixed sequence of NumPy operations on shapes that depend only on the
+convolution's parameters, so results are bitwise reproducible run to run, process to process
+and (with BLAS thread control available) across BLAS thread counts.
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ BUDGET_FRACTION = 1.0
 #: gets budget / 2 bytes, whatever the number of threads actually used.
 MAX_WORKERS = 4
 #: Force the backward strategy: "a" (dy-columns), "b" (x-columns) or None (chosen by cost).
-STRATEGY = __import__("os").environ.get("XCONV_NUMPY_STRATEGY") or None
+STRATEGY = None
 #: Force (True/False) or leave to a cost rule (None) the implicit first-dim taps of strategy "a".
 IMPLICIT_OUTER = None
 #: The bias gradient sums dy in blocks of whole samples of about this many bytes, in parallel.
@@ -304,72 +302,78 @@ def _scatter(geo: _Geom, grid, tensor, e0: int, e1: int, valid):
 
 
 class _Blas:
-    """Control of the BLAS library's thread count (threadpoolctl, else OpenBLAS by ctypes), reference counted.
+    """Control of the BLAS libraries' thread counts (threadpoolctl, else OpenBLAS by ctypes), reference counted.
 
     While any fast-path call runs, BLAS is set to one thread and the call runs its chunks on up to
     ``MAX_WORKERS`` Python threads (NumPy releases the GIL in matmul and copies). The chunking
     does not depend on the number of workers, so results do not depend on the thread count.
+    Each library's own count is restored when the last concurrent call ends.
     """
 
     def __init__(self):
         self.lock = threading.Lock()
         self.depth = 0
-        self.saved = 1
-        self.get = self.set = None
-        self.found = False
+        self.libs = None          # [(get, set)] per BLAS library found
+        self.saved = []
+        self.workers = 1
 
     def _find(self):
-        self.found = True
+        libs = []
         try:
             from threadpoolctl import ThreadpoolController
-            ctl = ThreadpoolController().select(user_api="blas")
-            if ctl.lib_controllers:
-                libs = ctl.lib_controllers
-                self.get = lambda: min(lc.num_threads for lc in libs)
-                self.set = lambda n: [lc.set_num_threads(n) for lc in libs]
-                return
+            for lc in ThreadpoolController().select(user_api="blas").lib_controllers:
+                libs.append(((lambda lc=lc: lc.num_threads), (lambda n, lc=lc: lc.set_num_threads(n)),
+                             "numpy" in str(getattr(lc, "filepath", ""))))
         except Exception:  # threadpoolctl missing or unable to inspect: try OpenBLAS directly
-            pass
-        try:
-            paths = {line.split()[-1] for line in open("/proc/self/maps") if "openblas" in line.lower()}
-        except OSError:
-            paths = set()
-        for path in sorted(paths):
+            libs = []
+        if not libs:
             try:
-                lib = ctypes.CDLL(path)
+                with open("/proc/self/maps") as maps:
+                    paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
             except OSError:
-                continue
-            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
-                                   ("openblas", "")):
-                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                if get is not None and set_ is not None:
-                    get.restype = ctypes.c_int
-                    set_.argtypes = [ctypes.c_int]
-                    self.get, self.set = get, (lambda n, f=set_: f(int(n)))
-                    return
+                paths = set()
+            for path in sorted(paths):
+                try:
+                    lib = ctypes.CDLL(path)
+                except OSError:
+                    continue
+                for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                                       ("openblas", "")):
+                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                    set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                    if get is not None and set_ is not None:
+                        get.restype = ctypes.c_int
+                        set_.argtypes = [ctypes.c_int]
+                        libs.append((get, (lambda n, f=set_: f(int(n))), "numpy" in path))
+                        break
+        self.libs = libs
 
     def __enter__(self) -> int:
-        """Set BLAS to one thread; return the number of workers to use (the BLAS thread count found)."""
+        """Set BLAS to one thread; return the number of workers to use (NumPy's BLAS thread count)."""
         with self.lock:
-            if not self.found:
+            if self.libs is None:
                 self._find()
-            if self.get is None:
+            if not self.libs:
                 return 1
             if self.depth == 0:
-                self.saved = max(1, int(self.get()))
-                if self.saved != 1:
-                    self.set(1)
+                self.saved = [max(1, int(get())) for get, _, _ in self.libs]
+                for (_, set_, _), n in zip(self.libs, self.saved):
+                    if n != 1:
+                        set_(1)
+                mine = [n for (_, _, is_numpy), n in zip(self.libs, self.saved) if is_numpy]
+                self.workers = min(max(mine or self.saved), MAX_WORKERS, _CPUS)
             self.depth += 1
-            return min(self.saved, MAX_WORKERS, _CPUS)
+            return self.workers
 
     def __exit__(self, *exc):
         with self.lock:
-            if self.get is None:
+            if not self.libs:
                 return
             self.depth -= 1
-            if self.depth == 0 and self.saved != 1:
-                self.set(self.saved)
+            if self.depth == 0:
+                for (_, set_, _), n in zip(self.libs, self.saved):
+                    if n != 1:
+                        set_(n)
 
 
 _BLAS = _Blas()
