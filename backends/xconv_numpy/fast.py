@@ -513,6 +513,21 @@ def _budget(nbytes: int) -> int:
     return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, BUDGET_FRACTION * nbytes)))
 
 
+def _split(total: int, most: int):
+    """[start, stop) ranges covering range(total), each at most ``most`` long, sizes differing by at
+    most one, and an even number of them where possible (two workers finish together)."""
+    n = max(1, -(-total // max(most, 1)))
+    if n % 2 and n < total:
+        n += 1
+    q, r = divmod(total, n)
+    out, a = [], 0
+    for i in range(n):
+        b = a + q + (i < r)
+        out.append((a, b))
+        a = b
+    return out
+
+
 def _chunks(geo: _Geom, line_bytes: int, halo_lines: int, budget: int):
     """(chunks, max lines, aligned): line ranges [e0, e1) covering the batch.
 
@@ -526,11 +541,12 @@ def _chunks(geo: _Geom, line_bytes: int, halo_lines: int, budget: int):
     cap = max(1, budget // 2)
     if (L1 + halo_lines) * line_bytes <= cap:
         nb = max(1, min(N, (cap - halo_lines * line_bytes) // (L1 * line_bytes), -(-N // MIN_CHUNKS)))
-        nb = -(-N // -(-N // nb))  # equal-sized sample ranges
-        return [(n * L1, min(n + nb, N) * L1) for n in range(0, N, nb)], nb * L1, True
+        parts = _split(N, nb)
+        return [(a * L1, b * L1) for a, b in parts], max(b - a for a, b in parts) * L1, True
     nl = max(1, min(cap // line_bytes - halo_lines, -(-N * L1 // MIN_CHUNKS)))
-    nl = -(-L1 // -(-L1 // nl))  # equal-sized line ranges
-    return [(n * L1 + a, n * L1 + min(a + nl, L1)) for n in range(N) for a in range(0, L1, nl)], nl, False
+    parts = _split(L1, nl)
+    return ([(n * L1 + a, n * L1 + b) for n in range(N) for a, b in parts], max(b - a for a, b in parts),
+            False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,12 +730,14 @@ def _chunks_compact(geo: _Geom, lo1: int, hi1: int, dy_line_bytes: int, unit_byt
     sample = S1 * unit_bytes + L1 * dy_line_bytes
     if not single_sample and sample + h * dy_line_bytes <= cap:
         nb = max(1, min(N, (cap - h * dy_line_bytes) // max(sample, 1), -(-N // MIN_CHUNKS)))
-        nb = -(-N // -(-N // nb))
-        return [(n, min(n + nb, N) - n, lo1, hi1) for n in range(0, N, nb)], nb * L1 + h, nb * S1
+        parts = _split(N, nb)
+        nb = max(b - a for a, b in parts)
+        return [(a, b - a, lo1, hi1) for a, b in parts], nb * L1 + h, nb * S1
     per_line = unit_bytes + dy_line_bytes
     nl = max(1, min(cap // max(per_line, 1) - h, -(-N * S1 // MIN_CHUNKS)))
-    nl = -(-S1 // -(-S1 // nl))
-    return [(n, 1, a, min(a + nl, hi1)) for n in range(N) for a in range(lo1, hi1, nl)], nl + h, nl
+    parts = _split(S1, nl)
+    nl = max(b - a for a, b in parts)
+    return [(n, 1, lo1 + a, lo1 + b) for n in range(N) for a, b in parts], nl + h, nl
 
 
 def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
@@ -914,8 +932,8 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, work
     budget = _budget(io)
     cap = max(1, budget // 2)
     nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))
-    nb = -(-N // -(-N // nb))
-    chunks = [(n, min(n + nb, N)) for n in range(0, N, nb)]
+    chunks = _split(N, nb)
+    nb = max(b - a for a, b in chunks)
     workers = _cap_workers(workers, budget, nb * sample_bytes)
     if need_dx:
         dx = np.empty(p.input_shape, out_dt)
