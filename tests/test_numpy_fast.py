@@ -232,6 +232,10 @@ ODD = {
                                dilation=[1, 1]),
     "narrow_in_wide_out": dict(input=[2, 1, 6, 6], weight=[40, 1, 3, 3], stride=[2, 1], padding=[2, 1],
                                dilation=[1, 2]),
+    "pointwise_grouped": dict(input=[3, 6, 5, 7], weight=[4, 3, 1, 1], stride=[1, 1], padding=[0, 0],
+                              dilation=[2, 1], groups=2),
+    "pointwise_3d": dict(input=[2, 4, 3, 2, 5], weight=[3, 4, 1, 1, 1], stride=[1, 1, 1], padding=[0, 0, 0],
+                         dilation=[1, 1, 1]),
 }
 
 
@@ -241,8 +245,9 @@ def test_odd_shapes(name, dtype):
     c = dict(dict(groups=1), transposed=False, output_padding=[0] * (len(ODD[name]["input"]) - 2), dtype=dtype)
     c.update(ODD[name])
     x, w, dy = random_arrays(np.random.default_rng(1), c)
-    for mask in ((True, True, True), (True, False, False), (False, True, False), (False, False, True)):
-        compare(c, x, w, dy, mask, "negative")
+    for mask, layout in (((True, True, True), "negative"), ((True, False, False), "contiguous"),
+                         ((False, True, False), "sliced"), ((False, False, True), "transposed")):
+        compare(c, x, w, dy, mask, layout)
 
 
 def test_empty_batch_and_channels():
