@@ -14,6 +14,7 @@ import numpy as np
 
 from xconv.dtypes import DTYPES, dtype_name
 
+from .compiler import contiguous_strides
 from .driver import Driver, default_driver
 
 
@@ -69,7 +70,7 @@ class DeviceArray:
         self._buffer = buffer
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
-        self.strides = tuple(int(s) for s in strides) if strides is not None else _contiguous(self.shape)
+        self.strides = tuple(int(s) for s in strides) if strides is not None else contiguous_strides(self.shape)
         self.offset = int(offset)
 
     # construction ------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class DeviceArray:
 
     @property
     def is_contiguous(self) -> bool:
-        return all(n == 1 or s == c for n, s, c in zip(self.shape, self.strides, _contiguous(self.shape)))
+        return all(n == 1 or s == c for n, s, c in zip(self.shape, self.strides, contiguous_strides(self.shape)))
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -246,20 +247,12 @@ class DeviceArray:
             shape[shape.index(-1)] = self.size // max(known, 1)
         if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} into {tuple(shape)}")
-        return self._view(shape, _contiguous(shape), self.offset)
+        return self._view(shape, contiguous_strides(shape), self.offset)
 
     def transpose(self, *axes) -> "DeviceArray":
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
         axes = tuple(axes) or tuple(reversed(range(self.ndim)))
         return self._view([self.shape[a] for a in axes], [self.strides[a] for a in axes], self.offset)
-
-
-def _contiguous(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(tuple(shape)):
-        strides.append(step)
-        step *= max(int(n), 1)
-    return tuple(reversed(strides))
 
 
 # Module-level functions for xconv.arrays (array_module of the "xconv_ascend" family)
