@@ -9,6 +9,7 @@ from xconv import Backend, Capabilities
 from xconv.dtypes import accumulation_dtype
 
 from . import fast, reference
+from .blas import single_threaded_blas
 
 
 class NumpyBackend(Backend):
@@ -42,19 +43,19 @@ class NumpyBackend(Backend):
 
     def fprop(self, x, w, bias, p):
         if self.exact:
-            with fast.single_threaded_blas():
+            with single_threaded_blas():
                 return reference.fprop(x, w, bias, p, self._acc(p))
         return fast.fprop(x, w, bias, p)
 
     def dgrad(self, dy, w, p):
         if self.exact:
-            with fast.single_threaded_blas():
+            with single_threaded_blas():
                 return reference.dgrad(dy, w, p, self._acc(p))
         return fast.dgrad(dy, w, p)
 
     def wgrad(self, x, dy, p):
         if self.exact:
-            with fast.single_threaded_blas():
+            with single_threaded_blas():
                 return reference.wgrad(x, dy, p, self._acc(p))
         return fast.wgrad(x, dy, p)
 

@@ -1,37 +1,103 @@
-"""Pinning BLAS to one thread, so that results do not depend on the BLAS thread count.
+"""BLAS thread control: one BLAS thread during xconv's NumPy calls, so results do not depend on the thread count.
 
-OpenBLAS (and MKL) partition some matrix products differently with different thread counts,
-which changes the summation order and so the rounding. The reference computes with one BLAS
-thread; the pin is reference-counted, so concurrent Python threads share it safely.
+A threaded BLAS (OpenBLAS, MKL) partitions some matrix products differently with different
+thread counts, which changes their summation order and so their rounding. The NumPy backend's
+calls set every loaded BLAS library to one thread (threadpoolctl, else OpenBLAS's own setter
+found by ctypes) and run their independent chunks on Python threads instead; the pin is
+reference counted, so concurrent calls share it, and the original counts come back when the
+last one ends.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
+import os
 import threading
 
-_lock = threading.Lock()
-_depth = 0
-_limiter = None
-_controller = None
+#: Most chunks running at once (Python threads, each calling single-threaded BLAS); each chunk
+#: gets budget / 2 bytes, whatever the number of threads actually used.
+MAX_WORKERS = 4
+_CPUS = os.cpu_count() or 1
 
 
-@contextlib.contextmanager
-def single_threaded_blas():
-    """Run the body with every loaded BLAS library limited to one thread; restore on exit."""
-    global _depth, _limiter, _controller
-    with _lock:
-        if _depth == 0:
-            if _controller is None:
-                from threadpoolctl import ThreadpoolController
-                _controller = ThreadpoolController()
-            _limiter = _controller.limit(limits=1, user_api="blas")
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _limiter.restore_original_limits()
-                _limiter = None
+class _Blas:
+    """Control of the BLAS libraries' thread counts (threadpoolctl, else OpenBLAS by ctypes), reference counted.
+
+    While any fast-path call runs, BLAS is set to one thread and the call runs its chunks on up to
+    ``MAX_WORKERS`` Python threads (NumPy releases the GIL in matmul and copies). The chunking
+    does not depend on the number of workers, so results do not depend on the thread count.
+    Each library's own count is restored when the last concurrent call ends.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.libs = None          # [(get, set)] per BLAS library found
+        self.saved = []
+        self.workers = 1
+
+    def _find(self):
+        libs = []
+        try:
+            from threadpoolctl import ThreadpoolController
+            for lc in ThreadpoolController().select(user_api="blas").lib_controllers:
+                libs.append(((lambda lc=lc: lc.num_threads), (lambda n, lc=lc: lc.set_num_threads(n)),
+                             "numpy" in str(getattr(lc, "filepath", ""))))
+        except Exception:  # threadpoolctl missing or unable to inspect: try OpenBLAS directly
+            libs = []
+        if not libs:
+            try:
+                with open("/proc/self/maps") as maps:
+                    paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+            except OSError:
+                paths = set()
+            for path in sorted(paths):
+                try:
+                    lib = ctypes.CDLL(path)
+                except OSError:
+                    continue
+                for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                                       ("openblas", "")):
+                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                    set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                    if get is not None and set_ is not None:
+                        get.restype = ctypes.c_int
+                        set_.argtypes = [ctypes.c_int]
+                        libs.append((get, (lambda n, f=set_: f(int(n))), "numpy" in path))
+                        break
+        self.libs = libs
+
+    def __enter__(self) -> int:
+        """Set BLAS to one thread; return the number of workers to use (NumPy's BLAS thread count)."""
+        with self.lock:
+            if self.libs is None:
+                self._find()
+            if not self.libs:
+                return 1
+            if self.depth == 0:
+                self.saved = [max(1, int(get())) for get, _, _ in self.libs]
+                for (_, set_, _), n in zip(self.libs, self.saved):
+                    if n != 1:
+                        set_(1)
+                mine = [n for (_, _, is_numpy), n in zip(self.libs, self.saved) if is_numpy]
+                self.workers = min(max(mine or self.saved), MAX_WORKERS, _CPUS)
+            self.depth += 1
+            return self.workers
+
+    def __exit__(self, *exc):
+        with self.lock:
+            if not self.libs:
+                return
+            self.depth -= 1
+            if self.depth == 0:
+                for (_, set_, _), n in zip(self.libs, self.saved):
+                    if n != 1:
+                        set_(n)
+
+
+_BLAS = _Blas()
+
+
+def single_threaded_blas() -> _Blas:
+    """Context manager: BLAS runs one thread inside it; ``with`` gives the number of Python workers to use."""
+    return _BLAS

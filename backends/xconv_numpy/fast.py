@@ -30,7 +30,6 @@ and (with BLAS thread control available) across BLAS thread counts.
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import math
 import os
@@ -43,6 +42,8 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from .blas import MAX_WORKERS, single_threaded_blas
+
 #: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
 #: they leave the cache).
 MAX_CHUNK_BYTES = 32 << 20
@@ -50,9 +51,6 @@ MAX_CHUNK_BYTES = 32 << 20
 MIN_CHUNK_BYTES = 1 << 20
 #: ... and is otherwise this fraction of the bytes of the call's inputs plus outputs.
 BUDGET_FRACTION = 1.0
-#: Most chunks running at once (Python threads, each calling single-threaded BLAS); each chunk
-#: gets budget / 2 bytes, whatever the number of threads actually used.
-MAX_WORKERS = 4
 #: Force the backward strategy: "a" (dy-columns), "b" (x-columns) or None (chosen by cost).
 STRATEGY = None
 #: Force (True/False) or leave to a cost rule (None) the implicit first-dim taps of strategy "a".
@@ -298,91 +296,8 @@ def _scatter(geo: _Geom, grid, tensor, e0: int, e1: int, valid):
 
 
 # ---------------------------------------------------------------------------------------------
-# Threads: single-threaded BLAS calls on a small pool of Python threads, over a fixed chunking
+# Threads: single-threaded BLAS calls (see .blas) on a small pool of Python threads, over a fixed chunking
 
-
-class _Blas:
-    """Control of the BLAS libraries' thread counts (threadpoolctl, else OpenBLAS by ctypes), reference counted.
-
-    While any fast-path call runs, BLAS is set to one thread and the call runs its chunks on up to
-    ``MAX_WORKERS`` Python threads (NumPy releases the GIL in matmul and copies). The chunking
-    does not depend on the number of workers, so results do not depend on the thread count.
-    Each library's own count is restored when the last concurrent call ends.
-    """
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.depth = 0
-        self.libs = None          # [(get, set)] per BLAS library found
-        self.saved = []
-        self.workers = 1
-
-    def _find(self):
-        libs = []
-        try:
-            from threadpoolctl import ThreadpoolController
-            for lc in ThreadpoolController().select(user_api="blas").lib_controllers:
-                libs.append(((lambda lc=lc: lc.num_threads), (lambda n, lc=lc: lc.set_num_threads(n)),
-                             "numpy" in str(getattr(lc, "filepath", ""))))
-        except Exception:  # threadpoolctl missing or unable to inspect: try OpenBLAS directly
-            libs = []
-        if not libs:
-            try:
-                with open("/proc/self/maps") as maps:
-                    paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-            except OSError:
-                paths = set()
-            for path in sorted(paths):
-                try:
-                    lib = ctypes.CDLL(path)
-                except OSError:
-                    continue
-                for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
-                                       ("openblas", "")):
-                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                    set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                    if get is not None and set_ is not None:
-                        get.restype = ctypes.c_int
-                        set_.argtypes = [ctypes.c_int]
-                        libs.append((get, (lambda n, f=set_: f(int(n))), "numpy" in path))
-                        break
-        self.libs = libs
-
-    def __enter__(self) -> int:
-        """Set BLAS to one thread; return the number of workers to use (NumPy's BLAS thread count)."""
-        with self.lock:
-            if self.libs is None:
-                self._find()
-            if not self.libs:
-                return 1
-            if self.depth == 0:
-                self.saved = [max(1, int(get())) for get, _, _ in self.libs]
-                for (_, set_, _), n in zip(self.libs, self.saved):
-                    if n != 1:
-                        set_(1)
-                mine = [n for (_, _, is_numpy), n in zip(self.libs, self.saved) if is_numpy]
-                self.workers = min(max(mine or self.saved), MAX_WORKERS, _CPUS)
-            self.depth += 1
-            return self.workers
-
-    def __exit__(self, *exc):
-        with self.lock:
-            if not self.libs:
-                return
-            self.depth -= 1
-            if self.depth == 0:
-                for (_, set_, _), n in zip(self.libs, self.saved):
-                    if n != 1:
-                        set_(n)
-
-
-_BLAS = _Blas()
-_CPUS = os.cpu_count() or 1
-
-
-def single_threaded_blas() -> _Blas:
-    """Context manager: BLAS runs one thread inside it (reference counted, restored on exit)."""
-    return _BLAS
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 _POOLS_PID = os.getpid()
@@ -662,7 +577,7 @@ def backward(dy, x, w, p: ConvParams, mask):
     dx = dw = None
     if need_dx or need_dw:
         geo = _Geom(p)
-        with _BLAS as workers, _Lease() as lease:
+        with single_threaded_blas() as workers, _Lease() as lease:
             if geo.pointwise:
                 run = _backward_pointwise
             else:
@@ -693,7 +608,7 @@ def bgrad(dy, p: ConvParams):
     else:
         def part(b):
             return np.sum(dy[b[0]:b[1]], axis=axes, dtype=cdt)
-        with _BLAS as workers:
+        with single_threaded_blas() as workers:
             parts = list(_executor(workers).map(part, blocks)) if workers > 1 else [part(b) for b in blocks]
         db = parts[0]
         for more in parts[1:]:
@@ -1054,7 +969,6 @@ def fprop(x, w, bias, p: ConvParams):
     budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, False, False, fprop=True))
     chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
-    order = _tap_order(geo)
     lease = _Lease()
     chunk_bytes = (lines + h) * line_bytes
     wm = _weight_layout(w, geo, cdt, "gokc", lease).reshape(g, Cog, K * Cg)
@@ -1078,6 +992,6 @@ def fprop(x, w, bias, p: ConvParams):
             yg += b
         _scatter(geo, yg, y4, e0, e1, geo.y_valid)
 
-    with _BLAS as workers, lease:
+    with single_threaded_blas() as workers, lease:
         _run(chunks, task, workspace, _cap_workers(workers, budget, chunk_bytes))
     return y
