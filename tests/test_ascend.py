@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from ctypes import c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
 import numpy as np
@@ -36,31 +35,14 @@ from xconv_ascend.driver import Driver
 
 HERE = Path(__file__).resolve().parent
 
-FC_SIGS = {
-    "fakecann_live_objects": (c_int64, []),
-    "fakecann_live_count": (c_int64, [c_int]),
-    "fakecann_misuse_count": (c_int64, []),
-    "fakecann_set_soc_name": (None, [c_char_p]),
-    "fakecann_set_device_count": (None, [c_uint32]),
-    "fakecann_set_fail_init": (None, [c_int]),
-    "fakecann_set_workspace_size": (None, [c_uint64]),
-    "fakecann_set_strict_outputs": (None, [c_int]),
-    "fakecann_fail_next": (None, [c_char_p, c_int, c_int]),
-    "fakecann_get_deterministic": (c_int64, [c_int32]),
-    "fakecann_call_count": (c_int, []),
-    "fakecann_call_op": (c_int, [c_int]),
-    "fakecann_call_deterministic": (c_int64, [c_int]),
-    "fakecann_call_cube_math": (c_int, [c_int]),
-    "fakecann_call_mask": (c_int, [c_int]),
-    "fakecann_call_transposed": (c_int, [c_int]),
-    "fakecann_call_groups": (c_int64, [c_int]),
-    "fakecann_call_dtype": (c_int, [c_int]),
-    "fakecann_call_stream": (c_void_p, [c_int]),
-    "fakecann_prepare_count": (c_int, []),
-    "fakecann_reset": (None, []),
-    "fakecann_reset_runtime": (None, []),
-    "fakecann_is_initialized": (c_int, []),
-}
+def _build_module():
+    spec = importlib.util.spec_from_file_location("fake_cann_build", HERE / "fake_cann" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BUILD = _build_module()
 KIND_EXECUTOR, KIND_DEVICE_MEM, KIND_STREAM = 3, 4, 5
 OP_BACKWARD, OP_FORWARD = 1, 2
 
@@ -70,7 +52,7 @@ class FakeCann:
 
     def __init__(self, lib):
         self.raw = {}
-        for name, (restype, argtypes) in FC_SIGS.items():
+        for name, (restype, argtypes) in BUILD.CONTROL_SIGNATURES.items():
             f = getattr(lib, name)
             f.restype, f.argtypes = restype, argtypes
             self.raw[name] = f
@@ -85,16 +67,9 @@ class FakeCann:
         self.raw["fakecann_fail_next"](func.encode(), code, times)
 
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("fake_cann_build", HERE / "fake_cann" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def lib_dir(tmp_path_factory):
-    return _build_module().build(tmp_path_factory.mktemp("fake_cann"))
+    return BUILD.build(tmp_path_factory.mktemp("fake_cann"))
 
 
 class Env:

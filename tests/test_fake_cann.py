@@ -38,6 +38,14 @@ DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 27}
 FMT = {1: 2, 3: 47, 4: 0, 5: 30}  # ND for 1-D bias, NCL, NCHW, NCDHW
 EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
+def _load_build_module():
+    spec = importlib.util.spec_from_file_location("fake_cann_build", HERE / "fake_cann" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BUILD = _load_build_module()
 P = c_void_p
 I64P = POINTER(c_int64)
 
@@ -60,30 +68,7 @@ SIGS = {
         "aclrtCtxGetSysParamOpt": (c_int, [c_int, I64P]),
         "aclGetRecentErrMsg": (c_char_p, []),
         "aclrtGetSocName": (c_char_p, []),
-        "fakecann_live_objects": (c_int64, []),
-        "fakecann_live_count": (c_int64, [c_int]),
-        "fakecann_live_device_bytes": (c_uint64, []),
-        "fakecann_misuse_count": (c_int64, []),
-        "fakecann_set_soc_name": (None, [c_char_p]),
-        "fakecann_set_device_count": (None, [c_uint32]),
-        "fakecann_set_fail_init": (None, [c_int]),
-        "fakecann_set_workspace_size": (None, [c_uint64]),
-        "fakecann_set_strict_outputs": (None, [c_int]),
-        "fakecann_set_emulate_precision": (None, [c_int]),
-        "fakecann_fail_next": (None, [c_char_p, c_int, c_int]),
-        "fakecann_device_refcount": (c_int, [c_int32]),
-        "fakecann_current_device": (c_int32, []),
-        "fakecann_call_count": (c_int, []),
-        "fakecann_call_op": (c_int, [c_int]),
-        "fakecann_call_deterministic": (c_int64, [c_int]),
-        "fakecann_call_cube_math": (c_int, [c_int]),
-        "fakecann_call_mask": (c_int, [c_int]),
-        "fakecann_call_transposed": (c_int, [c_int]),
-        "fakecann_call_groups": (c_int64, [c_int]),
-        "fakecann_call_stream": (c_void_p, [c_int]),
-        "fakecann_prepare_count": (c_int, []),
-        "fakecann_reset": (None, []),
-        "fakecann_reset_runtime": (None, []),
+        **BUILD.CONTROL_SIGNATURES,
     },
     "nnopbase": {
         "aclCreateTensor": (P, [I64P, c_uint64, c_int, I64P, c_int64, c_int, I64P, c_uint64, P]),
@@ -127,16 +112,9 @@ class Api:
         return None if m is None else m.decode()
 
 
-def _load_build_module():
-    spec = importlib.util.spec_from_file_location("fake_cann_build", HERE / "fake_cann" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def api(tmp_path_factory):
-    lib_dir = _load_build_module().build(tmp_path_factory.mktemp("fake_cann"))
+    lib_dir = BUILD.build(tmp_path_factory.mktemp("fake_cann"))
     return Api(lib_dir)
 
 

@@ -20,6 +20,7 @@ import fcntl
 import os
 import subprocess
 import sys
+from ctypes import c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +45,37 @@ CFLAGS = [
 ]
 
 LIB_NAMES = [name for name, _, _ in LIBS]
+
+#: ctypes (restype, argtypes) of the emulator's test-only control API in libascendcl.so (fake_cann.h).
+CONTROL_SIGNATURES = {
+    "fakecann_live_objects": (c_int64, []),
+    "fakecann_live_count": (c_int64, [c_int]),
+    "fakecann_live_device_bytes": (c_uint64, []),
+    "fakecann_misuse_count": (c_int64, []),
+    "fakecann_set_soc_name": (None, [c_char_p]),
+    "fakecann_set_device_count": (None, [c_uint32]),
+    "fakecann_set_fail_init": (None, [c_int]),
+    "fakecann_set_workspace_size": (None, [c_uint64]),
+    "fakecann_set_strict_outputs": (None, [c_int]),
+    "fakecann_set_emulate_precision": (None, [c_int]),
+    "fakecann_fail_next": (None, [c_char_p, c_int, c_int]),
+    "fakecann_get_deterministic": (c_int64, [c_int32]),
+    "fakecann_device_refcount": (c_int, [c_int32]),
+    "fakecann_current_device": (c_int32, []),
+    "fakecann_is_initialized": (c_int, []),
+    "fakecann_call_count": (c_int, []),
+    "fakecann_call_op": (c_int, [c_int]),
+    "fakecann_call_deterministic": (c_int64, [c_int]),
+    "fakecann_call_cube_math": (c_int, [c_int]),
+    "fakecann_call_mask": (c_int, [c_int]),
+    "fakecann_call_transposed": (c_int, [c_int]),
+    "fakecann_call_groups": (c_int64, [c_int]),
+    "fakecann_call_dtype": (c_int, [c_int]),
+    "fakecann_call_stream": (c_void_p, [c_int]),
+    "fakecann_prepare_count": (c_int, []),
+    "fakecann_reset": (None, []),
+    "fakecann_reset_runtime": (None, []),
+}
 
 
 def _inputs() -> list[Path]:
