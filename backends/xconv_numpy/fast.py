@@ -29,11 +29,9 @@ and (with BLAS thread control available) across BLAS thread counts.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 import os
-import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -319,42 +317,48 @@ def _cap_workers(workers: int, budget: int, chunk_bytes: int) -> int:
     return max(1, min(workers, budget // max(chunk_bytes, 1)))
 
 
-def _run(chunks, task, make_workspace, workers: int) -> None:
-    """task(workspace, index, e0, e1) for every chunk, on up to ``workers`` threads, started in chunk order.
+def _run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
+    """task(workspace, index, *chunk) for every chunk, on up to ``workers`` threads, started in chunk order.
 
-    Each running chunk has a workspace of its own (reused by later chunks). Exceptions propagate.
+    The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
+    start in order, and one that waits for an earlier chunk waits for a running one) and has a
+    workspace of its own. On an exception the threads stop taking chunks, ``on_error()`` runs
+    (it must release any thread waiting for a failed chunk) and the exception propagates.
     """
-    spare = queue.SimpleQueue()
+    n = len(chunks)
+    workers = max(1, min(workers, n))
+    order = itertools.count()
+    lock = threading.Lock()
+    failed = []
 
-    def run_one(i):
-        try:
-            ws = spare.get_nowait()
-        except queue.Empty:
-            ws = make_workspace()
-        try:
-            task(ws, i, *chunks[i])
-        finally:
-            spare.put(ws)
+    def loop():
+        ws = None
+        while not failed:
+            with lock:
+                i = next(order)
+            if i >= n:
+                return
+            if ws is None:
+                ws = make_workspace()
+            try:
+                task(ws, i, *chunks[i])
+            except BaseException:
+                failed.append(True)
+                if on_error is not None:
+                    on_error()
+                raise
 
-    if workers <= 1 or len(chunks) <= 1:
-        for i in range(len(chunks)):
-            run_one(i)
+    if workers == 1:
+        loop()
         return
-    ex = _executor(workers)
-    pending = collections.deque()
-    nxt = 0
+    helpers = [_executor(workers - 1).submit(loop) for _ in range(workers - 1)]
     try:
-        while nxt < len(chunks) or pending:
-            while nxt < len(chunks) and len(pending) < workers + 1:
-                pending.append(ex.submit(run_one, nxt))
-                nxt += 1
-            pending.popleft().result()
+        loop()
     finally:
-        for f in pending:
-            f.cancel()
-        for f in pending:
-            if not f.cancelled():
-                f.exception()
+        errors = [f.exception() for f in helpers]
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 class _Slots:
@@ -891,12 +895,7 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, work
 
 
 def _run_guarded(chunks, task, workspace, workers, slots):
-    try:
-        _run(chunks, task, workspace, workers)
-    except BaseException:
-        if slots is not None:
-            slots.fail()
-        raise
+    _run(chunks, task, workspace, workers, slots.fail if slots is not None else None)
 
 
 def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
