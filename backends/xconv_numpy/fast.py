@@ -681,7 +681,11 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     # (measured: compact is faster for C_in/g >= 64, where the GEMMs dominate; flat for the thin
     # channel counts, where copies do)
     flat = nd > 1 and not (COMPACT_INNER if COMPACT_INNER is not None else Cg >= 64)
-    rest_n = {ip: line if flat else math.prod(v[1] - v[0] for v in valid[ip][1:]) for ip in live}
+    # flat 3-D: the grid rows of the second dim that hold no input are skipped too (whole rows)
+    trim = {ip: (valid[ip][1][:2] if flat and nd >= 3 else (0, geo.L[1] if nd > 1 else 1)) for ip in live}
+    tail = math.prod(geo.L[2:])
+    rest_n = {ip: (trim[ip][1] - trim[ip][0]) * tail if flat else math.prod(v[1] - v[0] for v in valid[ip][1:])
+              for ip in live}
     lo1 = min(valid[ip][0][0] for ip in live)
     hi1 = max(valid[ip][0][1] for ip in live)
     per_sample_positions = max(rest_n[ip] * (valid[ip][0][1] - valid[ip][0][0]) for ip in live)
@@ -745,10 +749,12 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
             rows = nb * c1 * rest_n[ip]
             spec = geo.tapgrid[ip]
             if flat:
-                rest_shape, inner_off = (line,), 0
-                pos_shape, pos_strides = (nb, c1 + ext[ip], line), (L1 * line, line, 1)
-                inner = (slice(None),) * 4 + tuple(slice(lo, hi) for lo, hi, _, _ in v[1:])
-                grid_shape = geo.L[1:]
+                t0, t1 = trim[ip]
+                inner_off = t0 * gs[1]
+                pos_shape, pos_strides = (nb, c1 + ext[ip], rest_n[ip]), (L1 * line, line, 1)
+                inner = ((slice(None),) * 4 + (slice(None) if nd >= 3 else slice(*v[1][:2]),)
+                         + tuple(slice(lo, hi) for lo, hi, _, _ in v[2:]))
+                grid_shape = (t1 - t0,) + geo.L[2:]
             else:
                 rest_shape = tuple(hi - lo for lo, hi, _, _ in v[1:])
                 inner_off = sum(lo * gstr for (lo, _, _, _), gstr in zip(v[1:], gs[1:]))
