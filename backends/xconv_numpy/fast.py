@@ -323,7 +323,7 @@ def _run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
     The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
     start in order, and one that waits for an earlier chunk waits for a running one) and has a
     workspace of its own. On an exception the threads stop taking chunks, ``on_error()`` runs
-    (it must release any thread waiting for a failed chunk) and the exception propagates.
+    (it must release any thread waiting for a failed chunk) and the first exception propagates.
     """
     n = len(chunks)
     workers = max(1, min(workers, n))
@@ -342,23 +342,19 @@ def _run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
                 ws = make_workspace()
             try:
                 task(ws, i, *chunks[i])
-            except BaseException:
-                failed.append(True)
+            except BaseException as e:
+                with lock:
+                    failed.append(e)
                 if on_error is not None:
                     on_error()
-                raise
+                return
 
-    if workers == 1:
-        loop()
-        return
     helpers = [_executor(workers - 1).submit(loop) for _ in range(workers - 1)]
-    try:
-        loop()
-    finally:
-        errors = [f.exception() for f in helpers]
-    for e in errors:
-        if e is not None:
-            raise e
+    loop()
+    for f in helpers:
+        f.result()
+    if failed:
+        raise failed[0]
 
 
 class _Slots:
