@@ -42,6 +42,18 @@ class SpyBackend(NumpyBackend):
         return super().bgrad(dy, p)
 
 
+def fake_cann_build():
+    """tests/fake_cann/build.py as a module: ``build(dir)`` and ``CONTROL_SIGNATURES`` of the CANN emulator."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("fake_cann_build",
+                                                  Path(__file__).resolve().parent / "fake_cann" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def registered(backend):
     """Context manager registering ``backend`` for the duration of a test."""
     import contextlib

@@ -12,7 +12,6 @@ run in a subprocess: a process loads CANN once.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import xconv
-from core_helpers import conv_configs
+from core_helpers import conv_configs, fake_cann_build
 from xconv.dtypes import DTYPES
 from xconv_ascend import DeviceArray, compiler
 from xconv_ascend import backend as ascend_backend
@@ -35,14 +34,7 @@ from xconv_ascend.driver import Driver
 
 HERE = Path(__file__).resolve().parent
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("fake_cann_build", HERE / "fake_cann" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BUILD = _build_module()
+BUILD = fake_cann_build()
 KIND_EXECUTOR, KIND_DEVICE_MEM, KIND_STREAM = 3, 4, 5
 OP_BACKWARD, OP_FORWARD = 1, 2
 

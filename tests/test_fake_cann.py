@@ -9,7 +9,6 @@ fakecann_reset_runtime() and the `env` fixture checks for leaks at the end.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import threading
 from ctypes import POINTER, byref, c_bool, c_char_p, c_int, c_int8, c_int32, c_int64, c_size_t
 from ctypes import c_uint32, c_uint64, c_void_p
@@ -17,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from core_helpers import fake_cann_build
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-HERE = Path(__file__).resolve().parent
 
 ACL_SUCCESS = 0
 ACL_ERROR_INVALID_PARAM = 100000
@@ -38,14 +38,7 @@ DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 27}
 FMT = {1: 2, 3: 47, 4: 0, 5: 30}  # ND for 1-D bias, NCL, NCHW, NCDHW
 EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
-def _load_build_module():
-    spec = importlib.util.spec_from_file_location("fake_cann_build", HERE / "fake_cann" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BUILD = _load_build_module()
+BUILD = fake_cann_build()
 P = c_void_p
 I64P = POINTER(c_int64)
 
