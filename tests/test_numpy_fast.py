@@ -329,6 +329,8 @@ def test_deterministic_across_processes():
     ("float16", ((64, 16, 24, 24), (16, 16, 3, 3), dict(padding=1))),
     ("float32", ((64, 3, 48, 48), (16, 3, 7, 7), dict(padding=3, stride=2))),
     ("float32", ((64, 32, 16, 16), (32, 1, 3, 3), dict(padding=1, groups=32))),
+    ("float16", ((64, 32, 16, 16), (32, 1, 3, 3), dict(padding=1, groups=32))),
+    ("bfloat16", ((256, 8, 20), (16, 1, 5), dict(padding=2, groups=8))),
     ("bfloat16", ((32, 8, 12, 12, 12), (8, 8, 3, 3, 3), dict(padding=1))),
 ])
 def test_extra_memory_bounded(dtype, case):

@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from . import direct
 from .blas import MAX_WORKERS, single_threaded_blas
+from .workers import cap_workers as _cap_workers, executor as _executor, run as _run
 
 #: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
 #: they leave the cache).
@@ -293,70 +293,6 @@ def _scatter(geo: _Geom, grid, tensor, e0: int, e1: int, valid):
         tv[...] = gv
 
 
-# ---------------------------------------------------------------------------------------------
-# Threads: single-threaded BLAS calls (see .blas) on a small pool of Python threads, over a fixed chunking
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-_POOLS_PID = os.getpid()
-
-
-def _executor(workers: int) -> ThreadPoolExecutor:
-    global _POOLS_PID
-    with _POOLS_LOCK:
-        if _POOLS_PID != os.getpid():      # a forked child has the pools but not their threads
-            _POOLS.clear()
-            _POOLS_PID = os.getpid()
-        if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xconv-numpy")
-        return _POOLS[workers]
-
-
-def _cap_workers(workers: int, budget: int, chunk_bytes: int) -> int:
-    """Workers whose chunks in flight fit the working-set budget together (at least one)."""
-    return max(1, min(workers, budget // max(chunk_bytes, 1)))
-
-
-def _run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
-    """task(workspace, index, *chunk) for every chunk, on up to ``workers`` threads, started in chunk order.
-
-    The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
-    start in order, and one that waits for an earlier chunk waits for a running one) and has a
-    workspace of its own. On an exception the threads stop taking chunks, ``on_error()`` runs
-    (it must release any thread waiting for a failed chunk) and the first exception propagates.
-    """
-    n = len(chunks)
-    workers = max(1, min(workers, n))
-    order = itertools.count()
-    lock = threading.Lock()
-    failed = []
-
-    def loop():
-        ws = None
-        while not failed:
-            with lock:
-                i = next(order)
-            if i >= n:
-                return
-            if ws is None:
-                ws = make_workspace()
-            try:
-                task(ws, i, *chunks[i])
-            except BaseException as e:
-                with lock:
-                    failed.append(e)
-                if on_error is not None:
-                    on_error()
-                return
-
-    helpers = [_executor(workers - 1).submit(loop) for _ in range(workers - 1)]
-    loop()
-    for f in helpers:
-        f.result()
-    if failed:
-        raise failed[0]
-
-
 class _Slots:
     """Deterministic accumulation of per-chunk weight-gradient partials computed concurrently.
 
@@ -576,6 +512,10 @@ def backward(dy, x, w, p: ConvParams, mask):
     need_dx, need_dw, need_db = mask
     dx = dw = None
     if need_dx or need_dw:
+        if direct.serves(p):
+            with single_threaded_blas() as workers:
+                dx, dw = direct.backward(dy, x, w, p, need_dx, need_dw, workers)
+            return dx, dw, (bgrad(dy, p) if need_db else None)
         geo = _Geom(p)
         with single_threaded_blas() as workers, _Lease() as lease:
             if geo.pointwise:
@@ -962,6 +902,9 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
+    if direct.serves(p):
+        with single_threaded_blas() as workers:
+            return direct.fprop(x, w, bias, p, workers)
     geo = _Geom(p)
     cdt = compute_dtype(p)
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K

@@ -1,0 +1,445 @@
+"""Compiled direct loops (Numba) for the convolutions that BLAS serves badly: depthwise ones.
+
+A depthwise convolution (one input channel per group, 2-D; 1-D as height 1) does K multiply-adds
+per output element and no reuse a matrix product could exploit, so im2col + GEMM mostly moves
+memory. These loops walk each (sample, channel) plane once per tap, in cache:
+
+- ``dx[n, c, ih, iw] = sum over o, kh, kw of dy[n, c*m + o, oh, ow] * w[c*m + o, 0, kh, kw]`` with
+  ``ih = oh*s_h - p_h + kh*d_h`` (likewise w): per (n, c) plane, contributions added in the
+  fixed order (o, kh, kw), each plane written by one task;
+- ``dw[c, 0, kh, kw] = sum over n, oh, ow of dy[n, c, oh, ow] * x[n, c // m, ih, iw]``: per output
+  channel, samples in order, each sample's sum over the plane in one compiled reduction;
+- ``y`` (fprop) likewise, per (n, c_out) plane.
+
+Work is split into tasks by plane or by channel only (never across a sum), so the result does
+not depend on the number of threads; each compiled loop is one fixed sequence of floating-point
+operations for given shapes, so it is bitwise reproducible run to run. Reductions are compiled
+with reassociation allowed (vectorized); the order is fixed at compile time for the machine.
+
+Numba is imported on first use; :func:`available` says whether it could be.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from xconv import ConvParams
+
+from .workers import run
+
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+#: Inputs that need converting (another dtype, or not C-contiguous) are converted a block of samples
+#: at a time: at most this many bytes, and at most half the bytes of the call's inputs and outputs.
+BLOCK_BYTES = 8 << 20
+
+_kernels = None
+_import_error: str | None = None
+
+
+def available() -> bool:
+    """Whether the compiled loops can run (Numba importable, not disabled by XCONV_NUMPY_DIRECT=0)."""
+    if os.environ.get("XCONV_NUMPY_DIRECT", "1") == "0":
+        return False
+    return _load() is not None
+
+
+def _load():
+    global _kernels, _import_error
+    if _kernels is None and _import_error is None:
+        try:
+            _kernels = _compile()
+        except Exception as e:  # Numba missing or broken: the BLAS path serves these shapes
+            _import_error = f"{type(e).__name__}: {e}"
+    return _kernels
+
+
+def _compile():
+    import numba
+
+    jit = numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+
+    @jit
+    def _gather(dst, src, o, a, cnt, assign):
+        """dst[j] (=, or += unless assign) sum over k < cnt of a[k] * src[o[k] + j]; cnt in 1..4."""
+        n = dst.shape[0]
+        if cnt == 4:
+            s0, s1, s2, s3 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n], src[o[3]:o[3] + n]
+            a0, a1, a2, a3 = a[0], a[1], a[2], a[3]
+            if assign:
+                for j in range(n):
+                    dst[j] = a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j]
+            else:
+                for j in range(n):
+                    dst[j] += a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j]
+        elif cnt == 3:
+            s0, s1, s2 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n]
+            a0, a1, a2 = a[0], a[1], a[2]
+            if assign:
+                for j in range(n):
+                    dst[j] = a0 * s0[j] + a1 * s1[j] + a2 * s2[j]
+            else:
+                for j in range(n):
+                    dst[j] += a0 * s0[j] + a1 * s1[j] + a2 * s2[j]
+        elif cnt == 2:
+            s0, s1 = src[o[0]:o[0] + n], src[o[1]:o[1] + n]
+            a0, a1 = a[0], a[1]
+            if assign:
+                for j in range(n):
+                    dst[j] = a0 * s0[j] + a1 * s1[j]
+            else:
+                for j in range(n):
+                    dst[j] += a0 * s0[j] + a1 * s1[j]
+        else:
+            s0 = src[o[0]:o[0] + n]
+            a0 = a[0]
+            if assign:
+                for j in range(n):
+                    dst[j] = a0 * s0[j]
+            else:
+                for j in range(n):
+                    dst[j] += a0 * s0[j]
+
+    @jit
+    def _dots(g, src, o, cnt, out):
+        """out[k] = sum over i of g[i] * src[o[k] + i] for k < cnt (cnt in 1..4), in one pass over g."""
+        n = g.shape[0]
+        z = g.dtype.type(0)
+        if cnt == 4:
+            s0, s1, s2, s3 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n], src[o[3]:o[3] + n]
+            t0, t1, t2, t3 = z, z, z, z
+            for i in range(n):
+                v = g[i]
+                t0 += v * s0[i]
+                t1 += v * s1[i]
+                t2 += v * s2[i]
+                t3 += v * s3[i]
+            out[0], out[1], out[2], out[3] = t0, t1, t2, t3
+        elif cnt == 3:
+            s0, s1, s2 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n]
+            t0, t1, t2 = z, z, z
+            for i in range(n):
+                v = g[i]
+                t0 += v * s0[i]
+                t1 += v * s1[i]
+                t2 += v * s2[i]
+            out[0], out[1], out[2] = t0, t1, t2
+        elif cnt == 2:
+            s0, s1 = src[o[0]:o[0] + n], src[o[1]:o[1] + n]
+            t0, t1 = z, z
+            for i in range(n):
+                v = g[i]
+                t0 += v * s0[i]
+                t1 += v * s1[i]
+            out[0], out[1] = t0, t1
+        else:
+            s0 = src[o[0]:o[0] + n]
+            t0 = z
+            for i in range(n):
+                t0 += g[i] * s0[i]
+            out[0] = t0
+
+    @jit
+    def _to_phases(plane, ph, sh, sw, ph0, pw0, Lw):
+        """Scatter a (H, W) plane into its zero-padded polyphase grid ph (sh*sw, >= Lh*Lw)."""
+        H, W = plane.shape
+        for y in range(H):
+            a, rh = divmod(y + ph0, sh)
+            for rw in range(sw):
+                z0 = (rw - pw0) % sw
+                if z0 >= W:
+                    continue
+                cnt = (W - z0 + sw - 1) // sw
+                b0 = (z0 + pw0) // sw
+                dst = ph[rh * sw + rw, a * Lw + b0:a * Lw + b0 + cnt]
+                if sw == 1:
+                    src1 = plane[y]
+                    for i in range(cnt):
+                        dst[i] = src1[i]
+                else:
+                    src = plane[y, z0::sw]
+                    for i in range(cnt):
+                        dst[i] = src[i]
+
+    @jit
+    def _from_phases(ph, plane, sh, sw, ph0, pw0, Lw):
+        """Gather a (H, W) plane back from its polyphase grid (the inverse of _to_phases)."""
+        H, W = plane.shape
+        for y in range(H):
+            a, rh = divmod(y + ph0, sh)
+            for rw in range(sw):
+                z0 = (rw - pw0) % sw
+                if z0 >= W:
+                    continue
+                cnt = (W - z0 + sw - 1) // sw
+                b0 = (z0 + pw0) // sw
+                src = ph[rh * sw + rw, a * Lw + b0:a * Lw + b0 + cnt]
+                if sw == 1:
+                    dst1 = plane[y]
+                    for i in range(cnt):
+                        dst1[i] = src[i]
+                else:
+                    dst = plane[y, z0::sw]
+                    for i in range(cnt):
+                        dst[i] = src[i]
+
+    @jit
+    def _to_grid(plane, g, Lw):
+        """Copy a (OH, OW) plane into rows of length Lw of g (the extra columns are left as they are)."""
+        OH, OW = plane.shape
+        for oh in range(OH):
+            dst = g[oh * Lw:oh * Lw + OW]
+            src = plane[oh]
+            for i in range(OW):
+                dst[i] = src[i]
+
+    @jit
+    def backward_planes(dy, x, w, dx, dwp, need_dx, need_dw, m, sh, sw, ph0, pw0, Lh, Lw,
+                        taps, offs, groups, gpad, xph, acc, p0, p1):
+        """Planes p0..p1-1 (flat n*C + c over input channels) of a depthwise backward.
+
+        dy (N, C*m, OH, OW); x and dx (N, C, H, W); w (C*m, K); dwp (N, C*m, K) receives each
+        sample's weight-gradient partial. The taps are handled in groups of at most 4 sharing a
+        phase: group i is (phase, first, count) = groups[i], its taps taps[first:first+count],
+        whose offsets in the phase's flat grid are offs[first:first+count]. Scratch (see
+        _Plan.scratch): gpad (zeros, F + Lh*Lw + Lw with F the largest offset) holds dy's plane on
+        the grid behind F zeros; xph (zeros) and acc (sh*sw, Lh*Lw + Lw) the phases of x and dx.
+        """
+        N, Co, OH, OW = dy.shape
+        C = Co // m
+        R = OH * Lw
+        ng = sh * sw
+        F = gpad.shape[0] - acc.shape[1]
+        g = gpad[F:F + R]
+        seen = np.zeros(ng, np.bool_)
+        o = np.empty(4, np.int64)
+        a = np.empty(4, dy.dtype)
+        out = np.empty(4, dy.dtype)
+        for pi in range(p0, p1):
+            n = pi // C
+            c = pi - n * C
+            if need_dw:
+                _to_phases(x[n, c], xph, sh, sw, ph0, pw0, Lw)
+            seen[:] = False
+            for mo in range(m):
+                co = c * m + mo
+                _to_grid(dy[n, co], g, Lw)
+                for gi in range(groups.shape[0]):
+                    r, k0, cnt = groups[gi, 0], groups[gi, 1], groups[gi, 2]
+                    if need_dw:
+                        for k in range(cnt):
+                            o[k] = offs[k0 + k]
+                        _dots(g, xph[r], o, cnt, out)
+                        for k in range(cnt):
+                            dwp[n, co, taps[k0 + k]] = out[k]
+                    if need_dx:
+                        for k in range(cnt):
+                            o[k] = F - offs[k0 + k]
+                            a[k] = w[co, taps[k0 + k]]
+                        _gather(acc[r, :Lh * Lw], gpad, o, a, cnt, not seen[r])
+                        seen[r] = True
+            if need_dx:
+                for r in range(ng):
+                    if not seen[r]:
+                        acc[r, :] = 0
+                _from_phases(acc, dx[n, c], sh, sw, ph0, pw0, Lw)
+
+    @jit
+    def fprop_planes(x, w, y, m, sh, sw, ph0, pw0, Lh, Lw, taps, offs, groups, gpad, xph, acc, p0, p1):
+        """Planes p0..p1-1 (flat n*C + c over input channels) of a depthwise forward: y (N, C*m, OH, OW).
+
+        Scratch as for backward_planes (acc unused)."""
+        N, Co, OH, OW = y.shape
+        C = Co // m
+        R = OH * Lw
+        g = gpad[:R]
+        o = np.empty(4, np.int64)
+        a = np.empty(4, y.dtype)
+        for pi in range(p0, p1):
+            n = pi // C
+            c = pi - n * C
+            _to_phases(x[n, c], xph, sh, sw, ph0, pw0, Lw)
+            for mo in range(m):
+                co = c * m + mo
+                for gi in range(groups.shape[0]):
+                    r, k0, cnt = groups[gi, 0], groups[gi, 1], groups[gi, 2]
+                    for k in range(cnt):
+                        o[k] = offs[k0 + k]
+                        a[k] = w[co, taps[k0 + k]]
+                    _gather(g, xph[r], o, a, cnt, gi == 0)
+                dst = y[n, co]
+                for oh in range(OH):
+                    row = dst[oh]
+                    src = g[oh * Lw:oh * Lw + OW]
+                    for i in range(OW):
+                        row[i] = src[i]
+
+    return dict(backward=backward_planes, fprop=fprop_planes)
+
+
+def kernels():
+    """The compiled loops (dict with "backward", "fprop"); None when unavailable."""
+    return _load() if available() else None
+
+
+def import_error() -> str | None:
+    """Why the compiled loops could not be loaded (None if they were, or were not tried)."""
+    return _import_error
+
+
+def serves(p: ConvParams) -> bool:
+    """Whether these loops compute ``p``: one input channel per group, 1-D or 2-D, and Numba available."""
+    return p.nd in (1, 2) and p.input_shape[1] == p.groups and min(p.input_shape) > 0 and available()
+
+
+class _Plan:
+    """The 2-D polyphase geometry of a depthwise convolution (1-D as height 1)."""
+
+    def __init__(self, p: ConvParams):
+        lift = p.nd == 1
+        two = (lambda t: (1,) + tuple(t)) if lift else tuple
+        self.in4 = tuple(p.input_shape[:2]) + two(p.input_shape[2:])
+        self.out4 = tuple(p.output_shape[:2]) + two(p.output_shape[2:])
+        self.kernel = two(p.kernel)
+        sh, sw = self.stride = two(p.stride)
+        dh, dw = two(p.dilation)
+        (ph0, ph1), (pw0, pw1) = ((0, 0),) * lift + tuple(p.padding)
+        self.pre = ph0, pw0
+        H, W = self.in4[2:]
+        self.Lh = -(-(H + ph0 + ph1) // sh)
+        self.Lw = -(-(W + pw0 + pw1) // sw)
+        taps = [(divmod(kh * dh, sh), divmod(kw * dw, sw)) for kh in range(self.kernel[0]) for kw in range(self.kernel[1])]
+        by_phase: dict[int, list[tuple[int, int]]] = {}
+        for t, ((qh, rh), (qw, rw)) in enumerate(taps):
+            by_phase.setdefault(rh * sw + rw, []).append((t, qh * self.Lw + qw))
+        order, groups = [], []
+        for r in sorted(by_phase):
+            lst = by_phase[r]
+            for i in range(0, len(lst), 4):
+                groups.append((r, len(order), len(lst[i:i + 4])))
+                order.extend(lst[i:i + 4])
+        self.taps = np.array([t for t, _ in order], np.int64)
+        self.offs = np.array([off for _, off in order], np.int64)
+        self.groups = np.array(groups, np.int64).reshape(-1, 3)
+        self.m = p.output_shape[1] // p.input_shape[1]
+        self.planes = p.input_shape[0] * p.input_shape[1]
+        self.K = len(taps)
+
+    def args(self):
+        return (self.m, self.stride[0], self.stride[1], self.pre[0], self.pre[1], self.Lh, self.Lw,
+                self.taps, self.offs, self.groups)
+
+    def scratch(self, dtype):
+        """One worker's scratch: (gpad, xph, acc), zeroed."""
+        ng, size = self.stride[0] * self.stride[1], self.Lh * self.Lw + self.Lw
+        F = int(self.offs.max())
+        return np.zeros(F + size, dtype), np.zeros((ng, size), dtype), np.zeros((ng, size), dtype)
+
+    def sample_blocks(self, per_sample_bytes: int, io_bytes: int):
+        """[n0, n1) blocks of samples whose converted copies fit the block budget (one sample at least)."""
+        nb = max(1, min(BLOCK_BYTES, io_bytes // 2) // max(per_sample_bytes, 1))
+        return [(n, min(n + nb, self.in4[0])) for n in range(0, self.in4[0], nb)]
+
+    def chunks(self, n0: int, n1: int, workers: int):
+        """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least. Results do not depend on them."""
+        C = self.in4[1]
+        a, b = n0 * C, n1 * C
+        return [(a + u, a + v) for u, v in split(b - a, max(1, min((b - a) // 8, 4 * workers)))]
+
+
+def _native(a, cdt) -> bool:
+    return a.dtype == cdt and a.flags.c_contiguous
+
+
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
+    """(dx or None, dw or None) of a depthwise convolution ``p`` (see :func:`serves`).
+
+    Inputs in the compute dtype and C-contiguous are read in place; others are converted a block
+    of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
+    is not the compute dtype.
+    """
+    kern = kernels()
+    plan = _Plan(p)
+    cdt = np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+    out_dt = np.dtype(dy.dtype)
+    N, C = plan.in4[:2]
+    dy4 = dy.reshape(plan.out4)
+    x4 = x.reshape(plan.in4) if need_dw else None
+    w2 = np.ascontiguousarray(w, dtype=cdt).reshape(plan.out4[1], plan.K) if need_dx else np.zeros((1, plan.K), cdt)
+    dx = np.empty(plan.in4, out_dt) if need_dx else None
+    dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros((1, 1, 1), cdt)
+    dummy = np.zeros((1, 1, 1, 1), cdt)
+    in_place = _native(dy, cdt) and (not need_dw or _native(x, cdt)) and (not need_dx or out_dt == cdt)
+    per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]) * (need_dw + need_dx))
+    x_bytes, w_bytes = math.prod(p.input_shape) * out_dt.itemsize, math.prod(p.weight_shape) * out_dt.itemsize
+    io = dy.nbytes + (x_bytes + w_bytes) * (need_dx + need_dw)      # inputs and outputs of this call
+    blocks = [(0, N)] if in_place else plan.sample_blocks(per_sample, io)
+    for n0, n1 in blocks:
+        dyb = np.ascontiguousarray(dy4[n0:n1], dtype=cdt)
+        xb = np.ascontiguousarray(x4[n0:n1], dtype=cdt) if need_dw else dummy
+        if not need_dx:
+            dxb = dummy
+        elif out_dt == cdt:
+            dxb = dx[n0:n1]
+        else:
+            dxb = np.empty((n1 - n0,) + plan.in4[1:], cdt)
+        dwb = dwp[n0:n1] if need_dw else dwp
+
+        def task(ws, _i, a, b, dyb=dyb, xb=xb, dxb=dxb, dwb=dwb, n0=n0):
+            kern["backward"](dyb, xb, w2, dxb, dwb, need_dx, need_dw, *plan.args(), *ws, a - n0 * C, b - n0 * C)
+
+        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt), workers)
+        if need_dx and out_dt != cdt:
+            dx[n0:n1] = dxb
+    rdx = rdw = None
+    if need_dx:
+        rdx = dx.reshape(p.input_shape)
+    if need_dw:
+        acc = dwp[0].copy()
+        for n in range(1, N):   # samples added in order
+            acc += dwp[n]
+        rdw = acc.reshape(p.weight_shape).astype(out_dt, copy=False)
+    return rdx, rdw
+
+
+def fprop(x, w, bias, p: ConvParams, workers: int):
+    """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks."""
+    kern = kernels()
+    plan = _Plan(p)
+    cdt = np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+    out_dt = np.dtype(x.dtype)
+    N, C = plan.in4[:2]
+    x4 = x.reshape(plan.in4)
+    w2 = np.ascontiguousarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)
+    b = None if bias is None else bias.astype(cdt).reshape((1, -1, 1, 1))
+    y = np.empty(plan.out4, out_dt)
+    in_place = _native(x, cdt) and out_dt == cdt
+    per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]))
+    io = x.nbytes + w.nbytes + N * math.prod(plan.out4[1:]) * out_dt.itemsize
+    for n0, n1 in ([(0, N)] if in_place else plan.sample_blocks(per_sample, io)):
+        xb = np.ascontiguousarray(x4[n0:n1], dtype=cdt)
+        yb = y[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.out4[1:], cdt)
+
+        def task(ws, _i, a, b_, xb=xb, yb=yb, n0=n0):
+            kern["fprop"](xb, w2, yb, *plan.args(), *ws, a - n0 * C, b_ - n0 * C)
+
+        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt), workers)
+        if b is not None:
+            yb += b
+        if out_dt != cdt:
+            y[n0:n1] = yb
+    return y.reshape(p.output_shape)
+
+
+def split(total: int, parts: int):
+    """``parts`` contiguous [a, b) ranges of range(total), sizes differing by at most one."""
+    parts = max(1, min(parts, total))
+    q, r = divmod(total, parts)
+    out, a = [], 0
+    for i in range(parts):
+        b = a + q + (i < r)
+        out.append((a, b))
+        a = b
+    return out

@@ -1,0 +1,75 @@
+"""Threads of the NumPy backend: a fixed list of chunks run on a small pool of Python threads.
+
+NumPy's matrix products and copies, and the compiled loops of :mod:`.direct`, release the GIL,
+so chunks run in parallel; BLAS itself runs one thread meanwhile (see :mod:`.blas`). What a
+chunk computes never depends on which thread runs it, so results do not depend on the number
+of workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+_POOLS_PID = os.getpid()
+
+
+def executor(workers: int) -> ThreadPoolExecutor:
+    """The process's pool of ``workers`` threads (recreated in a forked child)."""
+    global _POOLS_PID
+    with _POOLS_LOCK:
+        if _POOLS_PID != os.getpid():      # a forked child has the pools but not their threads
+            _POOLS.clear()
+            _POOLS_PID = os.getpid()
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xconv-numpy")
+        return _POOLS[workers]
+
+
+def cap_workers(workers: int, budget: int, chunk_bytes: int) -> int:
+    """Workers whose chunks in flight fit the working-set budget together (at least one)."""
+    return max(1, min(workers, budget // max(chunk_bytes, 1)))
+
+
+def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
+    """task(workspace, index, *chunk) for every chunk, on up to ``workers`` threads, started in chunk order.
+
+    The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
+    start in order, and one that waits for an earlier chunk waits for a running one) and has a
+    workspace of its own. On an exception the threads stop taking chunks, ``on_error()`` runs
+    (it must release any thread waiting for a failed chunk) and the first exception propagates.
+    """
+    n = len(chunks)
+    workers = max(1, min(workers, n))
+    order = itertools.count()
+    lock = threading.Lock()
+    failed = []
+
+    def loop():
+        ws = None
+        while not failed:
+            with lock:
+                i = next(order)
+            if i >= n:
+                return
+            if ws is None:
+                ws = make_workspace()
+            try:
+                task(ws, i, *chunks[i])
+            except BaseException as e:
+                with lock:
+                    failed.append(e)
+                if on_error is not None:
+                    on_error()
+                return
+
+    helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]
+    loop()
+    for f in helpers:
+        f.result()
+    if failed:
+        raise failed[0]

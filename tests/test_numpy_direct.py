@@ -1,0 +1,118 @@
+"""The NumPy backend's compiled depthwise loops (xconv_numpy.direct) against the float64 oracle and PyTorch.
+
+The hypothesis tests of test_numpy_fast.py reach these loops too (every drawn convolution with
+one input channel per group); here: larger planes, every stride/dilation/padding corner, channel
+multipliers, dtypes and layouts, bitwise independence from the worker count, and proof that the
+loops (not the BLAS path) ran.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xconv
+from xconv.params import make_params
+
+from test_numpy_fast import DTYPE_NAMES, compare, random_arrays  # noqa: E402
+
+from xconv_numpy import direct, fast  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not direct.available(), reason=f"Numba unavailable: {direct.import_error()}")
+
+CASES = {
+    # name: input, weight, kwargs
+    "3x3_s1": ((2, 5, 17, 19), (5, 1, 3, 3), dict(padding=1, groups=5)),
+    "3x3_s2": ((2, 4, 17, 20), (4, 1, 3, 3), dict(stride=2, padding=1, groups=4)),
+    "5x5_s3_d2": ((1, 3, 23, 22), (3, 1, 5, 5), dict(stride=3, padding=4, dilation=2, groups=3)),
+    "asym_pad": ((2, 3, 11, 13), (3, 1, 3, 4), dict(padding=((0, 2), (3, 1)), groups=3)),
+    "same": ((2, 3, 10, 9), (3, 1, 4, 3), dict(padding="same", groups=3)),
+    "multiplier_3": ((2, 4, 9, 12), (12, 1, 3, 3), dict(stride=(1, 2), padding=(1, 0), groups=4)),
+    "one_channel_many_out": ((3, 1, 12, 12), (6, 1, 3, 3), dict(padding=2)),
+    "stride_gt_kernel": ((2, 2, 15, 15), (2, 1, 2, 2), dict(stride=4, groups=2)),
+    "kernel_1x1_s2": ((2, 3, 9, 8), (3, 1, 1, 1), dict(stride=2, groups=3)),
+    "1d": ((3, 4, 50), (8, 1, 5), dict(stride=2, padding=3, dilation=2, groups=4)),
+    "kernel_fills_input": ((2, 3, 5, 6), (3, 1, 5, 6), dict(groups=3)),
+}
+
+
+def _case(name: str, dtype: str) -> dict:
+    inp, wt, kw = CASES[name]
+    kwargs = dict(stride=1, padding=0, dilation=1, groups=1, transposed=False, output_padding=0)
+    kwargs.update(kw)
+    return dict(input=inp, weight=wt, dtype=dtype, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_direct_matches_exact(name, dtype):
+    c = _case(name, dtype)
+    p = make_params(c["input"], c["weight"], stride=c["stride"], padding=c["padding"], dilation=c["dilation"],
+                    groups=c["groups"], dtype=dtype)
+    assert direct.serves(p)
+    x, w, dy = random_arrays(np.random.default_rng(len(name)), c)
+    for mask in [(True, True, True), (True, False, False), (False, True, False)]:
+        compare(c, x, w, dy, mask)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "negative", "sliced"])
+def test_direct_non_contiguous(layout):
+    c = _case("3x3_s2", "float32")
+    x, w, dy = random_arrays(np.random.default_rng(1), c)
+    compare(c, x, w, dy, (True, True, True), layout=layout)
+
+
+def test_direct_loops_run_not_blas(monkeypatch):
+    """Depthwise calls go to the compiled loops; others, and XCONV_NUMPY_DIRECT=0, to the BLAS path."""
+    calls = []
+    real = direct.backward
+    monkeypatch.setattr(direct, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    a = xconv.convolution_backward(dy, x, w, padding=1, groups=4, backend="numpy")
+    assert calls == [1]
+    monkeypatch.setenv("XCONV_NUMPY_DIRECT", "0")
+    b = xconv.convolution_backward(dy, x, w, padding=1, groups=4, backend="numpy")
+    assert calls == [1]
+    for u, v in zip(a, b):      # both are float32 computations of the same sums
+        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-5)
+    monkeypatch.delenv("XCONV_NUMPY_DIRECT")
+    w2 = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    xconv.convolution_backward(dy, x, w2, padding=1, groups=2, backend="numpy")
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_direct_bitwise_independent_of_workers(dtype):
+    rng = np.random.default_rng(5)
+    p = make_params((3, 7, 21, 18), (14, 1, 3, 5), stride=(2, 1), padding=((1, 2), (2, 2)), dilation=(1, 2),
+                    groups=7, dtype=dtype)
+    x = rng.standard_normal(p.input_shape).astype(dtype)
+    w = rng.standard_normal(p.weight_shape).astype(dtype)
+    dy = rng.standard_normal(p.output_shape).astype(dtype)
+    runs = [direct.backward(dy, x, w, p, True, True, workers) for workers in (1, 2, 3, 1)]
+    for dx, dw in runs[1:]:
+        assert dx.tobytes() == runs[0][0].tobytes()
+        assert dw.tobytes() == runs[0][1].tobytes()
+    ys = [direct.fprop(x, w, None, p, workers).tobytes() for workers in (1, 3)]
+    assert ys[0] == ys[1]
+
+
+def test_direct_against_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 16, 28, 30)).astype(np.float32)
+    w = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    kw = dict(stride=2, padding=1, dilation=1, groups=16)
+    y = xconv.conv_fprop(x, w, bias=b, backend="numpy", **kw)
+    tx, tw, tb = (torch.from_numpy(a.astype(np.float64)).requires_grad_() for a in (x, w, b))
+    ty = torch.nn.functional.conv2d(tx, tw, tb, **kw)
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    ty.backward(torch.from_numpy(dy.astype(np.float64)))
+    got = xconv.convolution_backward(dy, x, w, bias_sizes=(32,), backend="numpy", **kw)
+    for g, t in zip(got, (tx.grad, tw.grad, tb.grad)):
+        np.testing.assert_allclose(g, t.numpy(), rtol=1e-4, atol=1e-3)
