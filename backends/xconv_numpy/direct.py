@@ -63,9 +63,22 @@ def _compile():
 
     @jit
     def _gather(dst, src, o, a, cnt, assign):
-        """dst[j] (=, or += unless assign) sum over k < cnt of a[k] * src[o[k] + j]; cnt in 1..4."""
+        """dst[j] (=, or += unless assign) sum over k < cnt of a[k] * src[o[k] + j]; cnt in 1..4 or 9."""
         n = dst.shape[0]
-        if cnt == 4:
+        if cnt == 9:
+            s0, s1, s2 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n]
+            s3, s4, s5 = src[o[3]:o[3] + n], src[o[4]:o[4] + n], src[o[5]:o[5] + n]
+            s6, s7, s8 = src[o[6]:o[6] + n], src[o[7]:o[7] + n], src[o[8]:o[8] + n]
+            a0, a1, a2, a3, a4, a5, a6, a7, a8 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]
+            if assign:
+                for j in range(n):
+                    dst[j] = (a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j] + a4 * s4[j] + a5 * s5[j]
+                              + a6 * s6[j] + a7 * s7[j] + a8 * s8[j])
+            else:
+                for j in range(n):
+                    dst[j] += (a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j] + a4 * s4[j] + a5 * s5[j]
+                               + a6 * s6[j] + a7 * s7[j] + a8 * s8[j])
+        elif cnt == 4:
             s0, s1, s2, s3 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n], src[o[3]:o[3] + n]
             a0, a1, a2, a3 = a[0], a[1], a[2], a[3]
             if assign:
@@ -104,10 +117,27 @@ def _compile():
 
     @jit
     def _dots(g, src, o, cnt, out):
-        """out[k] = sum over i of g[i] * src[o[k] + i] for k < cnt (cnt in 1..4), in one pass over g."""
+        """out[k] = sum over i of g[i] * src[o[k] + i] for k < cnt (cnt in 1..4 or 9), in one pass over g."""
         n = g.shape[0]
         z = g.dtype.type(0)
-        if cnt == 4:
+        if cnt == 9:
+            s0, s1, s2 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n]
+            s3, s4, s5 = src[o[3]:o[3] + n], src[o[4]:o[4] + n], src[o[5]:o[5] + n]
+            s6, s7, s8 = src[o[6]:o[6] + n], src[o[7]:o[7] + n], src[o[8]:o[8] + n]
+            t0, t1, t2, t3, t4, t5, t6, t7, t8 = z, z, z, z, z, z, z, z, z
+            for i in range(n):
+                v = g[i]
+                t0 += v * s0[i]
+                t1 += v * s1[i]
+                t2 += v * s2[i]
+                t3 += v * s3[i]
+                t4 += v * s4[i]
+                t5 += v * s5[i]
+                t6 += v * s6[i]
+                t7 += v * s7[i]
+                t8 += v * s8[i]
+            out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7], out[8] = t0, t1, t2, t3, t4, t5, t6, t7, t8
+        elif cnt == 4:
             s0, s1, s2, s3 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n], src[o[3]:o[3] + n]
             t0, t1, t2, t3 = z, z, z, z
             for i in range(n):
@@ -186,6 +216,14 @@ def _compile():
                         dst[i] = src[i]
 
     @jit
+    def _sum(v):
+        """The sum of v's elements, accumulated in its dtype (vectorized: a fixed order per machine)."""
+        t = v.dtype.type(0)
+        for i in range(v.shape[0]):
+            t += v[i]
+        return t
+
+    @jit
     def _to_grid(plane, g, Lw):
         """Copy a (OH, OW) plane into rows of length Lw of g (the extra columns are left as they are)."""
         OH, OW = plane.shape
@@ -196,12 +234,12 @@ def _compile():
                 dst[i] = src[i]
 
     @jit
-    def backward_planes(dy, x, w, dx, dwp, need_dx, need_dw, m, sh, sw, ph0, pw0, Lh, Lw,
+    def backward_planes(dy, x, w, dx, dwp, dbp, need_dx, need_dw, need_db, m, sh, sw, ph0, pw0, Lh, Lw,
                         taps, offs, groups, gpad, xph, acc, p0, p1):
         """Planes p0..p1-1 (flat n*C + c over input channels) of a depthwise backward.
 
         dy (N, C*m, OH, OW); x and dx (N, C, H, W); w (C*m, K); dwp (N, C*m, K) receives each
-        sample's weight-gradient partial. The taps are handled in groups of at most 4 sharing a
+        sample's weight-gradient partial, dbp (N, C*m) each sample's bias-gradient partial. The taps are handled in groups of at most 4 sharing a
         phase: group i is (phase, first, count) = groups[i], its taps taps[first:first+count],
         whose offsets in the phase's flat grid are offs[first:first+count]. Scratch (see
         _Plan.scratch): gpad (zeros, F + Lh*Lw + Lw with F the largest offset) holds dy's plane on
@@ -214,9 +252,9 @@ def _compile():
         F = gpad.shape[0] - acc.shape[1]
         g = gpad[F:F + R]
         seen = np.zeros(ng, np.bool_)
-        o = np.empty(4, np.int64)
-        a = np.empty(4, dy.dtype)
-        out = np.empty(4, dy.dtype)
+        o = np.empty(9, np.int64)
+        a = np.empty(9, dy.dtype)
+        out = np.empty(9, dy.dtype)
         for pi in range(p0, p1):
             n = pi // C
             c = pi - n * C
@@ -226,6 +264,8 @@ def _compile():
             for mo in range(m):
                 co = c * m + mo
                 _to_grid(dy[n, co], g, Lw)
+                if need_db:
+                    dbp[n, co] = _sum(g)
                 for gi in range(groups.shape[0]):
                     r, k0, cnt = groups[gi, 0], groups[gi, 1], groups[gi, 2]
                     if need_dw:
@@ -255,8 +295,8 @@ def _compile():
         C = Co // m
         R = OH * Lw
         g = gpad[:R]
-        o = np.empty(4, np.int64)
-        a = np.empty(4, y.dtype)
+        o = np.empty(9, np.int64)
+        a = np.empty(9, y.dtype)
         for pi in range(p0, p1):
             n = pi // C
             c = pi - n * C
@@ -317,9 +357,12 @@ class _Plan:
         order, groups = [], []
         for r in sorted(by_phase):
             lst = by_phase[r]
-            for i in range(0, len(lst), 4):
-                groups.append((r, len(order), len(lst[i:i + 4])))
-                order.extend(lst[i:i + 4])
+            i = 0
+            while i < len(lst):                 # groups of 9 taps (one pass each), the rest in 4s
+                size = 9 if len(lst) - i >= 9 else min(4, len(lst) - i)
+                groups.append((r, len(order), size))
+                order.extend(lst[i:i + size])
+                i += size
         self.taps = np.array([t for t, _ in order], np.int64)
         self.offs = np.array([off for _, off in order], np.int64)
         self.groups = np.array(groups, np.int64).reshape(-1, 3)
@@ -353,8 +396,9 @@ def _native(a, cdt) -> bool:
     return a.dtype == cdt and a.flags.c_contiguous
 
 
-def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
-    """(dx or None, dw or None) of a depthwise convolution ``p`` (see :func:`serves`).
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int):
+    """(dx, dw, db), None where not needed, of a depthwise convolution ``p`` (see :func:`serves`); at
+    least one of dx and dw must be needed (db is summed on the way, from the same plane copies).
 
     Inputs in the compute dtype and C-contiguous are read in place; others are converted a block
     of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
@@ -370,6 +414,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     w2 = np.ascontiguousarray(w, dtype=cdt).reshape(plan.out4[1], plan.K) if need_dx else np.zeros((1, plan.K), cdt)
     dx = np.empty(plan.in4, out_dt) if need_dx else None
     dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros((1, 1, 1), cdt)
+    dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros((1, 1), cdt)
     dummy = np.zeros((1, 1, 1, 1), cdt)
     in_place = _native(dy, cdt) and (not need_dw or _native(x, cdt)) and (not need_dx or out_dt == cdt)
     per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]) * (need_dw + need_dx))
@@ -386,22 +431,27 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         else:
             dxb = np.empty((n1 - n0,) + plan.in4[1:], cdt)
         dwb = dwp[n0:n1] if need_dw else dwp
+        dbb = dbp[n0:n1] if need_db else dbp
 
-        def task(ws, _i, a, b, dyb=dyb, xb=xb, dxb=dxb, dwb=dwb, n0=n0):
-            kern["backward"](dyb, xb, w2, dxb, dwb, need_dx, need_dw, *plan.args(), *ws, a - n0 * C, b - n0 * C)
+        def task(ws, _i, a, b, dyb=dyb, xb=xb, dxb=dxb, dwb=dwb, dbb=dbb, n0=n0):
+            kern["backward"](dyb, xb, w2, dxb, dwb, dbb, need_dx, need_dw, need_db, *plan.args(), *ws,
+                             a - n0 * C, b - n0 * C)
 
         run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt), workers)
         if need_dx and out_dt != cdt:
             dx[n0:n1] = dxb
-    rdx = rdw = None
-    if need_dx:
-        rdx = dx.reshape(p.input_shape)
-    if need_dw:
-        acc = dwp[0].copy()
-        for n in range(1, N):   # samples added in order
-            acc += dwp[n]
-        rdw = acc.reshape(p.weight_shape).astype(out_dt, copy=False)
-    return rdx, rdw
+    rdx = dx.reshape(p.input_shape) if need_dx else None
+    rdw = _sum_samples(dwp).reshape(p.weight_shape).astype(out_dt, copy=False) if need_dw else None
+    rdb = _sum_samples(dbp).astype(out_dt, copy=False) if need_db else None
+    return rdx, rdw, rdb
+
+
+def _sum_samples(parts: np.ndarray) -> np.ndarray:
+    """parts[0] + parts[1] + ... in that order (a fixed rounding)."""
+    acc = parts[0].copy()
+    for n in range(1, parts.shape[0]):
+        acc += parts[n]
+    return acc
 
 
 def fprop(x, w, bias, p: ConvParams, workers: int):

@@ -514,8 +514,7 @@ def backward(dy, x, w, p: ConvParams, mask):
     if need_dx or need_dw:
         if direct.serves(p):
             with single_threaded_blas() as workers:
-                dx, dw = direct.backward(dy, x, w, p, need_dx, need_dw, workers)
-            return dx, dw, (bgrad(dy, p) if need_db else None)
+                return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
         geo = _Geom(p)
         with single_threaded_blas() as workers, _Lease() as lease:
             if geo.pointwise:
