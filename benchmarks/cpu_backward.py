@@ -57,6 +57,17 @@ def load_suite() -> tuple[list[dict], Path]:
     return local["cases"], LOCAL_SUITE
 
 
+def compiled_loops_info() -> str:
+    """Numba's version when the NumPy backend's compiled loops (depthwise) are in use, else why not."""
+    from xconv_numpy import direct
+
+    if direct.available():
+        import numba
+
+        return f"numba {numba.__version__}"
+    return f"off ({direct.import_error() or 'XCONV_NUMPY_DIRECT=0'}): depthwise takes the BLAS path"
+
+
 def flops(case: dict, out_spatial) -> float:
     """2 x 2 x N x C_out x prod(out) x C_in/groups x prod(kernel): dgrad + wgrad."""
     n = case["input"][0]
@@ -213,7 +224,8 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c["name"] in args.cases]
 
     print(f"suite: {suite_path}")
-    print(f"numpy {np.__version__}, torch {torch.__version__}, xconv {xconv.__version__}")
+    print(f"numpy {np.__version__}, torch {torch.__version__}, xconv {xconv.__version__}, "
+          f"compiled loops: {compiled_loops_info()}")
     print(f"threads: torch {torch.get_num_threads()}, BLAS: {blas_info()}"
           + ("" if limiter is not None else " (threadpoolctl missing: BLAS threads not pinned)"))
     print("env: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}"
