@@ -1,20 +1,23 @@
 """Compiled direct loops (Numba) for the convolutions that BLAS serves badly: depthwise ones.
 
-A depthwise convolution (one input channel per group, 2-D; 1-D as height 1) does K multiply-adds
-per output element and no reuse a matrix product could exploit, so im2col + GEMM mostly moves
-memory. These loops walk each (sample, channel) plane once per tap, in cache:
+A depthwise convolution (one input channel per group; 2-D, 1-D as height 1) does K multiply-adds
+per output element and has nothing a matrix product could reuse, so im2col + GEMM mostly moves
+memory. These loops take one (sample, input channel) plane at a time, in cache, on the polyphase
+grid of :mod:`.fast` (per dim, phase r of the zero-padded input holds ``x_pad[m*s + r]``; tap j
+reads phase ``r_j`` at offset ``q_j``, ``(q_j, r_j) = divmod(j*d, s)``), flattened with row length
+``Lw``: every tap is then a constant offset ``off_t`` into one phase, and
 
-- ``dx[n, c, ih, iw] = sum over o, kh, kw of dy[n, c*m + o, oh, ow] * w[c*m + o, 0, kh, kw]`` with
-  ``ih = oh*s_h - p_h + kh*d_h`` (likewise w): per (n, c) plane, contributions added in the
-  fixed order (o, kh, kw), each plane written by one task;
-- ``dw[c, 0, kh, kw] = sum over n, oh, ow of dy[n, c, oh, ow] * x[n, c // m, ih, iw]``: per output
-  channel, samples in order, each sample's sum over the plane in one compiled reduction;
-- ``y`` (fprop) likewise, per (n, c_out) plane.
+- ``dx_phase[j] = sum over t of w_t * dy_grid[j - off_t]`` (dy's plane on the grid, zero outside),
+  its taps in groups of up to 9 per pass, contributions in a fixed order, then scattered to dx;
+- ``dw_t (per sample) = sum over j of dy_grid[j] * x_phase[j + off_t]``, and ``db`` (per sample)
+  ``= sum of dy_grid``; the per-sample partials are added in sample order afterwards;
+- ``y_grid[j] = sum over t of w_t * x_phase[j + off_t]`` for the forward.
 
-Work is split into tasks by plane or by channel only (never across a sum), so the result does
-not depend on the number of threads; each compiled loop is one fixed sequence of floating-point
-operations for given shapes, so it is bitwise reproducible run to run. Reductions are compiled
-with reassociation allowed (vectorized); the order is fixed at compile time for the machine.
+Tasks are ranges of planes and never split a sum, so the results do not depend on the number of
+threads; each compiled loop is a fixed sequence of floating-point operations for given shapes,
+so they are bitwise reproducible run to run. Sums are compiled with reassociation allowed
+(vectorized), in an order fixed at compile time for the machine. Garbage grid positions hold
+zeros, as in :mod:`.fast` (a NaN or infinity can reach them as there).
 
 Numba is imported on first use; :func:`available` says whether it could be.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -30,7 +34,7 @@ from xconv import ConvParams
 
 from .workers import run
 
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+_FASTMATH = {"reassoc", "contract"}
 #: Inputs that need converting (another dtype, or not C-contiguous) are converted a block of samples
 #: at a time: at most this many bytes, and at most half the bytes of the call's inputs and outputs.
 BLOCK_BYTES = 8 << 20
@@ -46,13 +50,17 @@ def available() -> bool:
     return _load() is not None
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def _load():
     global _kernels, _import_error
-    if _kernels is None and _import_error is None:
-        try:
-            _kernels = _compile()
-        except Exception as e:  # Numba missing or broken: the BLAS path serves these shapes
-            _import_error = f"{type(e).__name__}: {e}"
+    with _LOAD_LOCK:
+        if _kernels is None and _import_error is None:
+            try:
+                _kernels = _compile()
+            except Exception as e:  # Numba missing or broken: the BLAS path serves these shapes
+                _import_error = f"{type(e).__name__}: {e}"
     return _kernels
 
 
