@@ -32,7 +32,7 @@ import numpy as np
 
 from xconv import ConvParams
 
-from .workers import run
+from .workers import even_ranges, run
 
 _FASTMATH = {"reassoc", "contract"}
 #: Inputs that need converting (another dtype, or not C-contiguous) are converted a block of samples
@@ -70,58 +70,37 @@ def _compile():
     jit = numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
 
     @jit
-    def _gather(dst, src, o, a, cnt, assign):
-        """dst[j] (=, or += unless assign) sum over k < cnt of a[k] * src[o[k] + j]; cnt in 1..4 or 9."""
+    def _gather(dst, src, o, a, cnt):
+        """dst[j] += sum over k < cnt of a[k] * src[o[k] + j]; cnt in 1..4 or 9 (unrolled: one vectorized pass)."""
         n = dst.shape[0]
         if cnt == 9:
             s0, s1, s2 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n]
             s3, s4, s5 = src[o[3]:o[3] + n], src[o[4]:o[4] + n], src[o[5]:o[5] + n]
             s6, s7, s8 = src[o[6]:o[6] + n], src[o[7]:o[7] + n], src[o[8]:o[8] + n]
             a0, a1, a2, a3, a4, a5, a6, a7, a8 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]
-            if assign:
-                for j in range(n):
-                    dst[j] = (a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j] + a4 * s4[j] + a5 * s5[j]
-                              + a6 * s6[j] + a7 * s7[j] + a8 * s8[j])
-            else:
-                for j in range(n):
-                    dst[j] += (a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j] + a4 * s4[j] + a5 * s5[j]
-                               + a6 * s6[j] + a7 * s7[j] + a8 * s8[j])
+            for j in range(n):
+                dst[j] += (a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j] + a4 * s4[j] + a5 * s5[j]
+                           + a6 * s6[j] + a7 * s7[j] + a8 * s8[j])
         elif cnt == 4:
             s0, s1, s2, s3 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n], src[o[3]:o[3] + n]
             a0, a1, a2, a3 = a[0], a[1], a[2], a[3]
-            if assign:
-                for j in range(n):
-                    dst[j] = a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j]
-            else:
-                for j in range(n):
-                    dst[j] += a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j]
+            for j in range(n):
+                dst[j] += a0 * s0[j] + a1 * s1[j] + a2 * s2[j] + a3 * s3[j]
         elif cnt == 3:
             s0, s1, s2 = src[o[0]:o[0] + n], src[o[1]:o[1] + n], src[o[2]:o[2] + n]
             a0, a1, a2 = a[0], a[1], a[2]
-            if assign:
-                for j in range(n):
-                    dst[j] = a0 * s0[j] + a1 * s1[j] + a2 * s2[j]
-            else:
-                for j in range(n):
-                    dst[j] += a0 * s0[j] + a1 * s1[j] + a2 * s2[j]
+            for j in range(n):
+                dst[j] += a0 * s0[j] + a1 * s1[j] + a2 * s2[j]
         elif cnt == 2:
             s0, s1 = src[o[0]:o[0] + n], src[o[1]:o[1] + n]
             a0, a1 = a[0], a[1]
-            if assign:
-                for j in range(n):
-                    dst[j] = a0 * s0[j] + a1 * s1[j]
-            else:
-                for j in range(n):
-                    dst[j] += a0 * s0[j] + a1 * s1[j]
+            for j in range(n):
+                dst[j] += a0 * s0[j] + a1 * s1[j]
         else:
             s0 = src[o[0]:o[0] + n]
             a0 = a[0]
-            if assign:
-                for j in range(n):
-                    dst[j] = a0 * s0[j]
-            else:
-                for j in range(n):
-                    dst[j] += a0 * s0[j]
+            for j in range(n):
+                dst[j] += a0 * s0[j]
 
     @jit
     def _dots(g, src, o, cnt, out):
@@ -180,30 +159,14 @@ def _compile():
             out[0] = t0
 
     @jit
-    def _to_phases(plane, ph, sh, sw, ph0, pw0, Lw):
-        """Scatter a (H, W) plane into its zero-padded polyphase grid ph (sh*sw, >= Lh*Lw)."""
-        H, W = plane.shape
-        for y in range(H):
-            a, rh = divmod(y + ph0, sh)
-            for rw in range(sw):
-                z0 = (rw - pw0) % sw
-                if z0 >= W:
-                    continue
-                cnt = (W - z0 + sw - 1) // sw
-                b0 = (z0 + pw0) // sw
-                dst = ph[rh * sw + rw, a * Lw + b0:a * Lw + b0 + cnt]
-                if sw == 1:
-                    src1 = plane[y]
-                    for i in range(cnt):
-                        dst[i] = src1[i]
-                else:
-                    src = plane[y, z0::sw]
-                    for i in range(cnt):
-                        dst[i] = src[i]
+    def _copy(dst, src):
+        for i in range(dst.shape[0]):
+            dst[i] = src[i]
 
     @jit
-    def _from_phases(ph, plane, sh, sw, ph0, pw0, Lw):
-        """Gather a (H, W) plane back from its polyphase grid (the inverse of _to_phases)."""
+    def _phases(plane, ph, sh, sw, ph0, pw0, Lw, into):
+        """Copy a (H, W) plane into (``into``) or back out of its zero-padded polyphase grid
+        ph (sh*sw, >= Lh*Lw): plane[y, z] <-> ph[r_y*sw + r_z, a_y*Lw + b_z], (a, r) = divmod(index + pre, s)."""
         H, W = plane.shape
         for y in range(H):
             a, rh = divmod(y + ph0, sh)
@@ -213,15 +176,16 @@ def _compile():
                     continue
                 cnt = (W - z0 + sw - 1) // sw
                 b0 = (z0 + pw0) // sw
-                src = ph[rh * sw + rw, a * Lw + b0:a * Lw + b0 + cnt]
-                if sw == 1:
-                    dst1 = plane[y]
-                    for i in range(cnt):
-                        dst1[i] = src[i]
+                grid = ph[rh * sw + rw, a * Lw + b0:a * Lw + b0 + cnt]
+                if sw == 1:                        # a contiguous row: the copy vectorizes
+                    if into:
+                        _copy(grid, plane[y])
+                    else:
+                        _copy(plane[y], grid)
+                elif into:
+                    _copy(grid, plane[y, z0::sw])
                 else:
-                    dst = plane[y, z0::sw]
-                    for i in range(cnt):
-                        dst[i] = src[i]
+                    _copy(plane[y, z0::sw], grid)
 
     @jit
     def _sum(v):
@@ -259,7 +223,6 @@ def _compile():
         ng = sh * sw
         F = gpad.shape[0] - acc.shape[1]
         g = gpad[F:F + R]
-        seen = np.zeros(ng, np.bool_)
         o = np.empty(9, np.int64)
         a = np.empty(9, dy.dtype)
         out = np.empty(9, dy.dtype)
@@ -267,8 +230,9 @@ def _compile():
             n = pi // C
             c = pi - n * C
             if need_dw:
-                _to_phases(x[n, c], xph, sh, sw, ph0, pw0, Lw)
-            seen[:] = False
+                _phases(x[n, c], xph, sh, sw, ph0, pw0, Lw, True)
+            if need_dx:
+                acc[:, :] = 0
             for mo in range(m):
                 co = c * m + mo
                 _to_grid(dy[n, co], g, Lw)
@@ -286,13 +250,9 @@ def _compile():
                         for k in range(cnt):
                             o[k] = F - offs[k0 + k]
                             a[k] = w[co, taps[k0 + k]]
-                        _gather(acc[r, :Lh * Lw], gpad, o, a, cnt, not seen[r])
-                        seen[r] = True
+                        _gather(acc[r, :Lh * Lw], gpad, o, a, cnt)
             if need_dx:
-                for r in range(ng):
-                    if not seen[r]:
-                        acc[r, :] = 0
-                _from_phases(acc, dx[n, c], sh, sw, ph0, pw0, Lw)
+                _phases(dx[n, c], acc, sh, sw, ph0, pw0, Lw, False)
 
     @jit
     def fprop_planes(x, w, y, m, sh, sw, ph0, pw0, Lh, Lw, taps, offs, groups, gpad, xph, acc, p0, p1):
@@ -308,15 +268,16 @@ def _compile():
         for pi in range(p0, p1):
             n = pi // C
             c = pi - n * C
-            _to_phases(x[n, c], xph, sh, sw, ph0, pw0, Lw)
+            _phases(x[n, c], xph, sh, sw, ph0, pw0, Lw, True)
             for mo in range(m):
                 co = c * m + mo
+                g[:] = 0
                 for gi in range(groups.shape[0]):
                     r, k0, cnt = groups[gi, 0], groups[gi, 1], groups[gi, 2]
                     for k in range(cnt):
                         o[k] = offs[k0 + k]
                         a[k] = w[co, taps[k0 + k]]
-                    _gather(g, xph[r], o, a, cnt, gi == 0)
+                    _gather(g, xph[r], o, a, cnt)
                 dst = y[n, co]
                 for oh in range(OH):
                     row = dst[oh]
@@ -397,7 +358,7 @@ class _Plan:
         """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least. Results do not depend on them."""
         C = self.in4[1]
         a, b = n0 * C, n1 * C
-        return [(a + u, a + v) for u, v in split(b - a, max(1, min((b - a) // 8, 4 * workers)))]
+        return [(a + u, a + v) for u, v in even_ranges(b - a, max(1, min((b - a) // 8, 4 * workers)))]
 
 
 def _native(a, cdt) -> bool:
@@ -489,15 +450,3 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
         if out_dt != cdt:
             y[n0:n1] = yb
     return y.reshape(p.output_shape)
-
-
-def split(total: int, parts: int):
-    """``parts`` contiguous [a, b) ranges of range(total), sizes differing by at most one."""
-    parts = max(1, min(parts, total))
-    q, r = divmod(total, parts)
-    out, a = [], 0
-    for i in range(parts):
-        b = a + q + (i < r)
-        out.append((a, b))
-        a = b
-    return out

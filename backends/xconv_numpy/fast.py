@@ -40,7 +40,7 @@ from xconv.dtypes import DTYPES
 
 from . import direct
 from .blas import MAX_WORKERS, single_threaded_blas
-from .workers import cap_workers as _cap_workers, executor as _executor, run as _run
+from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
 #: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
 #: they leave the cache).
@@ -370,13 +370,7 @@ def _split(total: int, most: int):
     n = max(1, -(-total // max(most, 1)))
     if n % 2 and n < total:
         n += 1
-    q, r = divmod(total, n)
-    out, a = [], 0
-    for i in range(n):
-        b = a + q + (i < r)
-        out.append((a, b))
-        a = b
-    return out
+    return even_ranges(total, n)
 
 
 def _chunks(geo: _Geom, line_bytes: int, halo_lines: int, budget: int):

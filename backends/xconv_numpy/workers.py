@@ -30,6 +30,19 @@ def executor(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
+def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous [a, b) ranges covering range(total) (fewer if total is smaller), sizes
+    differing by at most one, the longer ones first."""
+    parts = max(1, min(parts, total))
+    q, r = divmod(total, parts)
+    out, a = [], 0
+    for i in range(parts):
+        b = a + q + (i < r)
+        out.append((a, b))
+        a = b
+    return out
+
+
 def cap_workers(workers: int, budget: int, chunk_bytes: int) -> int:
     """Workers whose chunks in flight fit the working-set budget together (at least one)."""
     return max(1, min(workers, budget // max(chunk_bytes, 1)))
