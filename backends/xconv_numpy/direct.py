@@ -416,11 +416,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
 
 
 def _sum_samples(parts: np.ndarray) -> np.ndarray:
-    """parts[0] + parts[1] + ... in that order (a fixed rounding)."""
-    acc = parts[0].copy()
-    for n in range(1, parts.shape[0]):
-        acc += parts[n]
-    return acc
+    """The per-sample partials summed over the first axis (a fixed order for given shapes)."""
+    return parts.sum(axis=0)
 
 
 def fprop(x, w, bias, p: ConvParams, workers: int):
