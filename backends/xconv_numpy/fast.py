@@ -38,7 +38,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
-from . import direct
+from . import compiled, direct
 from .blas import MAX_WORKERS, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
@@ -510,6 +510,11 @@ def backward(dy, x, w, p: ConvParams, mask):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
         geo = _Geom(p)
+        if compiled.serves(p):
+            budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+            with single_threaded_blas() as workers:
+                dx, dw = compiled.backward(dy, x, w, p, need_dx, need_dw, workers, budget)
+            return dx, dw, (bgrad(dy, p) if need_db else None)
         with single_threaded_blas() as workers, _Lease() as lease:
             if geo.pointwise:
                 run = _backward_pointwise

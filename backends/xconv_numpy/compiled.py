@@ -1,0 +1,234 @@
+"""Direct stride-1 convolution backward in compiled C loops (csrc/direct_conv.c), for channel counts
+per group that are multiples of 16.
+
+im2col + BLAS loses most where one GEMM dimension is 16-32 channels (BLAS packing costs as much
+as the arithmetic) and spends 20-40% on column copies elsewhere. These loops compute the sums
+directly, register-blocked, on zero-padded channel-major grids of the x geometry
+(``X = S + pre + post`` per dim, flattened; dy at positions ``[0, O)``, x at ``[pre, pre + S)``),
+on which tap t is the constant offset ``off_t = sum_k t_k d_k stride_k``:
+
+- ``dx[c, i] = sum_t sum_co dy_grid[co, i + pre - off_t] w[co, c, t]``: 12 positions x 32 (or 16)
+  input channels per register block, taps then output channels in order; a position of the grid
+  outside dy holds zero (a margin of the largest offset precedes every channel row);
+- ``dw[co, c, t] = sum_n sum_o dy_grid[co, o] x_grid[c, o + off_t]``: 4 x 4 channel pairs per
+  block, 16 positions per vector (lane partials added up at the end).
+
+Each output element is computed by one task in a fixed order; tasks are row ranges (dx) and
+(tap, channel block) ranges (dw); blocks of samples add their dw in block order. So results are
+bitwise reproducible and do not depend on the number of workers. Sums run in float32 (float16
+and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the BLAS path.
+
+The C file is compiled at first use (``$CC`` or gcc, ``-O3 -march=native``) into
+``$XCONV_CACHE_DIR`` (default ``~/.cache/xconv``, else the temporary directory) and loaded with
+ctypes, whose calls release the GIL. Without a compiler, or with ``XCONV_NUMPY_C=0``, :func:`serves`
+is False and the BLAS path runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from xconv import ConvParams
+from xconv.dtypes import DTYPES
+
+from .workers import even_ranges, run
+
+#: Use (True), never use (False) or choose by shape (None) these loops for the convolutions they compute.
+ENABLED = None
+SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
+
+_lib = None
+_error: str | None = None
+_lock = threading.Lock()
+
+
+def _cpu_key() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + platform.processor() + flags
+
+
+def _build() -> ctypes.CDLL:
+    cc = os.environ.get("CC", "gcc")
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler ({cc!r} not found)")
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cc.encode()
+                         + _cpu_key().encode()).hexdigest()[:16]
+    dirs = [Path(os.environ["XCONV_CACHE_DIR"])] if os.environ.get("XCONV_CACHE_DIR") else []
+    dirs += [Path.home() / ".cache" / "xconv", Path(tempfile.gettempdir()) / "xconv-cache"]
+    last = None
+    for d in dirs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            out = d / f"direct_conv-{key}.so"
+            if not out.exists():
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+                os.close(fd)
+                r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+                if r.returncode != 0:
+                    os.unlink(tmp)
+                    raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:500]}")
+                os.replace(tmp, out)                     # atomic: concurrent builders agree
+            lib = ctypes.CDLL(str(out))
+            break
+        except OSError as e:                             # not writable, or not loadable: try the next
+            last = e
+    else:
+        raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    lib.xconv_dx_rows.argtypes = [p, i, p, i, p, i, i, i, p, i, p, p, i, i, i]
+    lib.xconv_dx_rows.restype = None
+    lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, p, i, i, i, i, p, i, i]
+    lib.xconv_dw_rows.restype = None
+    lib.xconv_rows_to_last.argtypes = [p, i, i, p, p, i, i, p]
+    lib.xconv_rows_to_last.restype = None
+    return lib
+
+
+def _load():
+    global _lib, _error
+    with _lock:
+        if _lib is None and _error is None:
+            try:
+                _lib = _build()
+            except Exception as e:  # no compiler, no cache dir, a failed build: the BLAS path serves
+                _error = f"{type(e).__name__}: {e}"
+    return _lib
+
+
+def available() -> bool:
+    """Whether the compiled loops can run (built or buildable, not disabled by XCONV_NUMPY_C=0)."""
+    if os.environ.get("XCONV_NUMPY_C", "1") == "0":
+        return False
+    return _load() is not None
+
+
+def build_error() -> str | None:
+    """Why the loops could not be built (None if they were, or were not tried)."""
+    return _error
+
+
+def computes(p: ConvParams) -> bool:
+    """Whether these loops compute ``p``'s backward: stride 1, not float64, not empty, a kernel of
+    more than one tap, and channels per group that are multiples of 16."""
+    if p.dtype == "float64" or any(s != 1 for s in p.stride) or min(p.input_shape) == 0:
+        return False
+    Cg, Cog = p.input_shape[1] // p.groups, p.output_shape[1] // p.groups
+    return Cg % 16 == 0 and Cog % 16 == 0 and math.prod(p.kernel) > 1
+
+
+def serves(p: ConvParams) -> bool:
+    """Whether the fast path uses these loops for ``p`` (see :data:`ENABLED`)."""
+    return ENABLED is not False and computes(p) and available()
+
+
+def _rows(m: int, lead, dims, base, sample: int, first: int) -> np.ndarray:
+    """Flat offsets of the rows (sample < m, leading indices < lead) of channel-major grids with spatial
+    dims ``dims`` and ``sample`` elements per sample: first + n*sample + sum (base_k + i_k) * stride_k."""
+    gs = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    idx = np.full((m,) + tuple(lead), first + base[-1] * gs[-1], np.int64)
+    idx += (np.arange(m, dtype=np.int64) * sample).reshape((m,) + (1,) * len(lead))
+    for k, n in enumerate(lead):
+        shape = [1] * (len(lead) + 1)
+        shape[k + 1] = n
+        idx += ((np.arange(n, dtype=np.int64) + base[k]) * gs[k]).reshape(shape)
+    return idx.ravel()
+
+
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, budget: int):
+    """(dx or None, dw or None) of ``p`` (see :func:`computes`); scratch about ``budget`` bytes or one sample."""
+    lib = _load()
+    nd, g = p.nd, p.groups
+    N, C = p.input_shape[:2]
+    Co = p.output_shape[1]
+    S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
+    pre = tuple(a for a, _ in p.padding)
+    Cg, Cog = C // g, Co // g
+    K = math.prod(k)
+    out_dt = DTYPES[p.dtype]
+    f32 = np.dtype(np.float32)
+    X = tuple(s + a + b for s, (a, b) in zip(S, p.padding))
+    gX = [math.prod(X[i + 1:]) for i in range(nd)]
+    Xn, Sn = math.prod(X), math.prod(S)
+    off = np.array([sum(t * dd * s for t, dd, s in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
+    M = int(off.max())                                   # margin before each channel row of the dy grid
+    ldy = M + Xn
+    npos = sum((o - 1) * s for o, s in zip(O, gX)) + 1  # dw: positions up to the last output
+    per_sample = f32.itemsize * (Co * ldy + C * (Xn + M) * need_dw + C * Sn * (need_dx and out_dt != f32))
+    nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
+    dyG = np.zeros((nb, Co, ldy), f32)
+    dy_view = dyG[:, :, M:].reshape((nb, Co) + X)[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
+    xG = np.zeros((nb, Xn + M, C), f32) if need_dw else None             # channels-last, M spare positions
+    x_view = xG[:, :Xn].reshape((nb,) + X + (C,))[(slice(None),) + tuple(slice(a, a + s) for a, s in zip(pre, S))] \
+        if need_dw else None
+    if need_dw:                  # rows of one sample's x, and where they go in its channels-last grid
+        # (x on a channels-last grid: the weight-gradient loop broadcasts dy and loads x 16 channels at a time)
+        xr_src = _rows(1, S[:-1], S, (0,) * nd, 0, 0)
+        xr_dst = _rows(1, S[:-1], X, pre, 0, 0)
+    if need_dx:
+        wdx = np.ascontiguousarray(np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2))  # (g, K, Cog, Cg)
+        dx = np.empty(p.input_shape, out_dt)
+        dxb = dx if out_dt == f32 else np.empty((nb, C) + S, f32)
+        rout = _rows(nb, S[:-1], S, (0,) * nd, C * Sn, 0)
+        rin = _rows(nb, S[:-1], X, pre, Co * ldy, M)
+    if need_dw:
+        n_tasks = K * (Cog // 16) * (Cg // 16)
+        dw_part = np.empty((g, K, Cog, Cg), f32)
+        dw_acc = np.zeros((g, K, Cog, Cg), f32)
+
+    def copy_in(_ws, _i, n, n0):
+        dy_view[n - n0] = dy[n]
+        if need_dw:
+            xn = x[n]
+            if xn.dtype == f32 and xn.flags.c_contiguous:
+                lib.xconv_rows_to_last(xn.ctypes.data, Sn, C, xr_src.ctypes.data, xr_dst.ctypes.data, len(xr_src),
+                                       S[-1], xG[n - n0].ctypes.data)
+            else:
+                x_view[n - n0] = xn.transpose(tuple(range(1, nd + 1)) + (0,))
+
+    def compute(_ws, _i, kind, gi, a, b, n0, m):
+        if kind == "dx":
+            base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn + gi * Cg * Sn)
+            lib.xconv_dx_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, wdx[gi].ctypes.data, Cg, off.ctypes.data,
+                              K, Cog, Cg, base, Sn, rin.ctypes.data, rout.ctypes.data, a, b, S[-1])
+        else:
+            lib.xconv_dw_rows(dyG.ctypes.data + 4 * (gi * Cog * ldy + M), ldy, Co * ldy,
+                              xG.ctypes.data + 4 * gi * Cg, C, (Xn + M) * C, off.ctypes.data, Cog, Cg, m, npos,
+                              dw_part[gi].ctypes.data, a, b)
+
+    rows_per_sample = len(rin) // nb if need_dx else 0
+    for n0 in range(0, N, nb):
+        n1 = min(n0 + nb, N)
+        m = n1 - n0
+        run([(n, n0) for n in range(n0, n1)], copy_in, lambda: None, workers)
+        tasks = []
+        if need_dx:
+            for gi in range(g):
+                tasks += [("dx", gi, a, b, n0, m) for a, b in even_ranges(m * rows_per_sample, 2 * workers)]
+        if need_dw:
+            for gi in range(g):
+                tasks += [("dw", gi, a, b, n0, m) for a, b in even_ranges(n_tasks, 2 * workers)]
+        run(tasks, compute, lambda: None, workers)
+        if need_dx and dxb is not dx:
+            dx[n0:n1] = dxb[:m]
+        if need_dw:                                      # blocks added in order
+            dw_acc += dw_part
+    dw = None
+    if need_dw:
+        dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
+    return (dx if need_dx else None), dw

@@ -1,0 +1,130 @@
+/* Direct convolution loops for the NumPy backend (see ../compiled.py).
+ *
+ * Built at first use with the system C compiler (-O3 -march=native) and loaded with ctypes. The
+ * operands are channel-major grids: element (channel c, flat position u) of a sample at
+ * base + c * ldc + u. Every output element is computed by one call, in a fixed order, so results
+ * do not depend on how a caller splits the work. Vectors are 16 floats (GCC vector extension:
+ * one AVX-512 register, or two AVX ones).
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* Input gradient, one block of NR positions j.. of a row and 16 * NV input channels from cb:
+ *   dx[rout + (cb + ci) * ldx + j + k] = sum_t sum_co dy[rin + co * ldy + j + k - off[t]] * w[(t * Cog + co) * ldw + cb + ci]
+ * taps in order, channels in order within a tap. */
+#define DX_BLOCK(NAME, NR, NV)                                                                          \
+    static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, \
+                            int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t j, int64_t cb) {     \
+        v16 acc[NR][NV];                                                                              \
+        for (int k = 0; k < NR; k++)                                                                  \
+            for (int v = 0; v < NV; v++) acc[k][v] = (v16){0};                                        \
+        for (int64_t t = 0; t < T; t++) {                                                             \
+            const float *d = dyr + j - off[t];                                                        \
+            const float *wt = w + t * Cog * ldw + cb;                                                 \
+            for (int64_t co = 0; co < Cog; co++) {                                                    \
+                v16 wv[NV];                                                                           \
+                for (int v = 0; v < NV; v++) wv[v] = load16(wt + co * ldw + 16 * v);                  \
+                const float *dc = d + co * ldy;                                                       \
+                _Pragma("GCC unroll 12") for (int k = 0; k < NR; k++) {                              \
+                    float b = dc[k];                                                                  \
+                    for (int v = 0; v < NV; v++) acc[k][v] += b * wv[v];                              \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+        float buf[NR][16 * NV];                                                                       \
+        for (int k = 0; k < NR; k++)                                                                  \
+            for (int v = 0; v < NV; v++) store16(&buf[k][16 * v], acc[k][v]);                         \
+        for (int c = 0; c < 16 * NV; c++)                                                             \
+            for (int k = 0; k < NR; k++) dxr[(cb + c) * ldx + j + k] = buf[k][c];                     \
+    }
+
+DX_BLOCK(dx_12x2, 12, 2)
+DX_BLOCK(dx_4x2, 4, 2)
+DX_BLOCK(dx_1x2, 1, 2)
+DX_BLOCK(dx_12x1, 12, 1)
+DX_BLOCK(dx_4x1, 4, 1)
+DX_BLOCK(dx_1x1, 1, 1)
+
+/* Input gradient of rows [r0, r1) (row r: dy from dy + rin[r], dx at dx + rout[r], row_len positions),
+ * Cg % 16 == 0: positions in register blocks of 12, then 4, then 1; 32 or 16 channels at a time. */
+void xconv_dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
+                   int64_t Cog, int64_t Cg, float *dx, int64_t ldx, const int64_t *rin, const int64_t *rout,
+                   int64_t r0, int64_t r1, int64_t row_len) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *dyr = dy + rin[r];
+        float *dxr = dx + rout[r];
+        int64_t cb = 0;
+        for (; cb + 32 <= Cg; cb += 32) {
+            int64_t j = 0;
+            for (; j + 12 <= row_len; j += 12) dx_12x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+            for (; j + 4 <= row_len; j += 4) dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+            for (; j < row_len; j++) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+        }
+        for (; cb < Cg; cb += 16) {
+            int64_t j = 0;
+            for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+            for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+            for (; j < row_len; j++) dx_1x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+        }
+    }
+}
+
+#define OB 256 /* positions per segment of the weight-gradient loop (its data stays in cache for all tasks) */
+
+/* Weight gradient of the tasks [k0, k1) of the list (t, co block of 16, ci block of 16), in that order,
+ * over samples [0, nsamp) and positions o < npos, dy channel-major (sample s, channel co at
+ * dy + s * sdy + co * ldy) and x channels-last (sample s, position u at x + s * sx + u * ldx):
+ *   dw[(t * Cog + co) * Cg + ci] = sum_s sum_o dy[co, o] * x[o + off[t], ci]
+ * Samples, segments of OB positions, and positions within them are taken in increasing order (each
+ * segment for all the tasks, its data in cache). Cog % 16 == 0, Cg % 16 == 0. */
+void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, int64_t ldx, int64_t sx,
+                   const int64_t *off, int64_t Cog, int64_t Cg, int64_t nsamp, int64_t npos, float *dw,
+                   int64_t k0, int64_t k1) {
+    int64_t nco = Cog / 16, nci = Cg / 16;
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t t = k / (nco * nci), c0 = (k / nci) % nco * 16, cb = k % nci * 16;
+        for (int c = 0; c < 16; c++) store16(dw + (t * Cog + c0 + c) * Cg + cb, (v16){0});
+    }
+    for (int64_t s = 0; s < nsamp; s++) {
+        for (int64_t o0 = 0; o0 < npos; o0 += OB) {
+            int64_t o1 = o0 + OB < npos ? o0 + OB : npos;
+            for (int64_t k = k0; k < k1; k++) {
+                int64_t t = k / (nco * nci), c0 = (k / nci) % nco * 16, cb = k % nci * 16;
+                float *out = dw + (t * Cog + c0) * Cg + cb;
+                const float *d = dy + s * sdy + c0 * ldy;
+                const float *xs = x + s * sx + off[t] * ldx + cb;
+                v16 acc[16];
+                for (int c = 0; c < 16; c++) acc[c] = load16(out + c * Cg);
+                for (int64_t o = o0; o < o1; o++) {
+                    v16 xv = load16(xs + o * ldx);
+#pragma GCC unroll 16
+                    for (int c = 0; c < 16; c++) acc[c] += d[c * ldy + o] * xv;
+                }
+                for (int c = 0; c < 16; c++) store16(out + c * Cg, acc[c]);
+            }
+        }
+    }
+}
+
+/* Channel-major rows to channels-last: for rows r < nrows and j < row_len, c < C,
+ *   dst[(rdst[r] + j) * C + c] = src[c * ldc + rsrc[r] + j]     (in 16 x 16 tiles, through the cache) */
+void xconv_rows_to_last(const float *src, int64_t ldc, int64_t C, const int64_t *rsrc, const int64_t *rdst,
+                        int64_t nrows, int64_t row_len, float *dst) {
+    for (int64_t r = 0; r < nrows; r++) {
+        const float *s = src + rsrc[r];
+        float *d = dst + rdst[r] * C;
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            int64_t c1 = c0 + 16 < C ? c0 + 16 : C;
+            for (int64_t j0 = 0; j0 < row_len; j0 += 16) {
+                int64_t j1 = j0 + 16 < row_len ? j0 + 16 : row_len;
+                for (int64_t j = j0; j < j1; j++)
+                    for (int64_t c = c0; c < c1; c++) d[j * C + c] = s[c * ldc + j];
+            }
+        }
+    }
+}

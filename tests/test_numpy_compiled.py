@@ -1,0 +1,155 @@
+"""The NumPy backend's compiled direct loops (xconv_numpy.compiled, csrc/direct_conv.c) against the
+float64 oracle and PyTorch.
+
+They serve stride-1 convolutions whose channels per group are multiples of 16, which the small
+channel counts of test_numpy_fast.py never reach: here hypothesis draws such convolutions over
+the rest of the parameter space (1-3 dims, kernels, dilation, asymmetric padding, groups, dtypes,
+masks, layouts, transposed ones through the core's mapping); plus proof that the loops ran, the
+fallback to the BLAS path, bitwise independence from the worker count, and a failed build.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xconv
+from xconv.params import make_params
+
+from test_numpy_fast import compare, random_arrays, relayout  # noqa: E402
+
+from xconv_numpy import compiled  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not compiled.available(),
+                                reason=f"compiled loops unavailable: {compiled.build_error()}")
+
+
+@st.composite
+def convolutions(draw):
+    nd = draw(st.integers(1, 3))
+    groups = draw(st.integers(1, 2))
+    cg, cog = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+    kernel = [draw(st.integers(1, 3 if nd == 3 else 4)) for _ in range(nd)]
+    if all(k == 1 for k in kernel):
+        kernel[-1] = 2
+    dilation = [draw(st.integers(1, 3)) for _ in range(nd)]
+    padding = [(draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in range(nd)]
+    max_side = {1: 20, 2: 7, 3: 4}[nd]
+    spatial = []
+    for i in range(nd):
+        need = dilation[i] * (kernel[i] - 1) + 1 - sum(padding[i])
+        spatial.append(draw(st.integers(max(1, need), max(max_side, need))))
+    transposed = draw(st.integers(0, 4)) == 0
+    c_in, c_out = groups * cg, groups * cog
+    weight = [c_in, cog, *kernel] if transposed else [c_out, cg, *kernel]
+    if transposed:
+        padding = [(0, 0)] * nd
+    dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"]))
+    mask = draw(st.sampled_from([(True, True, True), (True, False, False), (False, True, False), (False, True, True)]))
+    layout = draw(st.sampled_from(["contiguous", "contiguous", "transposed", "sliced"]))
+    return dict(input=[draw(st.integers(1, 3)), c_in, *spatial], weight=weight, stride=[1] * nd, padding=padding,
+                dilation=dilation, groups=groups, transposed=transposed, output_padding=[0] * nd,
+                dtype=dtype), mask, layout
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1))
+def test_compiled_matches_exact(conv, seed):
+    c, mask, layout = conv
+    x, w, dy = random_arrays(np.random.default_rng(seed), c)
+    compare(c, x, w, dy, mask, layout)
+
+
+def _params(xs, ws, **kw):
+    return make_params(xs, ws, **kw)
+
+
+def test_compiled_loops_run_for_what_they_compute(monkeypatch):
+    """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, stride 2, float64 or 8 channels do not."""
+    calls = []
+    real = compiled.backward
+    monkeypatch.setattr(compiled, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 32, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((16, 32, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 16, 9, 9)).astype(np.float32)
+    a = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
+    assert calls == [1]
+    monkeypatch.setenv("XCONV_NUMPY_C", "0")
+    b = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
+    assert calls == [1]
+    for u, v in zip(a, b):       # two float32 computations of the same sums
+        np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)
+    monkeypatch.delenv("XCONV_NUMPY_C")
+    assert compiled.computes(_params(x.shape, w.shape, padding=1))
+    assert not compiled.computes(_params(x.shape, w.shape, padding=1, stride=2))
+    assert not compiled.computes(_params(x.shape, w.shape, padding=1, dtype="float64"))
+    assert not compiled.computes(_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
+    assert not compiled.computes(_params(x.shape, (16, 32, 1, 1)))
+
+
+def test_compiled_bitwise_independent_of_workers():
+    rng = np.random.default_rng(5)
+    p = _params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
+    x = rng.standard_normal(p.input_shape).astype(np.float32)
+    w = rng.standard_normal(p.weight_shape).astype(np.float32)
+    dy = rng.standard_normal(p.output_shape).astype(np.float32)
+    runs = {(workers, budget): compiled.backward(dy, x, w, p, True, True, workers, budget)
+            for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1))}   # budget 1: 1-sample blocks
+    first = runs[(1, 1 << 30)]
+    for dx, _ in runs.values():
+        assert dx.tobytes() == first[0].tobytes()
+    # the weight gradient adds its blocks of samples in order: the same blocks, the same bits
+    assert runs[(2, 1 << 30)][1].tobytes() == first[1].tobytes()
+    assert runs[(3, 1)][1].tobytes() == runs[(1, 1)][1].tobytes()
+
+
+def test_compiled_against_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 16, 6, 10, 12)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 3, 3, 3)).astype(np.float32)
+    kw = dict(stride=1, padding=1, dilation=(1, 2, 1), groups=1)
+    y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    tx, tw = (torch.from_numpy(a.astype(np.float64)).requires_grad_() for a in (x, w))
+    torch.nn.functional.conv3d(tx, tw, None, **kw).backward(torch.from_numpy(dy.astype(np.float64)))
+    dx, dw, _ = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-2)
+
+
+def test_failed_build_falls_back_to_blas(tmp_path):
+    """Without a compiler the loops are unavailable, with the reason, and results come from the BLAS path."""
+    script = (
+        "import sys; sys.path[:0] = {paths!r}\n"
+        "import numpy as np, xconv\n"
+        "from xconv_numpy import compiled\n"
+        "assert not compiled.available(), 'built without a compiler?'\n"
+        "print(compiled.build_error())\n"
+        "x = np.ones((1, 16, 5, 5), np.float32); w = np.ones((16, 16, 3, 3), np.float32)\n"
+        "dx, dw, db = xconv.convolution_backward(np.ones((1, 16, 5, 5), np.float32), x, w, padding=1, backend='numpy')\n"
+        "assert dx[0, 0, 2, 2] == 16 * 9 and dw[0, 0, 1, 1] == 25\n"
+    ).format(paths=[str(ROOT / "backends"), str(ROOT)])
+    env = dict(os.environ, CC="xconv-no-such-compiler", XCONV_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr
+    assert "no C compiler ('xconv-no-such-compiler' not found)" in out.stdout
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_compiled_layouts_and_dtypes(dtype):
+    c = dict(input=[2, 32, 8, 9], weight=[32, 16, 3, 3], stride=[1, 1], padding=[(1, 1), (2, 0)],
+             dilation=[1, 2], groups=2, transposed=False, output_padding=[0, 0], dtype=dtype)
+    x, w, dy = random_arrays(np.random.default_rng(9), c)
+    for layout in ("transposed", "negative", "sliced"):
+        compare(c, x, w, dy, (True, True, True), layout)
+    assert relayout(x, "sliced").shape == x.shape
