@@ -58,14 +58,19 @@ def load_suite() -> tuple[list[dict], Path]:
 
 
 def compiled_loops_info() -> str:
-    """Numba's version when the NumPy backend's compiled loops (depthwise) are in use, else why not."""
-    from xconv_numpy import direct
+    """Which compiled loops the NumPy backend uses here: Numba's (depthwise) and the C ones (stride 1,
+    channels per group in multiples of 16), or why not."""
+    from xconv_numpy import compiled, direct
 
     if direct.available():
         import numba
 
-        return f"numba {numba.__version__}"
-    return f"off ({direct.import_error() or 'XCONV_NUMPY_DIRECT=0'}): depthwise takes the BLAS path"
+        depthwise = f"depthwise: numba {numba.__version__}"
+    else:
+        depthwise = f"depthwise: off ({direct.import_error() or 'XCONV_NUMPY_DIRECT=0'})"
+    c_loops = "C direct: built" if compiled.available() else \
+        f"C direct: off ({compiled.build_error() or 'XCONV_NUMPY_C=0'})"
+    return f"{depthwise}; {c_loops}"
 
 
 def flops(case: dict, out_spatial) -> float:
