@@ -153,3 +153,19 @@ def test_compiled_layouts_and_dtypes(dtype):
     for layout in ("transposed", "negative", "sliced"):
         compare(c, x, w, dy, (True, True, True), layout)
     assert relayout(x, "sliced").shape == x.shape
+
+
+def test_cache_that_others_can_write_is_refused(tmp_path):
+    """The compiled library is loaded as code: a cache directory or file others could write is not used."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match="not private"):
+        compiled._check_private(shared)
+    shared.chmod(0o700)
+    compiled._check_private(shared)
+    lib = shared / "lib.so"
+    lib.write_bytes(b"")
+    lib.chmod(0o666)
+    with pytest.raises(PermissionError, match="not private"):
+        compiled._check_private(lib)

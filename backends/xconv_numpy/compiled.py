@@ -63,6 +63,13 @@ def _cpu_key() -> str:
     return platform.machine() + platform.processor() + flags
 
 
+def _check_private(path: Path) -> None:
+    """Refuse a cache directory or library that another user owns or could write (it would be loaded as code)."""
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} is not private to this user (owner {st.st_uid}, mode {st.st_mode:o})")
+
+
 def _build() -> ctypes.CDLL:
     cc = os.environ.get("CC", "gcc")
     if shutil.which(cc) is None:
@@ -70,12 +77,15 @@ def _build() -> ctypes.CDLL:
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cc.encode()
                          + _cpu_key().encode()).hexdigest()[:16]
     dirs = [Path(os.environ["XCONV_CACHE_DIR"])] if os.environ.get("XCONV_CACHE_DIR") else []
-    dirs += [Path.home() / ".cache" / "xconv", Path(tempfile.gettempdir()) / "xconv-cache"]
+    dirs += [Path.home() / ".cache" / "xconv", Path(tempfile.gettempdir()) / f"xconv-cache-{os.getuid()}"]
     last = None
     for d in dirs:
         try:
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _check_private(d)
             out = d / f"direct_conv-{key}.so"
+            if out.exists():
+                _check_private(out)
             if not out.exists():
                 fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
                 os.close(fd)
@@ -86,7 +96,7 @@ def _build() -> ctypes.CDLL:
                 os.replace(tmp, out)                     # atomic: concurrent builders agree
             lib = ctypes.CDLL(str(out))
             break
-        except OSError as e:                             # not writable, or not loadable: try the next
+        except (OSError, PermissionError) as e:          # not writable, not ours, not loadable: the next
             last = e
     else:
         raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
