@@ -46,6 +46,8 @@ from .workers import even_ranges, run
 
 #: Use (True), never use (False) or choose by shape (None) these loops for the convolutions they compute.
 ENABLED = None
+#: Tasks per worker and kind (dx rows, dw blocks) in each group: more balance the workers, fewer cost less.
+TASKS_PER_WORKER = 2
 SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
 
@@ -229,10 +231,10 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         tasks = []
         if need_dx:
             for gi in range(g):
-                tasks += [("dx", gi, a, b, n0, m) for a, b in even_ranges(m * rows_per_sample, 2 * workers)]
+                tasks += [("dx", gi, a, b, n0, m) for a, b in even_ranges(m * rows_per_sample, TASKS_PER_WORKER * workers)]
         if need_dw:
             for gi in range(g):
-                tasks += [("dw", gi, a, b, n0, m) for a, b in even_ranges(n_tasks, 2 * workers)]
+                tasks += [("dw", gi, a, b, n0, m) for a, b in even_ranges(n_tasks, TASKS_PER_WORKER * workers)]
         run(tasks, compute, lambda: None, workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
