@@ -42,6 +42,19 @@ class SpyBackend(NumpyBackend):
         return super().bgrad(dy, p)
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Wrap ``owner.name`` (for the test's duration) so that each call appends to the returned list."""
+    calls = []
+    real = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
 def fake_cann_build():
     """tests/fake_cann/build.py as a module: ``build(dir)`` and ``CONTROL_SIGNATURES`` of the CANN emulator."""
     import importlib.util

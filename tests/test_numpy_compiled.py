@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import xconv
 from xconv.params import make_params
 
+from core_helpers import count_calls  # noqa: E402
 from test_numpy_fast import compare, random_arrays, relayout  # noqa: E402
 
 from xconv_numpy import compiled  # noqa: E402
@@ -68,37 +69,31 @@ def test_compiled_matches_exact(conv, seed):
     compare(c, x, w, dy, mask, layout)
 
 
-def _params(xs, ws, **kw):
-    return make_params(xs, ws, **kw)
-
-
 def test_compiled_loops_run_for_what_they_compute(monkeypatch):
     """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, stride 2, float64 or 8 channels do not."""
-    calls = []
-    real = compiled.backward
-    monkeypatch.setattr(compiled, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_calls(monkeypatch, compiled, "backward")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 32, 9, 9)).astype(np.float32)
     w = rng.standard_normal((16, 32, 3, 3)).astype(np.float32)
     dy = rng.standard_normal((2, 16, 9, 9)).astype(np.float32)
     a = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
-    assert calls == [1]
+    assert len(calls) == 1
     monkeypatch.setenv("XCONV_NUMPY_C", "0")
     b = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
-    assert calls == [1]
+    assert len(calls) == 1
     for u, v in zip(a, b):       # two float32 computations of the same sums
         np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)
     monkeypatch.delenv("XCONV_NUMPY_C")
-    assert compiled.computes(_params(x.shape, w.shape, padding=1))
-    assert not compiled.computes(_params(x.shape, w.shape, padding=1, stride=2))
-    assert not compiled.computes(_params(x.shape, w.shape, padding=1, dtype="float64"))
-    assert not compiled.computes(_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
-    assert not compiled.computes(_params(x.shape, (16, 32, 1, 1)))
+    assert compiled.computes(make_params(x.shape, w.shape, padding=1))
+    assert not compiled.computes(make_params(x.shape, w.shape, padding=1, stride=2))
+    assert not compiled.computes(make_params(x.shape, w.shape, padding=1, dtype="float64"))
+    assert not compiled.computes(make_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
+    assert not compiled.computes(make_params(x.shape, (16, 32, 1, 1)))
 
 
 def test_compiled_bitwise_independent_of_workers():
     rng = np.random.default_rng(5)
-    p = _params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
+    p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
     x = rng.standard_normal(p.input_shape).astype(np.float32)
     w = rng.standard_normal(p.weight_shape).astype(np.float32)
     dy = rng.standard_normal(p.output_shape).astype(np.float32)

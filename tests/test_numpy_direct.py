@@ -14,9 +14,10 @@ import pytest
 import xconv
 from xconv.params import make_params
 
+from core_helpers import count_calls  # noqa: E402
 from test_numpy_fast import DTYPE_NAMES, compare, random_arrays  # noqa: E402
 
-from xconv_numpy import direct, fast  # noqa: E402
+from xconv_numpy import direct  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not direct.available(), reason=f"Numba unavailable: {direct.import_error()}")
 
@@ -64,24 +65,22 @@ def test_direct_non_contiguous(layout):
 
 def test_direct_loops_run_not_blas(monkeypatch):
     """Depthwise calls go to the compiled loops; others, and XCONV_NUMPY_DIRECT=0, to the BLAS path."""
-    calls = []
-    real = direct.backward
-    monkeypatch.setattr(direct, "backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_calls(monkeypatch, direct, "backward")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
     w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
     dy = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
     a = xconv.convolution_backward(dy, x, w, padding=1, groups=4, backend="numpy")
-    assert calls == [1]
+    assert len(calls) == 1
     monkeypatch.setenv("XCONV_NUMPY_DIRECT", "0")
     b = xconv.convolution_backward(dy, x, w, padding=1, groups=4, backend="numpy")
-    assert calls == [1]
+    assert len(calls) == 1
     for u, v in zip(a, b):      # both are float32 computations of the same sums
         np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-5)
     monkeypatch.delenv("XCONV_NUMPY_DIRECT")
     w2 = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
     xconv.convolution_backward(dy, x, w2, padding=1, groups=2, backend="numpy")
-    assert calls == [1]
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

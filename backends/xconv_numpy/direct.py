@@ -142,6 +142,11 @@ class _Plan:
         return [(a + u, a + v) for u, v in even_ranges(b - a, max(1, min((b - a) // 8, 4 * workers)))]
 
 
+def _setup(p: ConvParams):
+    """The compiled loops, the plan and the compute dtype of a call."""
+    return kernels(), _Plan(p), np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+
+
 def _native(a, cdt) -> bool:
     return a.dtype == cdt and a.flags.c_contiguous
 
@@ -154,9 +159,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
     is not the compute dtype.
     """
-    kern = kernels()
-    plan = _Plan(p)
-    cdt = np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+    kern, plan, cdt = _setup(p)
     out_dt = np.dtype(dy.dtype)
     N, C = plan.in4[:2]
     dy4 = dy.reshape(plan.out4)
@@ -203,9 +206,7 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
 
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks."""
-    kern = kernels()
-    plan = _Plan(p)
-    cdt = np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+    kern, plan, cdt = _setup(p)
     out_dt = np.dtype(x.dtype)
     N, C = plan.in4[:2]
     x4 = x.reshape(plan.in4)
