@@ -15,11 +15,12 @@ import os
 import subprocess
 import sys
 import tracemalloc
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import xconv
@@ -171,6 +172,31 @@ def test_fast_matches_exact(conv, seed):
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     compare(c, x, w, dy, mask, layout)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1))
+@example(conv=({"input": [3, 4, 5, 5, 1], "weight": [4, 4, 4, 4, 2], "stride": [2, 3, 2],     # a phase reads
+                "padding": [(0, 3), (0, 1), (0, 3)], "dilation": [2, 1, 3], "groups": 1,     # no input: its dW
+                "transposed": False, "output_padding": [0, 0, 0], "dtype": "float16"},       # part was scratch
+               (False, True, True), "transposed"), seed=1295)
+def test_scratch_contents_never_reach_results(conv, seed, monkeypatch):   # the same patch for every example
+    """Scratch from the arena arrives filled with 3e38 (float32's near-largest value): results must not
+    depend on what scratch held before, and no overflow may come from leftover values."""
+    real_take = fast._Arena.take
+
+    def poisoned(self, nbytes):
+        buf = real_take(self, nbytes)
+        buf[:buf.nbytes // 4 * 4].view(np.float32).fill(3e38)
+        return buf
+
+    monkeypatch.setattr(fast._Arena, "take", poisoned)
+    c, mask, layout = conv
+    x, w, dy = random_arrays(np.random.default_rng(seed), c)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compare(c, x, w, dy, mask, layout)
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

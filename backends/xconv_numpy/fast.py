@@ -610,6 +610,7 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
         return (_new_output(p.input_shape, p, zero=True) if need_dx else None,
                 np.zeros(p.weight_shape, DTYPES[p.dtype]) if need_dw else None)
     valid = {ip: geo.x_valid[geo.phases[ip][0]] for ip in live}
+    dead = [ip for ip in range(len(geo.phases)) if ip not in valid]
     # positions per line: the valid ones only (compact), or whole grid lines (flat: long contiguous
     # copies, GEMM work on the few padding columns, whose x is zero and whose dx is dropped)
     # (measured: compact is faster for C_in/g >= 64, where the GEMMs dominate; flat for the thin
@@ -671,6 +672,8 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
         E0 = n0 * L1 + a - h
         dyg = ws["dy"].fill(dy4, E0, (n0 + nb - 1) * L1 + b, geo.y_valid)
         parts = slots.target(i, ws["dw"]) if need_dw else None
+        for ip in dead if need_dw else ():     # phases whose taps read no input: zero, not leftover scratch
+            parts[ip].fill(0)
         for ip in live:
             r, taps = geo.phases[ip]
             v = valid[ip]
