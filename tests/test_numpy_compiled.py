@@ -39,6 +39,7 @@ def convolutions(draw):
     groups = draw(st.integers(1, 2))
     cg, cog = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
     kernel = [draw(st.integers(1, 3 if nd == 3 else 4)) for _ in range(nd)]
+    stride = [draw(st.sampled_from([1, 1, 2, 3])) for _ in range(nd)]
     if all(k == 1 for k in kernel):
         kernel[-1] = 2
     dilation = [draw(st.integers(1, 3)) for _ in range(nd)]
@@ -56,21 +57,25 @@ def convolutions(draw):
     dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"]))
     mask = draw(st.sampled_from([(True, True, True), (True, False, False), (False, True, False), (False, True, True)]))
     layout = draw(st.sampled_from(["contiguous", "contiguous", "transposed", "sliced"]))
-    return dict(input=[draw(st.integers(1, 3)), c_in, *spatial], weight=weight, stride=[1] * nd, padding=padding,
+    if transposed:
+        stride = [1] * nd
+    return dict(input=[draw(st.integers(1, 3)), c_in, *spatial], weight=weight, stride=stride, padding=padding,
                 dilation=dilation, groups=groups, transposed=transposed, output_padding=[0] * nd,
                 dtype=dtype), mask, layout
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(conv=convolutions(), seed=st.integers(0, 2**32 - 1))
-def test_compiled_matches_exact(conv, seed):
+def test_compiled_matches_exact(conv, seed, monkeypatch):   # one patch for all examples: strides too
+    monkeypatch.setattr(compiled, "ENABLED", True)
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     compare(c, x, w, dy, mask, layout)
 
 
 def test_compiled_loops_run_for_what_they_compute(monkeypatch):
-    """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, stride 2, float64 or 8 channels do not."""
+    """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, float64, 8 channels or 1x1 do not, stride 2 by default not."""
     calls = count_calls(monkeypatch, compiled, "backward")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 32, 9, 9)).astype(np.float32)
@@ -85,7 +90,8 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
         np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)
     monkeypatch.delenv("XCONV_NUMPY_C")
     assert compiled.computes(make_params(x.shape, w.shape, padding=1))
-    assert not compiled.computes(make_params(x.shape, w.shape, padding=1, stride=2))
+    assert compiled.computes(make_params(x.shape, w.shape, padding=1, stride=2))
+    assert not compiled.serves(make_params(x.shape, w.shape, padding=1, stride=2))   # strided: BLAS by default
     assert not compiled.computes(make_params(x.shape, w.shape, padding=1, dtype="float64"))
     assert not compiled.computes(make_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
     assert not compiled.computes(make_params(x.shape, (16, 32, 1, 1)))

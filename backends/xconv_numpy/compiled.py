@@ -103,9 +103,9 @@ def _build() -> ctypes.CDLL:
     else:
         raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
     p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.xconv_dx_rows.argtypes = [p, i, p, i, p, i, i, i, p, i, p, p, i, i, i]
+    lib.xconv_dx_rows.argtypes = [p, i, p, i, p, i, i, i, p, i, i, p, p, i, i, i]
     lib.xconv_dx_rows.restype = None
-    lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, p, i, i, i, i, p, i, i]
+    lib.xconv_dw_rows.argtypes = [p, i, p, i, i, p, i, i, p, p, i, i, i, p, i, i]
     lib.xconv_dw_rows.restype = None
     lib.xconv_rows_to_last.argtypes = [p, i, i, p, p, i, i, p]
     lib.xconv_rows_to_last.restype = None
@@ -136,17 +136,36 @@ def build_error() -> str | None:
 
 
 def computes(p: ConvParams) -> bool:
-    """Whether these loops compute ``p``'s backward: stride 1, not float64, not empty, a kernel of
-    more than one tap, and channels per group that are multiples of 16."""
-    if p.dtype == "float64" or any(s != 1 for s in p.stride) or min(p.input_shape) == 0:
+    """Whether these loops compute ``p``'s backward: not float64, not empty, a kernel of more than one
+    tap, and channels per group that are multiples of 16 (any stride, dilation, padding)."""
+    if p.dtype == "float64" or min(p.input_shape) == 0:
         return False
     Cg, Cog = p.input_shape[1] // p.groups, p.output_shape[1] // p.groups
     return Cg % 16 == 0 and Cog % 16 == 0 and math.prod(p.kernel) > 1
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether the fast path uses these loops for ``p`` (see :data:`ENABLED`)."""
-    return ENABLED is not False and computes(p) and available()
+    """Whether the fast path uses these loops for ``p`` (see :data:`ENABLED`). By default only stride 1:
+    strided ones are computed correctly but measured no faster than the BLAS path (resnet_conv3x3_28_s2:
+    dx 80, dw 65-76 GFLOP/s per core, whose x loads at the stride waste most of each cache line)."""
+    if ENABLED is False or not computes(p):
+        return False
+    if ENABLED is None and any(s != 1 for s in p.stride):
+        return False
+    return available()
+
+
+def _strided_rows(m: int, lead, dims, first, step, sample: int) -> np.ndarray:
+    """Flat offsets of rows (sample < m, leading indices j < lead) at positions first_k + j_k * step_k of
+    grids with spatial dims ``dims`` and ``sample`` elements per sample (the last dim's index is first[-1])."""
+    gs = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    idx = np.full((m,) + tuple(lead), first[-1] * gs[-1], np.int64)
+    idx += (np.arange(m, dtype=np.int64) * sample).reshape((m,) + (1,) * len(lead))
+    for k, n in enumerate(lead):
+        shape = [1] * (len(lead) + 1)
+        shape[k + 1] = n
+        idx += ((first[k] + np.arange(n, dtype=np.int64) * step[k]) * gs[k]).reshape(shape)
+    return idx.ravel()
 
 
 def _rows(m: int, lead, dims, base, sample: int, first: int) -> np.ndarray:
@@ -162,6 +181,22 @@ def _rows(m: int, lead, dims, base, sample: int, first: int) -> np.ndarray:
     return idx.ravel()
 
 
+def _phase_plan(S, X, Y, s, d, k, pre, gY):
+    """Per phase rho of the strided input (xi = s*m + rho on the x grid): the taps reading it, their flat
+    offsets on the dy grid (o = m - q, q = (t*d - rho) / s), and the range of m holding input positions."""
+    taps = list(np.ndindex(*k))
+    plan = []
+    for rho in np.ndindex(*s):
+        idx = [i for i, t in enumerate(taps) if all((tk * dk - r) % sk == 0 for tk, dk, r, sk in zip(t, d, rho, s))]
+        offs = [sum((tk * dk - r) // sk * g for tk, dk, r, sk, g in zip(taps[i], d, rho, s, gY)) for i in idx]
+        lo = [-(-(a - r) // sk) for a, r, sk in zip(pre, rho, s)]
+        hi = [(a + n - 1 - r) // sk for a, n, r, sk in zip(pre, S, rho, s)]
+        if any(h < lo_ for lo_, h in zip(lo, hi)):
+            continue                                     # no input position in this phase
+        plan.append((rho, idx, np.array(offs or [0], np.int64), lo, [h - lo_ + 1 for lo_, h in zip(lo, hi)]))
+    return plan
+
+
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, budget: int):
     """(dx or None, dw or None) of ``p`` (see :func:`computes`); scratch about ``budget`` bytes or one sample."""
     lib = _load()
@@ -169,39 +204,58 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     N, C = p.input_shape[:2]
     Co = p.output_shape[1]
     S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
+    st = tuple(p.stride)
     pre = tuple(a for a, _ in p.padding)
     Cg, Cog = C // g, Co // g
     K = math.prod(k)
     out_dt = DTYPES[p.dtype]
     f32 = np.dtype(np.float32)
-    X = tuple(s + a + b for s, (a, b) in zip(S, p.padding))
+    X = tuple(n + a + b for n, (a, b) in zip(S, p.padding))             # x grid (x at [pre, pre + S))
+    qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
+    Y = tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))   # dy grid (dy at [0, O))
     gX = [math.prod(X[i + 1:]) for i in range(nd)]
-    Xn, Sn = math.prod(X), math.prod(S)
-    off = np.array([sum(t * dd * s for t, dd, s in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
-    M = int(off.max())                                   # margin before each channel row of the dy grid
-    ldy = M + Xn
-    npos = sum((o - 1) * s for o, s in zip(O, gX)) + 1  # dw: positions up to the last output
-    per_sample = f32.itemsize * (Co * ldy + C * (Xn + M) * need_dw + C * Sn * (need_dx and out_dt != f32))
+    gY = [math.prod(Y[i + 1:]) for i in range(nd)]
+    Xn, Yn, Sn = math.prod(X), math.prod(Y), math.prod(S)
+    off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
+    phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
+    M = max([int(ph[2].max()) for ph in phases] + [0])   # margin before each channel row of the dy grid
+    ldy = M + Yn
+    per_sample = f32.itemsize * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and out_dt != f32))
     nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
     dyG = np.zeros((nb, Co, ldy), f32)
-    dy_view = dyG[:, :, M:].reshape((nb, Co) + X)[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
-    xG = np.zeros((nb, Xn + M, C), f32) if need_dw else None             # channels-last, M spare positions
-    x_view = xG[:, :Xn].reshape((nb,) + X + (C,))[(slice(None),) + tuple(slice(a, a + s) for a, s in zip(pre, S))] \
+    dy_view = dyG[:, :, M:].reshape((nb, Co) + Y)[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
+    xG = np.zeros((nb, Xn, C), f32) if need_dw else None              # channels-last (dw loads 16 channels)
+    x_view = xG.reshape((nb,) + X + (C,))[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(pre, S))] \
         if need_dw else None
-    if need_dw:                  # rows of one sample's x, and where they go in its channels-last grid
-        # (x on a channels-last grid: the weight-gradient loop broadcasts dy and loads x 16 channels at a time)
-        xr_src = _rows(1, S[:-1], S, (0,) * nd, 0, 0)
-        xr_dst = _rows(1, S[:-1], X, pre, 0, 0)
     if need_dx:
-        wdx = np.ascontiguousarray(np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2))  # (g, K, Cog, Cg)
+        wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)               # (g, K, Cog, Cg)
         dx = np.empty(p.input_shape, out_dt)
         dxb = dx if out_dt == f32 else np.empty((nb, C) + S, f32)
-        rout = _rows(nb, S[:-1], S, (0,) * nd, C * Sn, 0)
-        rin = _rows(nb, S[:-1], X, pre, Co * ldy, M)
+        dx_jobs = []                                     # per phase: taps' weights, offsets, rows in and out
+        for rho, idx, offs, lo, cnt in phases:
+            lead = cnt[:-1]
+            rin = _rows(nb, lead, Y, lo, Co * ldy, M)
+            first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
+            rout = _strided_rows(nb, lead, S, first, st, C * Sn)
+            dx_jobs.append((np.ascontiguousarray(wdx[:, idx]), len(idx), offs, rin, rout, cnt[-1], len(rin) // nb))
     if need_dw:
+        if all(ss == 1 for ss in st):                    # stride 1: one flat row per sample
+            npos = sum((o - 1) * gg for o, gg in zip(O, gY)) + 1
+            rdy = np.arange(nb, dtype=np.int64) * (Co * ldy) + M
+            rx = np.arange(nb, dtype=np.int64) * Xn
+            dw_len, dw_step = npos, 1
+        else:
+            rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy, M)
+            rx = _strided_rows(nb, O[:-1], X, (0,) * nd, st, Xn)
+            dw_len, dw_step = O[-1], st[-1]
+        dw_rows_per_sample = len(rdy) // nb
+        # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
+        dw_seg = int(min(1024, max(16, (256 << 10) // (4 * (Cog + Cg * dw_step)))))
         n_tasks = K * (Cog // 16) * (Cg // 16)
         dw_part = np.empty((g, K, Cog, Cg), f32)
         dw_acc = np.zeros((g, K, Cog, Cg), f32)
+        xr_src = _rows(1, S[:-1], S, (0,) * nd, 0, 0)   # rows of one sample's x, and where they go in its grid
+        xr_dst = _rows(1, S[:-1], X, pre, 0, 0)
 
     def copy_in(_ws, _i, n, n0):
         dy_view[n - n0] = dy[n]
@@ -213,28 +267,27 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
             else:
                 x_view[n - n0] = xn.transpose(tuple(range(1, nd + 1)) + (0,))
 
-    def compute(_ws, _i, kind, gi, a, b, n0, m):
+    def compute(_ws, _i, kind, gi, job, a, b, n0, m):
         if kind == "dx":
+            wj, T, offs, rin, rout, row_len, _ = dx_jobs[job]
             base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn + gi * Cg * Sn)
-            lib.xconv_dx_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, wdx[gi].ctypes.data, Cg, off.ctypes.data,
-                              K, Cog, Cg, base, Sn, rin.ctypes.data, rout.ctypes.data, a, b, S[-1])
+            lib.xconv_dx_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, wj[gi].ctypes.data, Cg, offs.ctypes.data,
+                              T, Cog, Cg, base, Sn, st[-1], rin.ctypes.data, rout.ctypes.data, a, b, row_len)
         else:
-            lib.xconv_dw_rows(dyG.ctypes.data + 4 * (gi * Cog * ldy + M), ldy, Co * ldy,
-                              xG.ctypes.data + 4 * gi * Cg, C, (Xn + M) * C, off.ctypes.data, Cog, Cg, m, npos,
-                              dw_part[gi].ctypes.data, a, b)
+            lib.xconv_dw_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, xG.ctypes.data + 4 * gi * Cg, C, dw_step,
+                              off_w.ctypes.data, Cog, Cg, rdy.ctypes.data, rx.ctypes.data, m * dw_rows_per_sample,
+                              dw_len, dw_seg, dw_part[gi].ctypes.data, a, b)
 
-    rows_per_sample = len(rin) // nb if need_dx else 0
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
         run([(n, n0) for n in range(n0, n1)], copy_in, lambda: None, workers)
         tasks = []
-        if need_dx:
-            for gi in range(g):
-                tasks += [("dx", gi, a, b, n0, m) for a, b in even_ranges(m * rows_per_sample, TASKS_PER_WORKER * workers)]
-        if need_dw:
-            for gi in range(g):
-                tasks += [("dw", gi, a, b, n0, m) for a, b in even_ranges(n_tasks, TASKS_PER_WORKER * workers)]
+        for gi in range(g):
+            for j, job in enumerate(dx_jobs if need_dx else ()):
+                tasks += [("dx", gi, j, a, b, n0, m) for a, b in even_ranges(m * job[6], TASKS_PER_WORKER * workers)]
+            if need_dw:
+                tasks += [("dw", gi, 0, a, b, n0, m) for a, b in even_ranges(n_tasks, TASKS_PER_WORKER * workers)]
         run(tasks, compute, lambda: None, workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]

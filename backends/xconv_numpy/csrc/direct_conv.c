@@ -15,11 +15,12 @@ static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); retur
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
 /* Input gradient, one block of NR positions j.. of a row and 16 * NV input channels from cb:
- *   dx[rout + (cb + ci) * ldx + j + k] = sum_t sum_co dy[rin + co * ldy + j + k - off[t]] * w[(t * Cog + co) * ldw + cb + ci]
- * taps in order, channels in order within a tap. */
+ *   dx[rout + (cb + ci) * ldx + (j + k) * os] = sum_t sum_co dy[rin + co * ldy + j + k - off[t]] * w[(t * Cog + co) * ldw + cb + ci]
+ * taps in order, channels in order within a tap (os: the output's position step, the stride on a phase). */
 #define DX_BLOCK(NAME, NR, NV)                                                                          \
     static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, \
-                            int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t j, int64_t cb) {     \
+                            int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j,       \
+                            int64_t cb) {                                                                 \
         v16 acc[NR][NV];                                                                              \
         for (int k = 0; k < NR; k++)                                                                  \
             for (int v = 0; v < NV; v++) acc[k][v] = (v16){0};                                        \
@@ -40,70 +41,80 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
         for (int k = 0; k < NR; k++)                                                                  \
             for (int v = 0; v < NV; v++) store16(&buf[k][16 * v], acc[k][v]);                         \
         for (int c = 0; c < 16 * NV; c++)                                                             \
-            for (int k = 0; k < NR; k++) dxr[(cb + c) * ldx + j + k] = buf[k][c];                     \
+            for (int k = 0; k < NR; k++) dxr[(cb + c) * ldx + (j + k) * os] = buf[k][c];              \
     }
 
 DX_BLOCK(dx_12x2, 12, 2)
 DX_BLOCK(dx_4x2, 4, 2)
+DX_BLOCK(dx_2x2, 2, 2)
 DX_BLOCK(dx_1x2, 1, 2)
 DX_BLOCK(dx_12x1, 12, 1)
 DX_BLOCK(dx_4x1, 4, 1)
+DX_BLOCK(dx_2x1, 2, 1)
 DX_BLOCK(dx_1x1, 1, 1)
 
-/* Input gradient of rows [r0, r1) (row r: dy from dy + rin[r], dx at dx + rout[r], row_len positions),
- * Cg % 16 == 0: positions in register blocks of 12, then 4, then 1; 32 or 16 channels at a time. */
+/* Input gradient of rows [r0, r1) (row r: dy from dy + rin[r], dx at dx + rout[r] with position step os,
+ * row_len positions), Cg % 16 == 0: positions in register blocks of 12, then 4, 2, 1; 32 or 16 channels
+ * at a time. */
 void xconv_dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
-                   int64_t Cog, int64_t Cg, float *dx, int64_t ldx, const int64_t *rin, const int64_t *rout,
-                   int64_t r0, int64_t r1, int64_t row_len) {
+                   int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
+                   const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
     for (int64_t r = r0; r < r1; r++) {
         const float *dyr = dy + rin[r];
         float *dxr = dx + rout[r];
         int64_t cb = 0;
         for (; cb + 32 <= Cg; cb += 32) {
             int64_t j = 0;
-            for (; j + 12 <= row_len; j += 12) dx_12x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
-            for (; j + 4 <= row_len; j += 4) dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
-            for (; j < row_len; j++) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+            for (; j + 12 <= row_len; j += 12) dx_12x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j + 4 <= row_len; j += 4) dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j + 2 <= row_len; j += 2) dx_2x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j < row_len; j++) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
         }
         for (; cb < Cg; cb += 16) {
             int64_t j = 0;
-            for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
-            for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
-            for (; j < row_len; j++) dx_1x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, j, cb);
+            for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j < row_len; j++) dx_1x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
         }
     }
 }
 
-#define OB 256 /* positions per segment of the weight-gradient loop (its data stays in cache for all tasks) */
 
-/* Weight gradient of the tasks [k0, k1) of the list (t, co block of 16, ci block of 16), in that order,
- * over samples [0, nsamp) and positions o < npos, dy channel-major (sample s, channel co at
- * dy + s * sdy + co * ldy) and x channels-last (sample s, position u at x + s * sx + u * ldx):
- *   dw[(t * Cog + co) * Cg + ci] = sum_s sum_o dy[co, o] * x[o + off[t], ci]
- * Samples, segments of OB positions, and positions within them are taken in increasing order (each
- * segment for all the tasks, its data in cache). Cog % 16 == 0, Cg % 16 == 0. */
-void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, int64_t ldx, int64_t sx,
-                   const int64_t *off, int64_t Cog, int64_t Cg, int64_t nsamp, int64_t npos, float *dw,
-                   int64_t k0, int64_t k1) {
+/* Weight gradient of the tasks [k0, k1) of the list (t, co block of 16, ci block of 16), in that order, over
+ * rows r < nrows of dy positions (channel-major: channel co of row r at dy + rdy[r] + co * ldy + j) and x
+ * positions (channels-last: x + (rx[r] + j * xs + off[t]) * ldx for position j of the row, xs the stride):
+ *   dw[(t * Cog + co) * Cg + ci] = sum_r sum_{j < row_len} dy[co, row r, j] * x[row r, j * xs + off[t], ci]
+ * Rows and positions are taken in increasing order, in segments of about OB positions (each segment for
+ * all the tasks: the caller sizes OB so that a segment's data stays in cache). Cog % 16 == 0, Cg % 16 == 0. */
+void xconv_dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, int64_t xs, const int64_t *off,
+                   int64_t Cog, int64_t Cg, const int64_t *rdy, const int64_t *rx, int64_t nrows, int64_t row_len,
+                   int64_t OB, float *dw, int64_t k0, int64_t k1) {
     int64_t nco = Cog / 16, nci = Cg / 16;
     for (int64_t k = k0; k < k1; k++) {
         int64_t t = k / (nco * nci), c0 = (k / nci) % nco * 16, cb = k % nci * 16;
         for (int c = 0; c < 16; c++) store16(dw + (t * Cog + c0 + c) * Cg + cb, (v16){0});
     }
-    for (int64_t s = 0; s < nsamp; s++) {
-        for (int64_t o0 = 0; o0 < npos; o0 += OB) {
-            int64_t o1 = o0 + OB < npos ? o0 + OB : npos;
+    /* a segment: rows [r0, r1) and positions [o0, o1) of each: whole rows when a row is shorter than OB */
+    int64_t rows_per_seg = row_len >= OB ? 1 : OB / row_len;
+    for (int64_t r0 = 0; r0 < nrows; r0 += rows_per_seg) {
+        int64_t r1 = r0 + rows_per_seg < nrows ? r0 + rows_per_seg : nrows;
+        for (int64_t o0 = 0; o0 < row_len; o0 += OB) {
+            int64_t o1 = o0 + OB < row_len ? o0 + OB : row_len;
             for (int64_t k = k0; k < k1; k++) {
                 int64_t t = k / (nco * nci), c0 = (k / nci) % nco * 16, cb = k % nci * 16;
                 float *out = dw + (t * Cog + c0) * Cg + cb;
-                const float *d = dy + s * sdy + c0 * ldy;
-                const float *xs = x + s * sx + off[t] * ldx + cb;
+                int64_t step = xs * ldx;
                 v16 acc[16];
                 for (int c = 0; c < 16; c++) acc[c] = load16(out + c * Cg);
-                for (int64_t o = o0; o < o1; o++) {
-                    v16 xv = load16(xs + o * ldx);
+                for (int64_t r = r0; r < r1; r++) {
+                    const float *d = dy + rdy[r] + c0 * ldy;
+                    const float *xr = x + (rx[r] + off[t]) * ldx + cb;
+                    for (int64_t o = o0; o < o1; o++) {
+                        v16 xv = load16(xr + o * step);
 #pragma GCC unroll 16
-                    for (int c = 0; c < 16; c++) acc[c] += d[c * ldy + o] * xv;
+                        for (int c = 0; c < 16; c++) acc[c] += d[c * ldy + o] * xv;
+                    }
                 }
                 for (int c = 0; c < 16; c++) store16(out + c * Cg, acc[c]);
             }
