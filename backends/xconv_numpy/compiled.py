@@ -48,6 +48,8 @@ from .workers import even_ranges, run
 ENABLED = None
 #: Tasks per worker and kind (dx rows, dw blocks) in each group: more balance the workers, fewer cost less.
 TASKS_PER_WORKER = 2
+#: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
+DW_SEGMENT_BYTES = 256 << 10
 SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
 
@@ -219,11 +221,12 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
     phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
     M = max([int(ph[2].max()) for ph in phases] + [0])   # margin before each channel row of the dy grid
-    ldy = M + Yn
+    ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
+    ldy += 16 * ((ldy // 16) % 2 == 0)                   # 64 bytes, so 16 channel rows fall in 16 cache sets
     per_sample = f32.itemsize * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and out_dt != f32))
     nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
     dyG = np.zeros((nb, Co, ldy), f32)
-    dy_view = dyG[:, :, M:].reshape((nb, Co) + Y)[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
+    dy_view = dyG[:, :, M:M + Yn].reshape((nb, Co) + Y)[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
     xG = np.zeros((nb, Xn, C), f32) if need_dw else None              # channels-last (dw loads 16 channels)
     x_view = xG.reshape((nb,) + X + (C,))[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(pre, S))] \
         if need_dw else None
@@ -250,7 +253,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
             dw_len, dw_step = O[-1], st[-1]
         dw_rows_per_sample = len(rdy) // nb
         # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
-        dw_seg = int(min(1024, max(16, (256 << 10) // (4 * (Cog + Cg * dw_step)))))
+        dw_seg = int(min(1024, max(16, DW_SEGMENT_BYTES // (4 * (Cog + Cg * dw_step)))))
         n_tasks = K * (Cog // 16) * (Cg // 16)
         dw_part = np.empty((g, K, Cog, Cg), f32)
         dw_acc = np.zeros((g, K, Cog, Cg), f32)
