@@ -1,25 +1,27 @@
-"""Direct stride-1 convolution backward in compiled C loops (csrc/direct_conv.c), for channel counts
-per group that are multiples of 16.
+"""Direct convolution backward in compiled C loops (csrc/direct_conv.c), for channel counts per group
+that are multiples of 16.
 
 im2col + BLAS loses most where one GEMM dimension is 16-32 channels (BLAS packing costs as much
 as the arithmetic) and spends 20-40% on column copies elsewhere. These loops compute the sums
-directly, register-blocked, on zero-padded channel-major grids of the x geometry
-(``X = S + pre + post`` per dim, flattened; dy at positions ``[0, O)``, x at ``[pre, pre + S)``),
-on which tap t is the constant offset ``off_t = sum_k t_k d_k stride_k``:
+directly, register-blocked. x is copied into a zero-padded channels-last grid of the x geometry
+(``X = S + pre + post`` per dim, flattened, x at ``[pre, pre + S)``), dy into a zero-padded
+channel-major grid ``Y = max(ceil(X/s), O + q_max)`` (dy at ``[0, O)``, a margin of the largest tap
+offset before each channel row); every tap is then a constant flat offset:
 
-- ``dx[c, i] = sum_t sum_co dy_grid[co, i + pre - off_t] w[co, c, t]``: 12 positions x 32 (or 16)
-  input channels per register block, taps then output channels in order; a position of the grid
-  outside dy holds zero (a margin of the largest offset precedes every channel row);
-- ``dw[co, c, t] = sum_n sum_o dy_grid[co, o] x_grid[c, o + off_t]``: 4 x 4 channel pairs per
-  block, 16 positions per vector (lane partials added up at the end).
+- dx, per phase rho of the strided input (``xi = s*m + rho``; one phase at stride 1):
+  ``dx[c, s*m + rho - pre] = sum over the phase's taps t of sum_co dy_grid[co, m - q_t] w[co, c, t]``,
+  ``q_t = (t*d - rho) / s``: 12 positions x 32 (or 16) input channels per register block;
+- ``dw[co, c, t] = sum_n sum_o dy_grid[co, o] x_grid[s*o + t*d, c]``: 16 x 16 channel blocks, dy
+  broadcast and x loaded 16 channels at a time, over cache-sized segments of positions.
 
 Each output element is computed by one task in a fixed order; tasks are row ranges (dx) and
 (tap, channel block) ranges (dw); blocks of samples add their dw in block order. So results are
 bitwise reproducible and do not depend on the number of workers. Sums run in float32 (float16
-and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the BLAS path.
+and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the BLAS path. By
+default only stride 1 uses these loops (see :func:`serves`).
 
-The C file is compiled at first use (``$CC`` or gcc, ``-O3 -march=native``) into
-``$XCONV_CACHE_DIR`` (default ``~/.cache/xconv``, else the temporary directory) and loaded with
+The C file is compiled at first use (``$CC`` or gcc, ``-O3 -march=native``) into a private per-user
+cache (``$XCONV_CACHE_DIR``, else ``~/.cache/xconv``, else the temporary directory) and loaded with
 ctypes, whose calls release the GIL. Without a compiler, or with ``XCONV_NUMPY_C=0``, :func:`serves`
 is False and the BLAS path runs.
 """
@@ -100,7 +102,7 @@ def _build() -> ctypes.CDLL:
                 os.replace(tmp, out)                     # atomic: concurrent builders agree
             lib = ctypes.CDLL(str(out))
             break
-        except (OSError, PermissionError) as e:          # not writable, not ours, not loadable: the next
+        except OSError as e:                             # not writable, not ours, not loadable: the next
             last = e
     else:
         raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
@@ -157,29 +159,18 @@ def serves(p: ConvParams) -> bool:
     return available()
 
 
-def _strided_rows(m: int, lead, dims, first, step, sample: int) -> np.ndarray:
-    """Flat offsets of rows (sample < m, leading indices j < lead) at positions first_k + j_k * step_k of
-    grids with spatial dims ``dims`` and ``sample`` elements per sample (the last dim's index is first[-1])."""
+def _rows(m: int, lead, dims, first, sample: int, step=None) -> np.ndarray:
+    """Flat offsets of rows (sample n < m, leading indices j_k < lead) of grids with spatial dims ``dims``
+    and ``sample`` elements per sample: n*sample + sum_k (first_k + j_k * step_k) * stride_k, the last
+    dim at first[-1] (``step`` 1 by default)."""
     gs = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    step = step or (1,) * len(dims)
     idx = np.full((m,) + tuple(lead), first[-1] * gs[-1], np.int64)
     idx += (np.arange(m, dtype=np.int64) * sample).reshape((m,) + (1,) * len(lead))
     for k, n in enumerate(lead):
         shape = [1] * (len(lead) + 1)
         shape[k + 1] = n
         idx += ((first[k] + np.arange(n, dtype=np.int64) * step[k]) * gs[k]).reshape(shape)
-    return idx.ravel()
-
-
-def _rows(m: int, lead, dims, base, sample: int, first: int) -> np.ndarray:
-    """Flat offsets of the rows (sample < m, leading indices < lead) of channel-major grids with spatial
-    dims ``dims`` and ``sample`` elements per sample: first + n*sample + sum (base_k + i_k) * stride_k."""
-    gs = [math.prod(dims[i + 1:]) for i in range(len(dims))]
-    idx = np.full((m,) + tuple(lead), first + base[-1] * gs[-1], np.int64)
-    idx += (np.arange(m, dtype=np.int64) * sample).reshape((m,) + (1,) * len(lead))
-    for k, n in enumerate(lead):
-        shape = [1] * (len(lead) + 1)
-        shape[k + 1] = n
-        idx += ((np.arange(n, dtype=np.int64) + base[k]) * gs[k]).reshape(shape)
     return idx.ravel()
 
 
@@ -237,9 +228,9 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         dx_jobs = []                                     # per phase: taps' weights, offsets, rows in and out
         for rho, idx, offs, lo, cnt in phases:
             lead = cnt[:-1]
-            rin = _rows(nb, lead, Y, lo, Co * ldy, M)
+            rin = _rows(nb, lead, Y, lo, Co * ldy) + M
             first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
-            rout = _strided_rows(nb, lead, S, first, st, C * Sn)
+            rout = _rows(nb, lead, S, first, C * Sn, st)
             dx_jobs.append((np.ascontiguousarray(wdx[:, idx]), len(idx), offs, rin, rout, cnt[-1], len(rin) // nb))
     if need_dw:
         if all(ss == 1 for ss in st):                    # stride 1: one flat row per sample
@@ -248,8 +239,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
             rx = np.arange(nb, dtype=np.int64) * Xn
             dw_len, dw_step = npos, 1
         else:
-            rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy, M)
-            rx = _strided_rows(nb, O[:-1], X, (0,) * nd, st, Xn)
+            rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
+            rx = _rows(nb, O[:-1], X, (0,) * nd, Xn, st)
             dw_len, dw_step = O[-1], st[-1]
         dw_rows_per_sample = len(rdy) // nb
         # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
@@ -257,8 +248,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         n_tasks = K * (Cog // 16) * (Cg // 16)
         dw_part = np.empty((g, K, Cog, Cg), f32)
         dw_acc = np.zeros((g, K, Cog, Cg), f32)
-        xr_src = _rows(1, S[:-1], S, (0,) * nd, 0, 0)   # rows of one sample's x, and where they go in its grid
-        xr_dst = _rows(1, S[:-1], X, pre, 0, 0)
+        xr_src = _rows(1, S[:-1], S, (0,) * nd, 0)      # rows of one sample's x, and where they go in its grid
+        xr_dst = _rows(1, S[:-1], X, pre, 0)
 
     def copy_in(_ws, _i, n, n0):
         dy_view[n - n0] = dy[n]
