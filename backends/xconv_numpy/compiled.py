@@ -36,7 +36,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from .lazy import Lazy
 from .workers import even_ranges, run
 
 #: Use (True), never use (False) or choose by shape (None) these loops for the convolutions they compute.
@@ -54,11 +54,6 @@ TASKS_PER_WORKER = 2
 DW_SEGMENT_BYTES = 256 << 10
 SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
-
-_lib = None
-_error: str | None = None
-_lock = threading.Lock()
-
 
 def _cpu_key() -> str:
     try:
@@ -116,27 +111,17 @@ def _build() -> ctypes.CDLL:
     return lib
 
 
-def _load():
-    global _lib, _error
-    with _lock:
-        if _lib is None and _error is None:
-            try:
-                _lib = _build()
-            except Exception as e:  # no compiler, no cache dir, a failed build: the BLAS path serves
-                _error = f"{type(e).__name__}: {e}"
-    return _lib
+_LIB = Lazy(_build, "XCONV_NUMPY_C")
 
 
 def available() -> bool:
     """Whether the compiled loops can run (built or buildable, not disabled by XCONV_NUMPY_C=0)."""
-    if os.environ.get("XCONV_NUMPY_C", "1") == "0":
-        return False
-    return _load() is not None
+    return _LIB.available()
 
 
 def build_error() -> str | None:
     """Why the loops could not be built (None if they were, or were not tried)."""
-    return _error
+    return _LIB.error
 
 
 def computes(p: ConvParams) -> bool:
@@ -192,7 +177,7 @@ def _phase_plan(S, X, Y, s, d, k, pre, gY):
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, budget: int):
     """(dx or None, dw or None) of ``p`` (see :func:`computes`); scratch about ``budget`` bytes or one sample."""
-    lib = _load()
+    lib = _LIB.get()
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
     Co = p.output_shape[1]

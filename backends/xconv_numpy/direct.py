@@ -25,43 +25,18 @@ Numba is imported on first use; :func:`available` says whether it could be.
 from __future__ import annotations
 
 import math
-import os
-import threading
 
 import numpy as np
 
 from xconv import ConvParams
+from xconv.dtypes import accumulation_dtype
 
+from .lazy import Lazy
 from .workers import even_ranges, run
 
 #: Inputs that need converting (another dtype, or not C-contiguous) are converted a block of samples
 #: at a time: at most this many bytes, and at most half the bytes of the call's inputs and outputs.
 BLOCK_BYTES = 8 << 20
-
-_kernels = None
-_import_error: str | None = None
-
-
-def available() -> bool:
-    """Whether the compiled loops can run (Numba importable, not disabled by XCONV_NUMPY_DIRECT=0)."""
-    if os.environ.get("XCONV_NUMPY_DIRECT", "1") == "0":
-        return False
-    return _load() is not None
-
-
-_LOAD_LOCK = threading.Lock()
-
-
-def _load():
-    global _kernels, _import_error
-    with _LOAD_LOCK:
-        if _kernels is None and _import_error is None:
-            try:
-                _kernels = _compile()
-            except Exception as e:  # Numba missing or broken: the BLAS path serves these shapes
-                _import_error = f"{type(e).__name__}: {e}"
-    return _kernels
-
 
 def _compile():
     from . import direct_kernels
@@ -69,14 +44,22 @@ def _compile():
     return dict(backward=direct_kernels.backward_planes, fprop=direct_kernels.fprop_planes)
 
 
+_KERNELS = Lazy(_compile, "XCONV_NUMPY_DIRECT")
+
+
+def available() -> bool:
+    """Whether the compiled loops can run (Numba importable, not disabled by XCONV_NUMPY_DIRECT=0)."""
+    return _KERNELS.available()
+
+
 def kernels():
     """The compiled loops (dict with "backward", "fprop"); None when unavailable."""
-    return _load() if available() else None
+    return _KERNELS.get() if available() else None
 
 
 def import_error() -> str | None:
     """Why the compiled loops could not be loaded (None if they were, or were not tried)."""
-    return _import_error
+    return _KERNELS.error
 
 
 def serves(p: ConvParams) -> bool:
@@ -144,7 +127,7 @@ class _Plan:
 
 def _setup(p: ConvParams):
     """The compiled loops, the plan and the compute dtype of a call."""
-    return kernels(), _Plan(p), np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+    return kernels(), _Plan(p), accumulation_dtype(p.dtype)
 
 
 def _native(a, cdt) -> bool:

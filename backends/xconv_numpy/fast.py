@@ -36,7 +36,7 @@ import threading
 import numpy as np
 
 from xconv import ConvParams
-from xconv.dtypes import DTYPES
+from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import compiled, direct
 from .blas import MAX_WORKERS, single_threaded_blas
@@ -66,7 +66,7 @@ MIN_CHUNKS = 2
 
 def compute_dtype(p: ConvParams) -> np.dtype:
     """float64 for float64 inputs, else float32 (float16 and bfloat16 are computed in float32)."""
-    return np.dtype(np.float64) if p.dtype == "float64" else np.dtype(np.float32)
+    return accumulation_dtype(p.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,17 +510,16 @@ def backward(dy, x, w, p: ConvParams, mask):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
         geo = _Geom(p)
-        if compiled.serves(p):
-            budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-            with single_threaded_blas() as workers:
-                dx, dw = compiled.backward(dy, x, w, p, need_dx, need_dw, workers, budget)
-            return dx, dw, (bgrad(dy, p) if need_db else None)
         with single_threaded_blas() as workers, _Lease() as lease:
-            if geo.pointwise:
-                run = _backward_pointwise
+            if compiled.serves(p):
+                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+                dx, dw = compiled.backward(dy, x, w, p, need_dx, need_dw, workers, budget)
             else:
-                run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
-            dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
+                if geo.pointwise:
+                    run = _backward_pointwise
+                else:
+                    run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+                dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
 
