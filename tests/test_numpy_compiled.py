@@ -24,7 +24,7 @@ import xconv
 from xconv.params import make_params
 
 from core_helpers import count_calls  # noqa: E402
-from test_numpy_fast import compare, random_arrays, relayout  # noqa: E402
+from test_numpy_fast import compare, random_arrays  # noqa: E402
 
 from xconv_numpy import compiled  # noqa: E402
 
@@ -153,7 +153,6 @@ def test_compiled_layouts_and_dtypes(dtype):
     x, w, dy = random_arrays(np.random.default_rng(9), c)
     for layout in ("transposed", "negative", "sliced"):
         compare(c, x, w, dy, (True, True, True), layout)
-    assert relayout(x, "sliced").shape == x.shape
 
 
 def test_cache_that_others_can_write_is_refused(tmp_path):
