@@ -159,6 +159,19 @@ def _rows(m: int, lead, dims, first, sample: int, step=None) -> np.ndarray:
     return idx.ravel()
 
 
+def _box_complement(dims, first, size, lead: int):
+    """Slices (``lead`` leading full axes, then one per dim of ``dims``) that together cover, once each,
+    the positions of a grid of ``dims`` outside the box [first, first + size)."""
+    out = []
+    for k in range(len(dims)):
+        inner = tuple(slice(a, a + n) for a, n in zip(first[:k], size[:k]))
+        rest = (slice(None),) * (len(dims) - k - 1)
+        for sl in (slice(0, first[k]), slice(first[k] + size[k], dims[k])):
+            if sl.stop > sl.start:
+                out.append((slice(None),) * lead + inner + (sl,) + rest)
+    return out
+
+
 def _phase_plan(S, X, Y, s, d, k, pre, gY):
     """Per phase rho of the strided input (xi = s*m + rho on the x grid): the taps reading it, their flat
     offsets on the dy grid (o = m - q, q = (t*d - rho) / s), and the range of m holding input positions."""
@@ -175,8 +188,9 @@ def _phase_plan(S, X, Y, s, d, k, pre, gY):
     return plan
 
 
-def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, budget: int):
-    """(dx or None, dw or None) of ``p`` (see :func:`computes`); scratch about ``budget`` bytes or one sample."""
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, budget: int, lease):
+    """(dx or None, dw or None) of ``p`` (see :func:`computes`); scratch about ``budget`` bytes or one sample,
+    taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers)."""
     lib = _LIB.get()
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
@@ -201,15 +215,21 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     ldy += 16 * ((ldy // 16) % 2 == 0)                   # 64 bytes, so 16 channel rows fall in 16 cache sets
     per_sample = f32.itemsize * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and out_dt != f32))
     nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
-    dyG = np.zeros((nb, Co, ldy), f32)
-    dy_view = dyG[:, :, M:M + Yn].reshape((nb, Co) + Y)[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
-    xG = np.zeros((nb, Xn, C), f32) if need_dw else None              # channels-last (dw loads 16 channels)
-    x_view = xG.reshape((nb,) + X + (C,))[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(pre, S))] \
-        if need_dw else None
+    # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
+    dyG = lease.empty((nb, Co, ldy), f32)
+    dy_grid = dyG[:, :, M:M + Yn].reshape((nb, Co) + Y)
+    dy_view = dy_grid[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
+    dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
+    # x: per group, channels-last (dw loads 16 channels; a group's positions contiguous, not C apart)
+    xG = lease.empty((nb, g, Xn, Cg), f32) if need_dw else None
+    if need_dw:
+        x_grid = xG.reshape((nb, g) + X + (Cg,))
+        x_view = x_grid[(slice(None),) * 2 + tuple(slice(a, a + n) for a, n in zip(pre, S))]
+        x_pad = _box_complement(X, pre, S, lead=1)
     if need_dx:
         wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)               # (g, K, Cog, Cg)
         dx = np.empty(p.input_shape, out_dt)
-        dxb = dx if out_dt == f32 else np.empty((nb, C) + S, f32)
+        dxb = dx if out_dt == f32 else lease.empty((nb, C) + S, f32)
         dx_jobs = []                                     # per phase: taps' weights, offsets, rows in and out
         for rho, idx, offs, lo, cnt in phases:
             lead = cnt[:-1]
@@ -221,30 +241,38 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         if all(ss == 1 for ss in st):                    # stride 1: one flat row per sample
             npos = sum((o - 1) * gg for o, gg in zip(O, gY)) + 1
             rdy = np.arange(nb, dtype=np.int64) * (Co * ldy) + M
-            rx = np.arange(nb, dtype=np.int64) * Xn
+            rx = np.arange(nb, dtype=np.int64) * (g * Xn)
             dw_len, dw_step = npos, 1
         else:
             rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
-            rx = _rows(nb, O[:-1], X, (0,) * nd, Xn, st)
+            rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
             dw_len, dw_step = O[-1], st[-1]
         dw_rows_per_sample = len(rdy) // nb
         # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
         dw_seg = int(min(1024, max(16, DW_SEGMENT_BYTES // (4 * (Cog + Cg * dw_step)))))
         n_tasks = K * (Cog // 16) * (Cg // 16)
-        dw_part = np.empty((g, K, Cog, Cg), f32)
-        dw_acc = np.zeros((g, K, Cog, Cg), f32)
+        dw_part = lease.empty((g, K, Cog, Cg), f32)
+        dw_acc = lease.empty((g, K, Cog, Cg), f32)
         xr_src = _rows(1, S[:-1], S, (0,) * nd, 0)      # rows of one sample's x, and where they go in its grid
         xr_dst = _rows(1, S[:-1], X, pre, 0)
 
     def copy_in(_ws, _i, n, n0):
-        dy_view[n - n0] = dy[n]
+        i = n - n0
+        dyG[i, :, :M] = 0
+        dyG[i, :, M + Yn:] = 0
+        for sl in dy_pad:
+            dy_grid[i][sl[1:]] = 0
+        dy_view[i] = dy[n]
         if need_dw:
+            for sl in x_pad:
+                x_grid[i][sl] = 0
             xn = x[n]
             if xn.dtype == f32 and xn.flags.c_contiguous:
-                lib.xconv_rows_to_last(xn.ctypes.data, Sn, C, xr_src.ctypes.data, xr_dst.ctypes.data, len(xr_src),
-                                       S[-1], xG[n - n0].ctypes.data)
+                for gi in range(g):
+                    lib.xconv_rows_to_last(xn[gi * Cg:].ctypes.data, Sn, Cg, xr_src.ctypes.data, xr_dst.ctypes.data,
+                                           len(xr_src), S[-1], xG[i, gi].ctypes.data)
             else:
-                x_view[n - n0] = xn.transpose(tuple(range(1, nd + 1)) + (0,))
+                x_view[i] = xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
 
     def compute(_ws, _i, kind, gi, job, a, b, n0, m):
         if kind == "dx":
@@ -253,7 +281,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
             lib.xconv_dx_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, wj[gi].ctypes.data, Cg, offs.ctypes.data,
                               T, Cog, Cg, base, Sn, st[-1], rin.ctypes.data, rout.ctypes.data, a, b, row_len)
         else:
-            lib.xconv_dw_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, xG.ctypes.data + 4 * gi * Cg, C, dw_step,
+            lib.xconv_dw_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, xG.ctypes.data + 4 * gi * Xn * Cg, Cg, dw_step,
                               off_w.ctypes.data, Cog, Cg, rdy.ctypes.data, rx.ctypes.data, m * dw_rows_per_sample,
                               dw_len, dw_seg, dw_part[gi].ctypes.data, a, b)
 
@@ -271,7 +299,10 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
         if need_dw:                                      # blocks added in order
-            dw_acc += dw_part
+            if n0 == 0:
+                dw_acc[...] = dw_part
+            else:
+                dw_acc += dw_part
     dw = None
     if need_dw:
         dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
