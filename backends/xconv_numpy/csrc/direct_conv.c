@@ -31,7 +31,7 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
                 v16 wv[NV];                                                                           \
                 for (int v = 0; v < NV; v++) wv[v] = load16(wt + co * ldw + 16 * v);                  \
                 const float *dc = d + co * ldy;                                                       \
-                _Pragma("GCC unroll 12") for (int k = 0; k < NR; k++) {                              \
+                _Pragma("GCC unroll 14") for (int k = 0; k < NR; k++) {                              \
                     float b = dc[k];                                                                  \
                     for (int v = 0; v < NV; v++) acc[k][v] += b * wv[v];                              \
                 }                                                                                     \
@@ -44,7 +44,13 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
             for (int k = 0; k < NR; k++) dxr[(cb + c) * ldx + (j + k) * os] = buf[k][c];              \
     }
 
+DX_BLOCK(dx_14x2, 14, 2)
+DX_BLOCK(dx_13x2, 13, 2)
 DX_BLOCK(dx_12x2, 12, 2)
+DX_BLOCK(dx_11x2, 11, 2)
+DX_BLOCK(dx_10x2, 10, 2)
+DX_BLOCK(dx_9x2, 9, 2)
+DX_BLOCK(dx_8x2, 8, 2)
 DX_BLOCK(dx_4x2, 4, 2)
 DX_BLOCK(dx_2x2, 2, 2)
 DX_BLOCK(dx_1x2, 1, 2)
@@ -53,24 +59,37 @@ DX_BLOCK(dx_4x1, 4, 1)
 DX_BLOCK(dx_2x1, 2, 1)
 DX_BLOCK(dx_1x1, 1, 1)
 
+typedef void (*dx_block_fn)(const float *, int64_t, const float *, int64_t, const int64_t *, int64_t, int64_t, float *,
+                            int64_t, int64_t, int64_t, int64_t);
+
+/* A block of n positions (1..14), 32 channels: n in one block when n >= 8, else 4 + 2 + 1 blocks. */
+static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
+                     int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j, int64_t n, int64_t cb) {
+    static const dx_block_fn big[] = {dx_8x2, dx_9x2, dx_10x2, dx_11x2, dx_12x2, dx_13x2, dx_14x2};
+    if (n >= 8) { big[n - 8](dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); return; }
+    if (n >= 4) { dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); j += 4; n -= 4; }
+    if (n >= 2) { dx_2x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); j += 2; n -= 2; }
+    if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+}
+
 /* Input gradient of rows [r0, r1) (row r: dy from dy + rin[r], dx at dx + rout[r] with position step os,
- * row_len positions), Cg % 16 == 0: positions in register blocks of 12, then 4, 2, 1; 32 or 16 channels
- * at a time. */
+ * row_len positions), Cg % 16 == 0: 32 channels at a time in ceil(row_len / 14) blocks of (nearly) equal
+ * length (8 to 14 positions: no short block at a row's end), then 16 channels at a time. */
 void xconv_dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
                    int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
                    const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
+    int64_t nblk = (row_len + 13) / 14;
     for (int64_t r = r0; r < r1; r++) {
         const float *dyr = dy + rin[r];
         float *dxr = dx + rout[r];
         int64_t cb = 0;
-        for (; cb + 32 <= Cg; cb += 32) {
-            int64_t j = 0;
-            for (; j + 12 <= row_len; j += 12) dx_12x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-            for (; j + 4 <= row_len; j += 4) dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-            for (; j + 2 <= row_len; j += 2) dx_2x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-            for (; j < row_len; j++) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-        }
-        for (; cb < Cg; cb += 16) {
+        for (; cb + 32 <= Cg; cb += 32)
+            for (int64_t b = 0, j = 0; b < nblk; b++) {
+                int64_t n = row_len / nblk + (b < row_len % nblk);
+                dx_span2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, n, cb);
+                j += n;
+            }
+        for (; cb < Cg; cb += 16) {      /* one vector of channels: as many 12-blocks as fit (one load per FMA) */
             int64_t j = 0;
             for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
             for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
