@@ -100,19 +100,51 @@ void xconv_dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
 }
 
 
-/* Weight gradient of the tasks [k0, k1) of the list (t, co block of 16, ci block of 16), in that order, over
- * rows r < nrows of dy positions (channel-major: channel co of row r at dy + rdy[r] + co * ldy + j) and x
- * positions (channels-last: x + (rx[r] + j * xs + off[t]) * ldx for position j of the row, xs the stride):
+/* Weight gradient of one task over rows [r0, r1) and positions [o0, o1): RC output channels from c0 x 16 * NV
+ * input channels from cb of tap offset xo, added into out (row stride Cg). */
+#define DW_BLOCK(NAME, RC, NV)                                                                          \
+    static inline void NAME(const float *dy, int64_t ldy, const float *x, int64_t ldx, int64_t step,        \
+                            int64_t xo, const int64_t *rdy, const int64_t *rx, int64_t r0, int64_t r1,      \
+                            int64_t o0, int64_t o1, int64_t c0, int64_t cb, float *out, int64_t Cg) {      \
+        v16 acc[RC][NV];                                                                              \
+        for (int c = 0; c < RC; c++)                                                                  \
+            for (int v = 0; v < NV; v++) acc[c][v] = load16(out + c * Cg + 16 * v);                  \
+        for (int64_t r = r0; r < r1; r++) {                                                           \
+            const float *d = dy + rdy[r] + c0 * ldy;                                                  \
+            const float *xr = x + (rx[r] + xo) * ldx + cb;                                            \
+            for (int64_t o = o0; o < o1; o++) {                                                       \
+                v16 xv[NV];                                                                           \
+                for (int v = 0; v < NV; v++) xv[v] = load16(xr + o * step + 16 * v);                  \
+                _Pragma("GCC unroll 16") for (int c = 0; c < RC; c++) {                               \
+                    float b = d[c * ldy + o];                                                         \
+                    for (int v = 0; v < NV; v++) acc[c][v] += b * xv[v];                              \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+        for (int c = 0; c < RC; c++)                                                                  \
+            for (int v = 0; v < NV; v++) store16(out + c * Cg + 16 * v, acc[c][v]);                   \
+    }
+
+DW_BLOCK(dw_16x1, 16, 1)
+DW_BLOCK(dw_8x2, 8, 2)
+
+/* Weight gradient of the tasks [k0, k1) of the list (t, co block, ci block), in that order, over rows r < nrows of
+ * dy positions (channel-major: channel co of row r at dy + rdy[r] + co * ldy + j) and x positions (channels-last:
+ * x + (rx[r] + j * xs + off[t]) * ldx for position j of the row, xs the stride):
  *   dw[(t * Cog + co) * Cg + ci] = sum_r sum_{j < row_len} dy[co, row r, j] * x[row r, j * xs + off[t], ci]
- * Rows and positions are taken in increasing order, in segments of about OB positions (each segment for
- * all the tasks: the caller sizes OB so that a segment's data stays in cache). Cog % 16 == 0, Cg % 16 == 0. */
+ * Blocks are 8 output x 32 input channels when Cg % 32 == 0 (half the loads per FMA), else 16 x 16: the same
+ * number of tasks, (Cog / 16) * (Cg / 16) per tap. Rows and positions are taken in increasing order, in
+ * segments of about OB positions (each segment for all the tasks: the caller sizes OB so that a segment's data
+ * stays in cache). Cog % 16 == 0, Cg % 16 == 0. */
 void xconv_dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, int64_t xs, const int64_t *off,
                    int64_t Cog, int64_t Cg, const int64_t *rdy, const int64_t *rx, int64_t nrows, int64_t row_len,
                    int64_t OB, float *dw, int64_t k0, int64_t k1) {
-    int64_t nco = Cog / 16, nci = Cg / 16;
+    int wide = Cg % 32 == 0;
+    int64_t bco = wide ? 8 : 16, bci = wide ? 32 : 16;
+    int64_t nco = Cog / bco, nci = Cg / bci;
     for (int64_t k = k0; k < k1; k++) {
-        int64_t t = k / (nco * nci), c0 = (k / nci) % nco * 16, cb = k % nci * 16;
-        for (int c = 0; c < 16; c++) store16(dw + (t * Cog + c0 + c) * Cg + cb, (v16){0});
+        int64_t t = k / (nco * nci), c0 = (k / nci) % nco * bco, cb = k % nci * bci;
+        for (int c = 0; c < bco; c++) memset(dw + (t * Cog + c0 + c) * Cg + cb, 0, bci * sizeof(float));
     }
     /* a segment: rows [r0, r1) and positions [o0, o1) of each: whole rows when a row is shorter than OB */
     int64_t rows_per_seg = row_len >= OB ? 1 : OB / row_len;
@@ -121,21 +153,12 @@ void xconv_dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, in
         for (int64_t o0 = 0; o0 < row_len; o0 += OB) {
             int64_t o1 = o0 + OB < row_len ? o0 + OB : row_len;
             for (int64_t k = k0; k < k1; k++) {
-                int64_t t = k / (nco * nci), c0 = (k / nci) % nco * 16, cb = k % nci * 16;
+                int64_t t = k / (nco * nci), c0 = (k / nci) % nco * bco, cb = k % nci * bci;
                 float *out = dw + (t * Cog + c0) * Cg + cb;
-                int64_t step = xs * ldx;
-                v16 acc[16];
-                for (int c = 0; c < 16; c++) acc[c] = load16(out + c * Cg);
-                for (int64_t r = r0; r < r1; r++) {
-                    const float *d = dy + rdy[r] + c0 * ldy;
-                    const float *xr = x + (rx[r] + off[t]) * ldx + cb;
-                    for (int64_t o = o0; o < o1; o++) {
-                        v16 xv = load16(xr + o * step);
-#pragma GCC unroll 16
-                        for (int c = 0; c < 16; c++) acc[c] += d[c * ldy + o] * xv;
-                    }
-                }
-                for (int c = 0; c < 16; c++) store16(out + c * Cg, acc[c]);
+                if (wide)
+                    dw_8x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, r0, r1, o0, o1, c0, cb, out, Cg);
+                else
+                    dw_16x1(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, r0, r1, o0, o1, c0, cb, out, Cg);
             }
         }
     }
