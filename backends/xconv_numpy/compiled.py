@@ -102,9 +102,9 @@ def _build() -> ctypes.CDLL:
     else:
         raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
     p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.xconv_dx_rows.argtypes = [p, i, p, i, p, i, i, i, p, i, i, p, p, i, i, i]
+    lib.xconv_dx_rows.argtypes = [p, i, i, p, i, i, p, i, i, i, p, i, i, i, p, p, i, i, i, i]
     lib.xconv_dx_rows.restype = None
-    lib.xconv_dw_rows.argtypes = [p, i, p, i, i, p, i, i, p, p, i, i, i, p, i, i]
+    lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i]
     lib.xconv_dw_rows.restype = None
     lib.xconv_rows_to_last.argtypes = [p, i, i, p, p, i, i, p]
     lib.xconv_rows_to_last.restype = None
@@ -274,27 +274,28 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
             else:
                 x_view[i] = xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
 
-    def compute(_ws, _i, kind, gi, job, a, b, n0, m):
+    def compute(_ws, _i, kind, job, a, b, n0, m):
+        """Items [a, b) of (group, row) pairs (dx, phase ``job``) or (group, task) pairs (dw): one C call."""
         if kind == "dx":
-            wj, T, offs, rin, rout, row_len, _ = dx_jobs[job]
-            base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn + gi * Cg * Sn)
-            lib.xconv_dx_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, wj[gi].ctypes.data, Cg, offs.ctypes.data,
-                              T, Cog, Cg, base, Sn, st[-1], rin.ctypes.data, rout.ctypes.data, a, b, row_len)
+            wj, T, offs, rin, rout, row_len, rows = dx_jobs[job]
+            base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn)
+            lib.xconv_dx_rows(dyG.ctypes.data, ldy, Cog * ldy, wj.ctypes.data, Cg, T * Cog * Cg, offs.ctypes.data,
+                              T, Cog, Cg, base, Sn, Cg * Sn, st[-1], rin.ctypes.data, rout.ctypes.data, m * rows,
+                              a, b, row_len)
         else:
-            lib.xconv_dw_rows(dyG.ctypes.data + 4 * gi * Cog * ldy, ldy, xG.ctypes.data + 4 * gi * Xn * Cg, Cg, dw_step,
+            lib.xconv_dw_rows(dyG.ctypes.data, ldy, Cog * ldy, xG.ctypes.data, Cg, Xn * Cg, dw_step,
                               off_w.ctypes.data, Cog, Cg, rdy.ctypes.data, rx.ctypes.data, m * dw_rows_per_sample,
-                              dw_len, dw_seg, dw_part[gi].ctypes.data, a, b)
+                              dw_len, dw_seg, dw_part.ctypes.data, K * Cog * Cg, n_tasks, a, b)
 
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
         run([(n, n0) for n in range(n0, n1)], copy_in, lambda: None, workers)
-        tasks = []
-        for gi in range(g):
-            for j, job in enumerate(dx_jobs if need_dx else ()):
-                tasks += [("dx", gi, j, a, b, n0, m) for a, b in even_ranges(m * job[6], TASKS_PER_WORKER * workers)]
-            if need_dw:
-                tasks += [("dw", gi, 0, a, b, n0, m) for a, b in even_ranges(n_tasks, TASKS_PER_WORKER * workers)]
+        # a few tasks per worker and kind, each a range over all groups' items (one Python call each)
+        tasks = [("dx", j, a, b, n0, m) for j, job in enumerate(dx_jobs if need_dx else ())
+                 for a, b in even_ranges(g * m * job[6], TASKS_PER_WORKER * workers)]
+        if need_dw:
+            tasks += [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * n_tasks, TASKS_PER_WORKER * workers)]
         run(tasks, compute, lambda: None, workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]

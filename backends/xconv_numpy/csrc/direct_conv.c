@@ -72,12 +72,12 @@ static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw,
     if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
 }
 
-/* Input gradient of rows [r0, r1) (row r: dy from dy + rin[r], dx at dx + rout[r] with position step os,
- * row_len positions), Cg % 16 == 0: 32 channels at a time in ceil(row_len / 14) blocks of (nearly) equal
- * length (8 to 14 positions: no short block at a row's end), then 16 channels at a time. */
-void xconv_dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
-                   int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
-                   const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
+/* Input gradient of rows [r0, r1) of one group (row r: dy from dy + rin[r], dx at dx + rout[r] with position
+ * step os, row_len positions), Cg % 16 == 0: 32 channels at a time in ceil(row_len / 14) blocks of (nearly)
+ * equal length (8 to 14 positions: no short block at a row's end), then 16 channels at a time. */
+static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
+                    int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
+                    const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
     int64_t nblk = (row_len + 13) / 14;
     for (int64_t r = r0; r < r1; r++) {
         const float *dyr = dy + rin[r];
@@ -99,6 +99,19 @@ void xconv_dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
     }
 }
 
+
+/* Input gradient of items [i0, i1) of (group, row) pairs, nr rows per group: group gi's dy, w and dx start
+ * sdy, sw and sdx floats after those of group gi - 1 (so one call may cover rows of several groups). */
+void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, int64_t ldw, int64_t sw,
+                   const int64_t *off, int64_t T, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
+                   int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
+                   int64_t row_len) {
+    for (int64_t gi = i0 / nr; gi * nr < i1; gi++) {
+        int64_t a = i0 > gi * nr ? i0 - gi * nr : 0, b = i1 < (gi + 1) * nr ? i1 - gi * nr : nr;
+        dx_rows(dy + gi * sdy, ldy, w + gi * sw, ldw, off, T, Cog, Cg, dx + gi * sdx, ldx, os, rin, rout, a, b,
+                row_len);
+    }
+}
 
 /* Weight gradient of one task over rows [r0, r1) and positions [o0, o1): RC output channels from c0 x 16 * NV
  * input channels from cb of tap offset xo, added into out (row stride Cg). */
@@ -136,9 +149,9 @@ DW_BLOCK(dw_8x2, 8, 2)
  * number of tasks, (Cog / 16) * (Cg / 16) per tap. Rows and positions are taken in increasing order, in
  * segments of about OB positions (each segment for all the tasks: the caller sizes OB so that a segment's data
  * stays in cache). Cog % 16 == 0, Cg % 16 == 0. */
-void xconv_dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, int64_t xs, const int64_t *off,
-                   int64_t Cog, int64_t Cg, const int64_t *rdy, const int64_t *rx, int64_t nrows, int64_t row_len,
-                   int64_t OB, float *dw, int64_t k0, int64_t k1) {
+static void dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, int64_t xs, const int64_t *off,
+                    int64_t Cog, int64_t Cg, const int64_t *rdy, const int64_t *rx, int64_t nrows, int64_t row_len,
+                    int64_t OB, float *dw, int64_t k0, int64_t k1) {
     int wide = Cg % 32 == 0;
     int64_t bco = wide ? 8 : 16, bci = wide ? 32 : 16;
     int64_t nco = Cog / bco, nci = Cg / bci;
@@ -161,6 +174,18 @@ void xconv_dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, in
                     dw_16x1(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, r0, r1, o0, o1, c0, cb, out, Cg);
             }
         }
+    }
+}
+
+/* Weight gradient of items [i0, i1) of (group, task) pairs, nk tasks per group: group gi's dy, x and dw start
+ * sdy, sx and sdw floats after those of group gi - 1. */
+void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, int64_t ldx, int64_t sx, int64_t xs,
+                   const int64_t *off, int64_t Cog, int64_t Cg, const int64_t *rdy, const int64_t *rx, int64_t nrows,
+                   int64_t row_len, int64_t OB, float *dw, int64_t sdw, int64_t nk, int64_t i0, int64_t i1) {
+    for (int64_t gi = i0 / nk; gi * nk < i1; gi++) {
+        int64_t a = i0 > gi * nk ? i0 - gi * nk : 0, b = i1 < (gi + 1) * nk ? i1 - gi * nk : nk;
+        dw_rows(dy + gi * sdy, ldy, x + gi * sx, ldx, xs, off, Cog, Cg, rdy, rx, nrows, row_len, OB, dw + gi * sdw,
+                a, b);
     }
 }
 
