@@ -119,10 +119,11 @@ def test_compiled_bitwise_independent_of_workers():
     runs = {}
     for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):      # budget 1: 1-sample blocks
         with fast._Lease() as lease:
-            runs[(workers, budget)] = compiled.backward(dy, x, w, p, True, True, workers, budget, lease)
+            runs[(workers, budget)] = compiled.backward(dy, x, w, p, True, True, True, workers, budget, lease)
     first = runs[(1, 1 << 30)]
-    for dx, _ in runs.values():
+    for dx, _, db in runs.values():
         assert dx.tobytes() == first[0].tobytes()
+        assert db.tobytes() == first[2].tobytes()
     # the weight gradient adds its blocks of samples in order: the same blocks, the same bits
     assert runs[(2, 1 << 30)][1].tobytes() == first[1].tobytes()
     assert runs[(3, 1)][1].tobytes() == runs[(1, 1)][1].tobytes()

@@ -188,9 +188,10 @@ def _phase_plan(S, X, Y, s, d, k, pre, gY):
     return plan
 
 
-def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, budget: int, lease):
-    """(dx or None, dw or None) of ``p`` (see :func:`computes`); scratch about ``budget`` bytes or one sample,
-    taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers)."""
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease):
+    """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
+    sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed from the
+    dy grid while it is in cache: per sample over its positions, then samples in order."""
     lib = _LIB.get()
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
@@ -263,6 +264,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         for sl in dy_pad:
             dy_grid[i][sl[1:]] = 0
         dy_view[i] = dy[n]
+        if need_db:
+            db_parts[n] = dyG[i, :, M:M + Yn].sum(axis=1)     # the grid's padding adds zeros
         if need_dw:
             for sl in x_pad:
                 x_grid[i][sl] = 0
@@ -287,6 +290,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
                               off_w.ctypes.data, Cog, Cg, rdy.ctypes.data, rx.ctypes.data, m * dw_rows_per_sample,
                               dw_len, dw_seg, dw_part.ctypes.data, K * Cog * Cg, n_tasks, a, b)
 
+    db_parts = [None] * N
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
@@ -307,4 +311,10 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     dw = None
     if need_dw:
         dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
-    return (dx if need_dx else None), dw
+    db = None
+    if need_db:
+        db = db_parts[0].copy()
+        for part in db_parts[1:]:
+            db += part
+        db = db.astype(out_dt, copy=False)
+    return (dx if need_dx else None), dw, db

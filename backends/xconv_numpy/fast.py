@@ -513,15 +513,14 @@ def backward(dy, x, w, p: ConvParams, mask):
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
         geo = _Geom(p)
         with single_threaded_blas() as workers, _Lease() as lease:
-            if compiled.serves(p):
+            if compiled.serves(p):                       # db from its copy of dy
                 budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-                dx, dw = compiled.backward(dy, x, w, p, need_dx, need_dw, workers, budget, lease)
+                return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
+            if geo.pointwise:
+                run = _backward_pointwise
             else:
-                if geo.pointwise:
-                    run = _backward_pointwise
-                else:
-                    run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
-                dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
+                run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
 
