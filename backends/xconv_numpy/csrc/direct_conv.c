@@ -189,6 +189,37 @@ void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, in
     }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of
+ * their row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. */
+#define STAGE(D)                                                                                        \
+    {                                                                                                   \
+        v16i lo, hi;                                                                                    \
+        for (int k = 0; k < 16; k++) {                                                                  \
+            int b = k / (2 * D) * (2 * D), e = k % (2 * D);                                             \
+            lo[k] = e < D ? b + e : 16 + b + e - D;                                                     \
+            hi[k] = e < D ? b + D + e : 16 + b + e;                                                     \
+        }                                                                                               \
+        for (int i = 0; i < 16; i++)                                                                    \
+            if (!(i & D)) {                                                                             \
+                v16 a = t[i], c = t[i + D];                                                             \
+                t[i] = __builtin_shuffle(a, c, lo);                                                     \
+                t[i + D] = __builtin_shuffle(a, c, hi);                                                 \
+            }                                                                                           \
+    }
+
+/* dst[j * C + c] = src[c * ldc + j] for c, j < 16 */
+static inline void tile16(const float *src, int64_t ldc, float *dst, int64_t C) {
+    v16 t[16];
+    for (int i = 0; i < 16; i++) t[i] = load16(src + i * ldc);
+    STAGE(8) STAGE(4) STAGE(2) STAGE(1)
+    for (int i = 0; i < 16; i++) store16(dst + i * C, t[i]);
+}
+#define HAVE_TILE16 1
+#endif
+
 /* Channel-major rows to channels-last: for rows r < nrows and j < row_len, c < C,
  *   dst[(rdst[r] + j) * C + c] = src[c * ldc + rsrc[r] + j]     (in 16 x 16 tiles, through the cache) */
 void xconv_rows_to_last(const float *src, int64_t ldc, int64_t C, const int64_t *rsrc, const int64_t *rdst,
@@ -198,7 +229,12 @@ void xconv_rows_to_last(const float *src, int64_t ldc, int64_t C, const int64_t 
         float *d = dst + rdst[r] * C;
         for (int64_t c0 = 0; c0 < C; c0 += 16) {
             int64_t c1 = c0 + 16 < C ? c0 + 16 : C;
-            for (int64_t j0 = 0; j0 < row_len; j0 += 16) {
+            int64_t j0 = 0;
+#ifdef HAVE_TILE16
+            if (c1 - c0 == 16)
+                for (; j0 + 16 <= row_len; j0 += 16) tile16(s + c0 * ldc + j0, ldc, d + j0 * C + c0, C);
+#endif
+            for (; j0 < row_len; j0 += 16) {
                 int64_t j1 = j0 + 16 < row_len ? j0 + 16 : row_len;
                 for (int64_t j = j0; j < j1; j++)
                     for (int64_t c = c0; c < c1; c++) d[j * C + c] = s[c * ldc + j];
