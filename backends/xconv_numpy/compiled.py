@@ -106,8 +106,10 @@ def _build() -> ctypes.CDLL:
     lib.xconv_dx_rows.restype = None
     lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i]
     lib.xconv_dw_rows.restype = None
-    lib.xconv_rows_to_last.argtypes = [p, i, i, p, p, i, i, p]
-    lib.xconv_rows_to_last.restype = None
+    lib.xconv_x_to_grid.argtypes = [p, i, i, p, i, p, i, p]
+    lib.xconv_x_to_grid.restype = None
+    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, p]
+    lib.xconv_dy_to_grid.restype = None
     return lib
 
 
@@ -226,7 +228,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if need_dw:
         x_grid = xG.reshape((nb, g) + X + (Cg,))
         x_view = x_grid[(slice(None),) * 2 + tuple(slice(a, a + n) for a, n in zip(pre, S))]
-        x_pad = _box_complement(X, pre, S, lead=1)
+        x_pad_slices = _box_complement(X, pre, S, lead=1)
     if need_dx:
         wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)               # (g, K, Cog, Cg)
         dx = np.empty(p.input_shape, out_dt)
@@ -254,27 +256,38 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         n_tasks = K * (Cog // 16) * (Cg // 16)
         dw_part = lease.empty((g, K, Cog, Cg), f32)
         dw_acc = lease.empty((g, K, Cog, Cg), f32)
-        xr_src = _rows(1, S[:-1], S, (0,) * nd, 0)      # rows of one sample's x, and where they go in its grid
-        xr_dst = _rows(1, S[:-1], X, pre, 0)
+        # where each x position goes in its grid, and the grid positions left zero
+        x_pos = (_rows(1, S[:-1], X, pre, 0)[:, None] + np.arange(S[-1], dtype=np.int64)).ravel()
+        x_free = np.ones(Xn, bool)
+        x_free[x_pos] = False
+        x_pad = np.flatnonzero(x_free).astype(np.int64)
+    # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
+    dy_rows = np.full(Yn // Y[-1], -1, np.int64)
+    dy_rows[_rows(1, O[:-1], Y, (0,) * nd, 0) // Y[-1]] = _rows(1, O[:-1], O, (0,) * nd, 0)
 
     def copy_in(_ws, _i, n, n0):
         i = n - n0
-        dyG[i, :, :M] = 0
-        dyG[i, :, M + Yn:] = 0
-        for sl in dy_pad:
-            dy_grid[i][sl[1:]] = 0
-        dy_view[i] = dy[n]
+        dyn = dy[n]
+        if dyn.dtype == f32 and dyn.flags.c_contiguous:
+            lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), dy_rows.ctypes.data, len(dy_rows), Y[-1], O[-1],
+                                 M, ldy, dyG[i].ctypes.data)
+        else:
+            dyG[i, :, :M] = 0
+            dyG[i, :, M + Yn:] = 0
+            for sl in dy_pad:
+                dy_grid[i][sl[1:]] = 0
+            dy_view[i] = dyn
         if need_db:
             db_parts[n] = dyG[i, :, M:M + Yn].sum(axis=1)     # the grid's padding adds zeros
         if need_dw:
-            for sl in x_pad:
-                x_grid[i][sl] = 0
             xn = x[n]
             if xn.dtype == f32 and xn.flags.c_contiguous:
                 for gi in range(g):
-                    lib.xconv_rows_to_last(xn[gi * Cg:].ctypes.data, Sn, Cg, xr_src.ctypes.data, xr_dst.ctypes.data,
-                                           len(xr_src), S[-1], xG[i, gi].ctypes.data)
+                    lib.xconv_x_to_grid(xn[gi * Cg:].ctypes.data, Sn, Cg, x_pos.ctypes.data, Sn, x_pad.ctypes.data,
+                                        len(x_pad), xG[i, gi].ctypes.data)
             else:
+                for sl in x_pad_slices:
+                    x_grid[i][sl] = 0
                 x_view[i] = xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
 
     def compute(_ws, _i, kind, job, a, b, n0, m):

@@ -210,35 +210,53 @@ typedef int32_t v16i __attribute__((vector_size(64)));
             }                                                                                           \
     }
 
-/* dst[j * C + c] = src[c * ldc + j] for c, j < 16 */
-static inline void tile16(const float *src, int64_t ldc, float *dst, int64_t C) {
-    v16 t[16];
-    for (int i = 0; i < 16; i++) t[i] = load16(src + i * ldc);
+/* t[j][i] <- t[i][j] for i, j < 16 */
+static inline void transpose16(v16 t[16]) {
     STAGE(8) STAGE(4) STAGE(2) STAGE(1)
-    for (int i = 0; i < 16; i++) store16(dst + i * C, t[i]);
 }
 #define HAVE_TILE16 1
 #endif
 
-/* Channel-major rows to channels-last: for rows r < nrows and j < row_len, c < C,
- *   dst[(rdst[r] + j) * C + c] = src[c * ldc + rsrc[r] + j]     (in 16 x 16 tiles, through the cache) */
-void xconv_rows_to_last(const float *src, int64_t ldc, int64_t C, const int64_t *rsrc, const int64_t *rdst,
-                        int64_t nrows, int64_t row_len, float *dst) {
-    for (int64_t r = 0; r < nrows; r++) {
-        const float *s = src + rsrc[r];
-        float *d = dst + rdst[r] * C;
-        for (int64_t c0 = 0; c0 < C; c0 += 16) {
-            int64_t c1 = c0 + 16 < C ? c0 + 16 : C;
-            int64_t j0 = 0;
+/* One sample's x, channel-major (channel c at src + c * ldc, n positions), into a channels-last grid:
+ *   dst[pos[u] * C + c] = src[c * ldc + u]  for u < n, c < C (C % 16 == 0),   dst[pad[k] * C + c] = 0,
+ * pos and pad together covering the grid once. In 16 x 16 register transpositions where the compiler has
+ * vector shuffles (consecutive x positions, each stored to its own grid position). */
+void xconv_x_to_grid(const float *src, int64_t ldc, int64_t C, const int64_t *pos, int64_t n, const int64_t *pad,
+                     int64_t npad, float *dst) {
+    for (int64_t k = 0; k < npad; k++) memset(dst + pad[k] * C, 0, C * sizeof(float));
+    for (int64_t c0 = 0; c0 < C; c0 += 16) {
+        int64_t u0 = 0;
 #ifdef HAVE_TILE16
-            if (c1 - c0 == 16)
-                for (; j0 + 16 <= row_len; j0 += 16) tile16(s + c0 * ldc + j0, ldc, d + j0 * C + c0, C);
-#endif
-            for (; j0 < row_len; j0 += 16) {
-                int64_t j1 = j0 + 16 < row_len ? j0 + 16 : row_len;
-                for (int64_t j = j0; j < j1; j++)
-                    for (int64_t c = c0; c < c1; c++) d[j * C + c] = s[c * ldc + j];
-            }
+        for (; u0 + 16 <= n; u0 += 16) {
+            v16 t[16];
+            for (int i = 0; i < 16; i++) t[i] = load16(src + (c0 + i) * ldc + u0);
+            transpose16(t);
+            for (int i = 0; i < 16; i++) store16(dst + pos[u0 + i] * C + c0, t[i]);
         }
+#endif
+        for (; u0 < n; u0++)
+            for (int64_t c = c0; c < c0 + 16; c++) dst[pos[u0] * C + c] = src[c * ldc + u0];
+    }
+}
+
+/* One sample's dy (C channels of n positions, channel c at src + c * n) into a zero-padded channel-major
+ * grid: channel c at dst + c * ldy, M zeros, then nrows rows of row_len positions (row r holding olen values
+ * from src + rsrc[r] and zeros after them, or only zeros where rsrc[r] < 0), zeros to ldy. */
+void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsrc, int64_t nrows, int64_t row_len,
+                      int64_t olen, int64_t M, int64_t ldy, float *dst) {
+    for (int64_t c = 0; c < C; c++) {
+        const float *s = src + c * n;
+        float *d = dst + c * ldy;
+        memset(d, 0, M * sizeof(float));
+        d += M;
+        for (int64_t r = 0; r < nrows; r++, d += row_len) {
+            int64_t k = 0;
+            if (rsrc[r] >= 0) {
+                memcpy(d, s + rsrc[r], olen * sizeof(float));
+                k = olen;
+            }
+            memset(d + k, 0, (row_len - k) * sizeof(float));
+        }
+        memset(d, 0, (ldy - M - nrows * row_len) * sizeof(float));
     }
 }
