@@ -29,6 +29,7 @@ is False and the BLAS path runs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -37,6 +38,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -190,118 +192,140 @@ def _phase_plan(S, X, Y, s, d, k, pre, gY):
     return plan
 
 
-def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease):
-    """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
-    sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed from the
-    dy grid while it is in cache: per sample over its positions, then samples in order."""
-    lib = _LIB.get()
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNamespace:
+    """What :func:`backward` needs that does not depend on the data (cached): the grids' geometry, samples per
+    block (``nb``), per-phase row tables and tap offsets of dx, the dw rows and segment, the copy tables.
+
+    x grid: ``X = S + pre + post`` per dim, flattened, x at ``[pre, pre + S)``, per group channels-last (dw loads
+    16 channels; a group's positions contiguous). dy grid: ``Y = max(ceil(X/s), O + q_max)`` per dim, dy at
+    ``[0, O)``, channel-major with a margin of M (the largest tap offset) before each channel row.
+    """
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
     Co = p.output_shape[1]
     S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
     st = tuple(p.stride)
     pre = tuple(a for a, _ in p.padding)
-    Cg, Cog = C // g, Co // g
-    K = math.prod(k)
-    out_dt = DTYPES[p.dtype]
-    f32 = np.dtype(np.float32)
-    X = tuple(n + a + b for n, (a, b) in zip(S, p.padding))             # x grid (x at [pre, pre + S))
+    f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
+                        K=math.prod(k), out_dt=DTYPES[p.dtype])
+    f.X = X = tuple(n + a + b for n, (a, b) in zip(S, p.padding))
     qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
-    Y = tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))   # dy grid (dy at [0, O))
+    f.Y = Y = tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))
     gX = [math.prod(X[i + 1:]) for i in range(nd)]
     gY = [math.prod(Y[i + 1:]) for i in range(nd)]
-    Xn, Yn, Sn = math.prod(X), math.prod(Y), math.prod(S)
-    off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
+    f.Xn, f.Yn, f.Sn = Xn, Yn, Sn = math.prod(X), math.prod(Y), math.prod(S)
     phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
-    M = max([int(ph[2].max()) for ph in phases] + [0])   # margin before each channel row of the dy grid
+    f.M = M = max([int(ph[2].max()) for ph in phases] + [0])
     ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
-    ldy += 16 * ((ldy // 16) % 2 == 0)                   # 64 bytes, so 16 channel rows fall in 16 cache sets
-    per_sample = f32.itemsize * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and out_dt != f32))
-    nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
+    f.ldy = ldy = ldy + 16 * ((ldy // 16) % 2 == 0)      # 64 bytes, so 16 channel rows fall in 16 cache sets
+    per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
+    f.nb = nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
+    f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
+    f.x_pad_slices = _box_complement(X, pre, S, lead=1)
+    # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
+    f.dy_rows = np.full(Yn // Y[-1], -1, np.int64)
+    f.dy_rows[_rows(1, O[:-1], Y, (0,) * nd, 0) // Y[-1]] = _rows(1, O[:-1], O, (0,) * nd, 0)
+    f.dx_jobs = []                                       # per phase: taps, their offsets, rows in and out
+    for rho, idx, offs, lo, cnt in phases:
+        lead = cnt[:-1]
+        rin = _rows(nb, lead, Y, lo, Co * ldy) + M
+        first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
+        rout = _rows(nb, lead, S, first, C * Sn, st)
+        f.dx_jobs.append(SimpleNamespace(taps=idx, offs=_frozen(offs), rin=_frozen(rin), rout=_frozen(rout),
+                                         row_len=cnt[-1], rows=len(rin) // nb))
+    if need_dw:
+        f.off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
+        if all(ss == 1 for ss in st):                    # stride 1: one flat row per sample
+            f.rdy = np.arange(nb, dtype=np.int64) * (Co * ldy) + M
+            f.rx = np.arange(nb, dtype=np.int64) * (g * Xn)
+            f.dw_len, f.dw_step = sum((o - 1) * gg for o, gg in zip(O, gY)) + 1, 1
+        else:
+            f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
+            f.rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
+            f.dw_len, f.dw_step = O[-1], st[-1]
+        f.dw_rows = len(f.rdy) // nb
+        # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
+        f.dw_seg = int(min(1024, max(16, DW_SEGMENT_BYTES // (4 * (f.Cog + f.Cg * f.dw_step)))))
+        f.dw_blocks = f.K * (f.Cog // 16) * (f.Cg // 16)
+        # where each x position goes in its grid, and the grid positions left zero
+        f.x_pos = (_rows(1, S[:-1], X, pre, 0)[:, None] + np.arange(S[-1], dtype=np.int64)).ravel()
+        free = np.ones(Xn, bool)
+        free[f.x_pos] = False
+        f.x_pad = np.flatnonzero(free).astype(np.int64)
+        for name in ("off_w", "rdy", "rx", "x_pos", "x_pad"):
+            _frozen(getattr(f, name))
+    _frozen(f.dy_rows)
+    return f
+
+
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease):
+    """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
+    sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed from the
+    dy grid while it is in cache: per sample over its positions, then samples in order."""
+    lib = _LIB.get()
+    f = _plan(p, need_dx, need_dw, budget)
+    g, nd, N, C, Co, Cg, Cog, K, S, O = f.g, f.nd, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S, f.O
+    M, ldy, Yn, Xn, Sn, nb = f.M, f.ldy, f.Yn, f.Xn, f.Sn, f.nb
+    f32 = np.dtype(np.float32)
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
-    dy_grid = dyG[:, :, M:M + Yn].reshape((nb, Co) + Y)
-    dy_view = dy_grid[(slice(None),) * 2 + tuple(slice(0, o) for o in O)]
-    dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
-    # x: per group, channels-last (dw loads 16 channels; a group's positions contiguous, not C apart)
     xG = lease.empty((nb, g, Xn, Cg), f32) if need_dw else None
-    if need_dw:
-        x_grid = xG.reshape((nb, g) + X + (Cg,))
-        x_view = x_grid[(slice(None),) * 2 + tuple(slice(a, a + n) for a, n in zip(pre, S))]
-        x_pad_slices = _box_complement(X, pre, S, lead=1)
     if need_dx:
         wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)               # (g, K, Cog, Cg)
-        dx = np.empty(p.input_shape, out_dt)
-        dxb = dx if out_dt == f32 else lease.empty((nb, C) + S, f32)
-        dx_jobs = []                                     # per phase: taps' weights, offsets, rows in and out
-        for rho, idx, offs, lo, cnt in phases:
-            lead = cnt[:-1]
-            rin = _rows(nb, lead, Y, lo, Co * ldy) + M
-            first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
-            rout = _rows(nb, lead, S, first, C * Sn, st)
-            dx_jobs.append((np.ascontiguousarray(wdx[:, idx]), len(idx), offs, rin, rout, cnt[-1], len(rin) // nb))
+        w_jobs = [np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
+        dx = np.empty(p.input_shape, f.out_dt)
+        dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
     if need_dw:
-        if all(ss == 1 for ss in st):                    # stride 1: one flat row per sample
-            npos = sum((o - 1) * gg for o, gg in zip(O, gY)) + 1
-            rdy = np.arange(nb, dtype=np.int64) * (Co * ldy) + M
-            rx = np.arange(nb, dtype=np.int64) * (g * Xn)
-            dw_len, dw_step = npos, 1
-        else:
-            rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
-            rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
-            dw_len, dw_step = O[-1], st[-1]
-        dw_rows_per_sample = len(rdy) // nb
-        # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
-        dw_seg = int(min(1024, max(16, DW_SEGMENT_BYTES // (4 * (Cog + Cg * dw_step)))))
-        n_tasks = K * (Cog // 16) * (Cg // 16)
         dw_part = lease.empty((g, K, Cog, Cg), f32)
         dw_acc = lease.empty((g, K, Cog, Cg), f32)
-        # where each x position goes in its grid, and the grid positions left zero
-        x_pos = (_rows(1, S[:-1], X, pre, 0)[:, None] + np.arange(S[-1], dtype=np.int64)).ravel()
-        x_free = np.ones(Xn, bool)
-        x_free[x_pos] = False
-        x_pad = np.flatnonzero(x_free).astype(np.int64)
-    # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
-    dy_rows = np.full(Yn // Y[-1], -1, np.int64)
-    dy_rows[_rows(1, O[:-1], Y, (0,) * nd, 0) // Y[-1]] = _rows(1, O[:-1], O, (0,) * nd, 0)
 
     def copy_in(_ws, _i, n, n0):
         i = n - n0
         dyn = dy[n]
         if dyn.dtype == f32 and dyn.flags.c_contiguous:
-            lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), dy_rows.ctypes.data, len(dy_rows), Y[-1], O[-1],
-                                 M, ldy, dyG[i].ctypes.data)
+            lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, len(f.dy_rows), f.Y[-1],
+                                 O[-1], M, ldy, dyG[i].ctypes.data)
         else:
             dyG[i, :, :M] = 0
             dyG[i, :, M + Yn:] = 0
-            for sl in dy_pad:
-                dy_grid[i][sl[1:]] = 0
-            dy_view[i] = dyn
+            grid = dyG[i, :, M:M + Yn].reshape((Co,) + f.Y)
+            for sl in f.dy_pad:
+                grid[sl[1:]] = 0
+            grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn
         if need_db:
             db_parts[n] = dyG[i, :, M:M + Yn].sum(axis=1)     # the grid's padding adds zeros
         if need_dw:
             xn = x[n]
             if xn.dtype == f32 and xn.flags.c_contiguous:
                 for gi in range(g):
-                    lib.xconv_x_to_grid(xn[gi * Cg:].ctypes.data, Sn, Cg, x_pos.ctypes.data, Sn, x_pad.ctypes.data,
-                                        len(x_pad), xG[i, gi].ctypes.data)
+                    lib.xconv_x_to_grid(xn[gi * Cg:].ctypes.data, Sn, Cg, f.x_pos.ctypes.data, Sn,
+                                        f.x_pad.ctypes.data, len(f.x_pad), xG[i, gi].ctypes.data)
             else:
-                for sl in x_pad_slices:
-                    x_grid[i][sl] = 0
-                x_view[i] = xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
+                grid = xG[i].reshape((g,) + f.X + (Cg,))
+                for sl in f.x_pad_slices:
+                    grid[sl] = 0
+                grid[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(f.pre, S))] = \
+                    xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
 
-    def compute(_ws, _i, kind, job, a, b, n0, m):
-        """Items [a, b) of (group, row) pairs (dx, phase ``job``) or (group, task) pairs (dw): one C call."""
+    def compute(_ws, _i, kind, j, a, b, n0, m):
+        """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call."""
         if kind == "dx":
-            wj, T, offs, rin, rout, row_len, rows = dx_jobs[job]
+            job = f.dx_jobs[j]
+            T = len(job.taps)
             base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn)
-            lib.xconv_dx_rows(dyG.ctypes.data, ldy, Cog * ldy, wj.ctypes.data, Cg, T * Cog * Cg, offs.ctypes.data,
-                              T, Cog, Cg, base, Sn, Cg * Sn, st[-1], rin.ctypes.data, rout.ctypes.data, m * rows,
-                              a, b, row_len)
+            lib.xconv_dx_rows(dyG.ctypes.data, ldy, Cog * ldy, w_jobs[j].ctypes.data, Cg, T * Cog * Cg,
+                              job.offs.ctypes.data, T, Cog, Cg, base, Sn, Cg * Sn, f.st[-1], job.rin.ctypes.data,
+                              job.rout.ctypes.data, m * job.rows, a, b, job.row_len)
         else:
-            lib.xconv_dw_rows(dyG.ctypes.data, ldy, Cog * ldy, xG.ctypes.data, Cg, Xn * Cg, dw_step,
-                              off_w.ctypes.data, Cog, Cg, rdy.ctypes.data, rx.ctypes.data, m * dw_rows_per_sample,
-                              dw_len, dw_seg, dw_part.ctypes.data, K * Cog * Cg, n_tasks, a, b)
+            lib.xconv_dw_rows(dyG.ctypes.data, ldy, Cog * ldy, xG.ctypes.data, Cg, Xn * Cg, f.dw_step,
+                              f.off_w.ctypes.data, Cog, Cg, f.rdy.ctypes.data, f.rx.ctypes.data, m * f.dw_rows,
+                              f.dw_len, f.dw_seg, dw_part.ctypes.data, K * Cog * Cg, f.dw_blocks, a, b)
 
     db_parts = [None] * N
     for n0 in range(0, N, nb):
@@ -309,10 +333,10 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         m = n1 - n0
         run([(n, n0) for n in range(n0, n1)], copy_in, lambda: None, workers)
         # a few tasks per worker and kind, each a range over all groups' items (one Python call each)
-        tasks = [("dx", j, a, b, n0, m) for j, job in enumerate(dx_jobs if need_dx else ())
-                 for a, b in even_ranges(g * m * job[6], TASKS_PER_WORKER * workers)]
+        tasks = [("dx", j, a, b, n0, m) for j, job in enumerate(f.dx_jobs if need_dx else ())
+                 for a, b in even_ranges(g * m * job.rows, TASKS_PER_WORKER * workers)]
         if need_dw:
-            tasks += [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * n_tasks, TASKS_PER_WORKER * workers)]
+            tasks += [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers)]
         run(tasks, compute, lambda: None, workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
@@ -321,13 +345,12 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                 dw_acc[...] = dw_part
             else:
                 dw_acc += dw_part
-    dw = None
+    dw = db = None
     if need_dw:
-        dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
-    db = None
+        dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(f.out_dt, copy=False)
     if need_db:
         db = db_parts[0].copy()
         for part in db_parts[1:]:
             db += part
-        db = db.astype(out_dt, copy=False)
+        db = db.astype(f.out_dt, copy=False)
     return (dx if need_dx else None), dw, db

@@ -29,6 +29,7 @@ and (with BLAS thread control available) across BLAS thread counts.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
@@ -435,6 +436,12 @@ def _tap_order(geo: _Geom):
     return [kf for _, taps in geo.phases for kf, _ in taps]
 
 
+@functools.lru_cache(maxsize=32)
+def _geom(p: ConvParams) -> _Geom:
+    """p's _Geom, cached (read only: nothing writes a _Geom after __init__)."""
+    return _Geom(p)
+
+
 def _io_bytes(geo: _Geom, itemsize: int, need_dx: bool, need_dw: bool, fprop: bool = False) -> int:
     xs = geo.N * geo.C_in * math.prod(geo.S)
     ys = geo.N * geo.C_out * math.prod(geo.O)
@@ -511,7 +518,7 @@ def backward(dy, x, w, p: ConvParams, mask):
         if direct.serves(p):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
-        geo = _Geom(p)
+        geo = _geom(p)
         with single_threaded_blas() as workers, _Lease() as lease:
             if compiled.serves(p):                       # db from its copy of dy
                 budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
@@ -906,7 +913,7 @@ def fprop(x, w, bias, p: ConvParams):
     if direct.serves(p):
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
-    geo = _Geom(p)
+    geo = _geom(p)
     cdt = compute_dtype(p)
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
     nph = len(geo.phases)
