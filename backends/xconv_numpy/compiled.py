@@ -108,7 +108,7 @@ def _build() -> ctypes.CDLL:
     lib.xconv_dx_rows.restype = None
     lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i]
     lib.xconv_dw_rows.restype = None
-    lib.xconv_x_to_grid.argtypes = [p, i, i, p, i, p, i, p]
+    lib.xconv_x_to_grid.argtypes = [p, i, i, i, i, i, p, i, p, i, p]
     lib.xconv_x_to_grid.restype = None
     lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, p]
     lib.xconv_dy_to_grid.restype = None
@@ -225,7 +225,11 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
     f.ldy = ldy = ldy + 16 * ((ldy // 16) % 2 == 0)      # 64 bytes, so 16 channel rows fall in 16 cache sets
     per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
-    f.nb = nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
+    nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
+    f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
+    # copy tasks per sample: channel ranges (multiples of 16) of dy and of x (within a group), so that the
+    # workers share a block of few samples
+    f.copy_parts = min(4, Co // 16, C // 16) if nb < 4 else 1
     f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
     f.x_pad_slices = _box_complement(X, pre, S, lead=1)
     # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
@@ -285,33 +289,39 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dw_part = lease.empty((g, K, Cog, Cg), f32)
         dw_acc = lease.empty((g, K, Cog, Cg), f32)
 
-    def copy_in(_ws, _i, n, n0):
+    def copy_in(_ws, _i, n, n0, part):
+        """Part ``part`` of sample n's copies (channel ranges of dy and x, multiples of 16) and its dy sums."""
         i = n - n0
         dyn = dy[n]
+        c0, c1 = (16 * v for v in even_ranges(Co // 16, f.copy_parts)[part])
         if dyn.dtype == f32 and dyn.flags.c_contiguous:
-            lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, len(f.dy_rows), f.Y[-1],
-                                 O[-1], M, ldy, dyG[i].ctypes.data)
+            lib.xconv_dy_to_grid(dyn[c0:].ctypes.data, c1 - c0, math.prod(O), f.dy_rows.ctypes.data, len(f.dy_rows),
+                                 f.Y[-1], O[-1], M, ldy, dyG[i, c0:].ctypes.data)
         else:
-            dyG[i, :, :M] = 0
-            dyG[i, :, M + Yn:] = 0
-            grid = dyG[i, :, M:M + Yn].reshape((Co,) + f.Y)
+            dyG[i, c0:c1, :M] = 0
+            dyG[i, c0:c1, M + Yn:] = 0
+            grid = dyG[i, c0:c1, M:M + Yn].reshape((c1 - c0,) + f.Y)
             for sl in f.dy_pad:
                 grid[sl[1:]] = 0
-            grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn
+            grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn[c0:c1]
         if need_db:
-            db_parts[n] = dyG[i, :, M:M + Yn].sum(axis=1)     # the grid's padding adds zeros
+            db_parts[n][c0:c1] = dyG[i, c0:c1, M:M + Yn].sum(axis=1)     # the grid's padding adds zeros
         if need_dw:
             xn = x[n]
+            c0, c1 = (16 * v for v in even_ranges(C // 16, f.copy_parts)[part])
             if xn.dtype == f32 and xn.flags.c_contiguous:
-                for gi in range(g):
-                    lib.xconv_x_to_grid(xn[gi * Cg:].ctypes.data, Sn, Cg, f.x_pos.ctypes.data, Sn,
-                                        f.x_pad.ctypes.data, len(f.x_pad), xG[i, gi].ctypes.data)
+                lib.xconv_x_to_grid(xn.ctypes.data, Sn, c0, c1, Cg, Xn * Cg, f.x_pos.ctypes.data, Sn,
+                                    f.x_pad.ctypes.data, len(f.x_pad), xG[i].ctypes.data)
             else:
-                grid = xG[i].reshape((g,) + f.X + (Cg,))
-                for sl in f.x_pad_slices:
-                    grid[sl] = 0
-                grid[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(f.pre, S))] = \
-                    xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
+                grid = xG[i].reshape((C // Cg,) + f.X + (Cg,))
+                for c in range(c0, c1):
+                    if c == c0 or c % Cg == 0:
+                        e = min(c1, (c // Cg + 1) * Cg)
+                        gv = grid[c // Cg][..., c % Cg:e - c // Cg * Cg]
+                        for sl in f.x_pad_slices:
+                            gv[sl[1:]] = 0
+                        gv[tuple(slice(a, a + n) for a, n in zip(f.pre, S))] = \
+                            xn[c:e].transpose(tuple(range(1, nd + 1)) + (0,))
 
     def compute(_ws, _i, kind, j, a, b, n0, m):
         """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call."""
@@ -327,11 +337,11 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                               f.off_w.ctypes.data, Cog, Cg, f.rdy.ctypes.data, f.rx.ctypes.data, m * f.dw_rows,
                               f.dw_len, f.dw_seg, dw_part.ctypes.data, K * Cog * Cg, f.dw_blocks, a, b)
 
-    db_parts = [None] * N
+    db_parts = [np.empty(Co, f32) for _ in range(N)] if need_db else None
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
-        run([(n, n0) for n in range(n0, n1)], copy_in, lambda: None, workers)
+        run([(n, n0, part) for n in range(n0, n1) for part in range(f.copy_parts)], copy_in, lambda: None, workers)
         # a few tasks per worker and kind, each a range over all groups' items (one Python call each)
         tasks = [("dx", j, a, b, n0, m) for j, job in enumerate(f.dx_jobs if need_dx else ())
                  for a, b in even_ranges(g * m * job.rows, TASKS_PER_WORKER * workers)]

@@ -217,25 +217,29 @@ static inline void transpose16(v16 t[16]) {
 #define HAVE_TILE16 1
 #endif
 
-/* One sample's x, channel-major (channel c at src + c * ldc, n positions), into a channels-last grid:
- *   dst[pos[u] * C + c] = src[c * ldc + u]  for u < n, c < C (C % 16 == 0),   dst[pad[k] * C + c] = 0,
- * pos and pad together covering the grid once. In 16 x 16 register transpositions where the compiler has
- * vector shuffles (consecutive x positions, each stored to its own grid position). */
-void xconv_x_to_grid(const float *src, int64_t ldc, int64_t C, const int64_t *pos, int64_t n, const int64_t *pad,
-                     int64_t npad, float *dst) {
-    for (int64_t k = 0; k < npad; k++) memset(dst + pad[k] * C, 0, C * sizeof(float));
-    for (int64_t c0 = 0; c0 < C; c0 += 16) {
+/* Channels [c0, c1) of one sample's x, channel-major (channel c at src + c * ldc, n positions), into its
+ * grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last:
+ *   grid[pos[u] * Cg + c % Cg] = src[c * ldc + u]  for u < n,   grid[pad[k] * Cg + c % Cg] = 0,
+ * pos and pad together covering a grid once; c0, c1 and Cg multiples of 16. In 16 x 16 register
+ * transpositions where the compiler has vector shuffles (consecutive x positions, each stored to its own grid
+ * position). */
+void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int64_t Cg, int64_t gs,
+                     const int64_t *pos, int64_t n, const int64_t *pad, int64_t npad, float *dst) {
+    for (int64_t cb = c0; cb < c1; cb += 16) {
+        const float *s = src + cb * ldc;
+        float *d = dst + cb / Cg * gs + cb % Cg;
+        for (int64_t k = 0; k < npad; k++) memset(d + pad[k] * Cg, 0, 16 * sizeof(float));
         int64_t u0 = 0;
 #ifdef HAVE_TILE16
         for (; u0 + 16 <= n; u0 += 16) {
             v16 t[16];
-            for (int i = 0; i < 16; i++) t[i] = load16(src + (c0 + i) * ldc + u0);
+            for (int i = 0; i < 16; i++) t[i] = load16(s + i * ldc + u0);
             transpose16(t);
-            for (int i = 0; i < 16; i++) store16(dst + pos[u0 + i] * C + c0, t[i]);
+            for (int i = 0; i < 16; i++) store16(d + pos[u0 + i] * Cg, t[i]);
         }
 #endif
         for (; u0 < n; u0++)
-            for (int64_t c = c0; c < c0 + 16; c++) dst[pos[u0] * C + c] = src[c * ldc + u0];
+            for (int64_t c = 0; c < 16; c++) d[pos[u0] * Cg + c] = s[c * ldc + u0];
     }
 }
 
