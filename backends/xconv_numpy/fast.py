@@ -523,10 +523,10 @@ def backward(dy, x, w, p: ConvParams, mask):
             if compiled.serves(p):                       # db from its copy of dy
                 budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
                 return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
-            if geo.pointwise:
-                run = _backward_pointwise
-            else:
-                run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            if geo.pointwise:                           # db from the samples it reads
+                return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
+                                           lease)
+            run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
             dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
@@ -786,8 +786,10 @@ def _samples(t: np.ndarray, n0: int, n1: int, G: int, C: int, P: int, cdt, scrat
     return out
 
 
-def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: _Lease):
-    """1x1 kernel, stride 1, no padding: per-sample matrix products on the (N, C, positions) layout as is."""
+def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, workers: int,
+                        lease: _Lease):
+    """(dx, dw, db) of a 1x1 kernel, stride 1, no padding: per-sample matrix products on the (N, C, positions)
+    layout as is; db from the same samples of dy while they are in cache (per sample, then samples in order)."""
     p = geo.p
     cdt = compute_dtype(p)
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
@@ -810,6 +812,7 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, work
         wt[...] = w.reshape(g, Cog, Cg).transpose(0, 2, 1)
     if need_dw:
         slots = _Slots(_n_slots(io, it * g * Cog * Cg), [(g, Cg, Cog)], cdt, lease)
+    db_parts = lease.empty((N, g * Cog), cdt) if need_db else None
 
     def workspace():
         return dict(dy=lease.empty((nb * g * Cog * P,), cdt) if copy_dy else None,
@@ -821,6 +824,8 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, work
     def task(ws, i, n0, n1):
         m = n1 - n0
         dyc = _samples(dy, n0, n1, g, Cog, P, cdt, ws["dy"])
+        if need_db:
+            db_parts[n0:n1] = dyc.sum(axis=3).reshape(m, g * Cog)
         if need_dx:
             if ws["dx"] is None:
                 np.matmul(wt, dyc, out=dx[n0:n1].reshape(m, g, Cg, P))
@@ -841,7 +846,8 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, work
     if need_dw:
         dw = np.empty(p.weight_shape, out_dt)
         dw.reshape(g, Cog, Cg)[...] = slots.total()[0].transpose(0, 2, 1)
-    return (dx if need_dx else None), dw
+    db = np.ascontiguousarray(db_parts.sum(axis=0).astype(out_dt, copy=False)) if need_db else None
+    return (dx if need_dx else None), dw, db
 
 
 def _run_guarded(chunks, task, workspace, workers, slots):
