@@ -14,6 +14,42 @@ typedef float v16 __attribute__((vector_size(64)));
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of
+ * their row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. */
+#define STAGE(D)                                                                                        \
+    {                                                                                                   \
+        v16i lo, hi;                                                                                    \
+        for (int k = 0; k < 16; k++) {                                                                  \
+            int b = k / (2 * D) * (2 * D), e = k % (2 * D);                                             \
+            lo[k] = e < D ? b + e : 16 + b + e - D;                                                     \
+            hi[k] = e < D ? b + D + e : 16 + b + e;                                                     \
+        }                                                                                               \
+        for (int i = 0; i < 16; i++)                                                                    \
+            if (!(i & D)) {                                                                             \
+                v16 a = t[i], c = t[i + D];                                                             \
+                t[i] = __builtin_shuffle(a, c, lo);                                                     \
+                t[i + D] = __builtin_shuffle(a, c, hi);                                                 \
+            }                                                                                           \
+    }
+
+/* t[j][i] <- t[i][j] for i, j < 16 */
+static inline void transpose16(v16 t[16]) {
+    STAGE(8) STAGE(4) STAGE(2) STAGE(1)
+}
+#define HAVE_TILE16 1
+#endif
+#if defined(HAVE_TILE16) && !defined(NO_TILE_STORES)
+#define TILE_STORES 1
+#else
+#define TILE_STORES 0
+#endif
+#ifndef HAVE_TILE16
+static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE_STORES is 0 */
+#endif
+
 /* Input gradient, one block of NR positions j.. of a row and 16 * NV input channels from cb:
  *   dx[rout + (cb + ci) * ldx + (j + k) * os] = sum_t sum_co dy[rin + co * ldy + j + k - off[t]] * w[(t * Cog + co) * ldw + cb + ci]
  * taps in order, channels in order within a tap (os: the output's position step, the stride on a phase). */
@@ -36,6 +72,16 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
                     for (int v = 0; v < NV; v++) acc[k][v] += b * wv[v];                              \
                 }                                                                                     \
             }                                                                                         \
+        }                                                                                             \
+        if (TILE_STORES && os == 1) {     /* positions of a channel contiguous: transpose, store rows */ \
+            for (int v = 0; v < NV; v++) {                                                            \
+                v16 t[16];                                                                            \
+                for (int k = 0; k < 16; k++) t[k] = k < NR ? acc[k][v] : (v16){0};                    \
+                transpose16(t);                                                                       \
+                for (int c = 0; c < 16; c++)                                                          \
+                    memcpy(dxr + (cb + 16 * v + c) * ldx + j, &t[c], NR * sizeof(float));             \
+            }                                                                                         \
+            return;                                                                                   \
         }                                                                                             \
         float buf[NR][16 * NV];                                                                       \
         for (int k = 0; k < NR; k++)                                                                  \
@@ -189,33 +235,6 @@ void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, in
     }
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of
- * their row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. */
-#define STAGE(D)                                                                                        \
-    {                                                                                                   \
-        v16i lo, hi;                                                                                    \
-        for (int k = 0; k < 16; k++) {                                                                  \
-            int b = k / (2 * D) * (2 * D), e = k % (2 * D);                                             \
-            lo[k] = e < D ? b + e : 16 + b + e - D;                                                     \
-            hi[k] = e < D ? b + D + e : 16 + b + e;                                                     \
-        }                                                                                               \
-        for (int i = 0; i < 16; i++)                                                                    \
-            if (!(i & D)) {                                                                             \
-                v16 a = t[i], c = t[i + D];                                                             \
-                t[i] = __builtin_shuffle(a, c, lo);                                                     \
-                t[i + D] = __builtin_shuffle(a, c, hi);                                                 \
-            }                                                                                           \
-    }
-
-/* t[j][i] <- t[i][j] for i, j < 16 */
-static inline void transpose16(v16 t[16]) {
-    STAGE(8) STAGE(4) STAGE(2) STAGE(1)
-}
-#define HAVE_TILE16 1
-#endif
 
 /* Channels [c0, c1) of one sample's x, channel-major (channel c at src + c * ldc, n positions), into its
  * grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last:
