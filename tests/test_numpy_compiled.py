@@ -88,7 +88,8 @@ def test_compiled_matches_exact(conv, seed, monkeypatch):   # one patch for all 
 
 
 def test_compiled_loops_run_for_what_they_compute(monkeypatch):
-    """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, float64, 8 channels or 1x1 do not, stride 2 by default not."""
+    """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, float64, 8 channels or 1x1 do not; by default
+    strides only up to 2 and with 32k input channels per group."""
     calls = count_calls(monkeypatch, compiled, "backward")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 32, 9, 9)).astype(np.float32)
@@ -104,7 +105,9 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
     monkeypatch.delenv("XCONV_NUMPY_C")
     assert compiled.computes(make_params(x.shape, w.shape, padding=1))
     assert compiled.computes(make_params(x.shape, w.shape, padding=1, stride=2))
-    assert not compiled.serves(make_params(x.shape, w.shape, padding=1, stride=2))   # strided: BLAS by default
+    assert compiled.serves(make_params(x.shape, w.shape, padding=1, stride=2))       # 32 channels, stride 2
+    assert not compiled.serves(make_params(x.shape, w.shape, padding=1, stride=3))   # stride 3: BLAS by default
+    assert not compiled.serves(make_params((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2))   # 16 channels
     assert not compiled.computes(make_params(x.shape, w.shape, padding=1, dtype="float64"))
     assert not compiled.computes(make_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
     assert not compiled.computes(make_params(x.shape, (16, 32, 1, 1)))
