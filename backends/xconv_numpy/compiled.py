@@ -108,9 +108,9 @@ def _build() -> ctypes.CDLL:
     lib.xconv_dx_rows.restype = None
     lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i]
     lib.xconv_dw_rows.restype = None
-    lib.xconv_x_to_grid.argtypes = [p, i, i, i, i, i, p, i, p, i, p]
+    lib.xconv_x_to_grid.argtypes = [p, i, i, i, i, i, p, i, i, p, i, p]
     lib.xconv_x_to_grid.restype = None
-    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, p]
+    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, i, i, p]
     lib.xconv_dy_to_grid.restype = None
     return lib
 
@@ -229,9 +229,9 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
     nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
     f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
-    # copy tasks per sample: channel ranges (multiples of 16) of dy and of x (within a group), so that the
-    # workers share a block of few samples
-    f.copy_parts = min(4, Co // 16, C // 16) if nb < 4 else 1
+    # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
+    # few samples (at least 4 tasks per block where the rows allow)
+    f.copy_parts = max(1, min(-(-4 // nb), Yn // Y[-1]))
     f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
     f.x_pad_slices = _box_complement(X, pre, S, lead=1)
     # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
@@ -293,42 +293,41 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dw_acc = lease.empty((g, K, Cog, Cg), f32)
 
     def copy_in(_ws, _i, n, n0, part):
-        """Part ``part`` of sample n's copies (channel ranges of dy and x, multiples of 16) and its dy sums."""
+        """Part ``part`` of sample n's copies: a range of dy grid rows and of x positions (the numpy copies of
+        other dtypes or layouts: all in part 0)."""
         i = n - n0
         dyn = dy[n]
-        c0, c1 = (16 * v for v in even_ranges(Co // 16, f.copy_parts)[part])
+        nrows = Yn // f.Y[-1]
         if dyn.dtype == f32 and dyn.flags.c_contiguous:
-            lib.xconv_dy_to_grid(dyn[c0:].ctypes.data, c1 - c0, math.prod(O), f.dy_rows.ctypes.data, len(f.dy_rows),
-                                 f.Y[-1], O[-1], M, ldy, dyG[i, c0:].ctypes.data)
-        else:
-            dyG[i, c0:c1, :M] = 0
-            dyG[i, c0:c1, M + Yn:] = 0
-            grid = dyG[i, c0:c1, M:M + Yn].reshape((c1 - c0,) + f.Y)
+            r0, r1 = even_ranges(nrows, f.copy_parts)[part]
+            lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, nrows, f.Y[-1], O[-1],
+                                 M, ldy, r0, r1, dyG[i].ctypes.data)
+        elif part == 0:
+            dyG[i, :, :M] = 0
+            dyG[i, :, M + Yn:] = 0
+            grid = dyG[i, :, M:M + Yn].reshape((Co,) + f.Y)
             for sl in f.dy_pad:
                 grid[sl[1:]] = 0
-            grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn[c0:c1]
-        if need_db:
-            db_parts[n][c0:c1] = dyG[i, c0:c1, M:M + Yn].sum(axis=1)     # the grid's padding adds zeros
+            grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn
         if need_dw:
             xn = x[n]
-            c0, c1 = (16 * v for v in even_ranges(C // 16, f.copy_parts)[part])
             if xn.dtype == f32 and xn.flags.c_contiguous:
-                lib.xconv_x_to_grid(xn.ctypes.data, Sn, c0, c1, Cg, Xn * Cg, f.x_pos.ctypes.data, Sn,
-                                    f.x_pad.ctypes.data, len(f.x_pad), xG[i].ctypes.data)
-            else:
-                grid = xG[i].reshape((C // Cg,) + f.X + (Cg,))
-                for c in range(c0, c1):
-                    if c == c0 or c % Cg == 0:
-                        e = min(c1, (c // Cg + 1) * Cg)
-                        gv = grid[c // Cg][..., c % Cg:e - c // Cg * Cg]
-                        for sl in f.x_pad_slices:
-                            gv[sl[1:]] = 0
-                        gv[tuple(slice(a, a + n) for a, n in zip(f.pre, S))] = \
-                            xn[c:e].transpose(tuple(range(1, nd + 1)) + (0,))
+                u0, u1 = even_ranges(Sn, f.copy_parts)[part]
+                lib.xconv_x_to_grid(xn.ctypes.data, Sn, 0, C, Cg, Xn * Cg, f.x_pos.ctypes.data, u0, u1,
+                                    f.x_pad.ctypes.data, len(f.x_pad) if part == 0 else 0, xG[i].ctypes.data)
+            elif part == 0:
+                grid = xG[i].reshape((g,) + f.X + (Cg,))
+                for sl in f.x_pad_slices:
+                    grid[sl] = 0
+                grid[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(f.pre, S))] = \
+                    xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
 
     def compute(_ws, _i, kind, j, a, b, n0, m):
-        """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call."""
-        if kind == "dx":
+        """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call; or the
+        bias gradient of sample j (its dy grid's rows summed: the padding adds zeros)."""
+        if kind == "db":
+            db_parts[j] = dyG[j - n0, :, M:M + Yn].sum(axis=1)
+        elif kind == "dx":
             job = f.dx_jobs[j]
             T = len(job.taps)
             base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn)
@@ -340,7 +339,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                               f.off_w.ctypes.data, Cog, Cg, f.rdy.ctypes.data, f.rx.ctypes.data, m * f.dw_rows,
                               f.dw_len, f.dw_seg, dw_part.ctypes.data, K * Cog * Cg, f.dw_blocks, a, b)
 
-    db_parts = [np.empty(Co, f32) for _ in range(N)] if need_db else None
+    db_parts = [None] * N
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
@@ -351,6 +350,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             if need_dw else []
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
                   for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
+        tasks += [("db", n, 0, 0, n0, m) for n in range(n0, n1) if need_db]
         run(tasks, compute, lambda: None, workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]

@@ -236,43 +236,44 @@ void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, in
 }
 
 
-/* Channels [c0, c1) of one sample's x, channel-major (channel c at src + c * ldc, n positions), into its
- * grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last:
- *   grid[pos[u] * Cg + c % Cg] = src[c * ldc + u]  for u < n,   grid[pad[k] * Cg + c % Cg] = 0,
+/* Channels [c0, c1) and positions [u0, u1) of one sample's x, channel-major (channel c at src + c * ldc), into
+ * its grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last:
+ *   grid[pos[u] * Cg + c % Cg] = src[c * ldc + u],   and grid[pad[k] * Cg + c % Cg] = 0 for k < npad,
  * pos and pad together covering a grid once; c0, c1 and Cg multiples of 16. In 16 x 16 register
  * transpositions where the compiler has vector shuffles (consecutive x positions, each stored to its own grid
  * position). */
 void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int64_t Cg, int64_t gs,
-                     const int64_t *pos, int64_t n, const int64_t *pad, int64_t npad, float *dst) {
+                     const int64_t *pos, int64_t u0, int64_t u1, const int64_t *pad, int64_t npad, float *dst) {
     for (int64_t cb = c0; cb < c1; cb += 16) {
         const float *s = src + cb * ldc;
         float *d = dst + cb / Cg * gs + cb % Cg;
         for (int64_t k = 0; k < npad; k++) memset(d + pad[k] * Cg, 0, 16 * sizeof(float));
-        int64_t u0 = 0;
+        int64_t u = u0;
 #ifdef HAVE_TILE16
-        for (; u0 + 16 <= n; u0 += 16) {
+        for (; u + 16 <= u1; u += 16) {
             v16 t[16];
-            for (int i = 0; i < 16; i++) t[i] = load16(s + i * ldc + u0);
+            for (int i = 0; i < 16; i++) t[i] = load16(s + i * ldc + u);
             transpose16(t);
-            for (int i = 0; i < 16; i++) store16(d + pos[u0 + i] * Cg, t[i]);
+            for (int i = 0; i < 16; i++) store16(d + pos[u + i] * Cg, t[i]);
         }
 #endif
-        for (; u0 < n; u0++)
-            for (int64_t c = 0; c < 16; c++) d[pos[u0] * Cg + c] = s[c * ldc + u0];
+        for (; u < u1; u++)
+            for (int64_t c = 0; c < 16; c++) d[pos[u] * Cg + c] = s[c * ldc + u];
     }
 }
 
-/* One sample's dy (C channels of n positions, channel c at src + c * n) into a zero-padded channel-major
- * grid: channel c at dst + c * ldy, M zeros, then nrows rows of row_len positions (row r holding olen values
- * from src + rsrc[r] and zeros after them, or only zeros where rsrc[r] < 0), zeros to ldy. */
+/* Rows [r0, r1) of one sample's dy (C channels of n positions, channel c at src + c * n) into its zero-padded
+ * channel-major grid: channel c at dst + c * ldy, M zeros (written with row 0), then nrows rows of row_len
+ * positions (row r holding olen values from src + rsrc[r] and zeros after them, or only zeros where
+ * rsrc[r] < 0), zeros to ldy (written with the last row). */
 void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsrc, int64_t nrows, int64_t row_len,
-                      int64_t olen, int64_t M, int64_t ldy, float *dst) {
+                      int64_t olen, int64_t M, int64_t ldy, int64_t r0, int64_t r1, float *dst) {
     for (int64_t c = 0; c < C; c++) {
         const float *s = src + c * n;
         float *d = dst + c * ldy;
-        memset(d, 0, M * sizeof(float));
-        d += M;
-        for (int64_t r = 0; r < nrows; r++, d += row_len) {
+        if (r0 == 0) memset(d, 0, M * sizeof(float));
+        d += M + r0 * row_len;
+        for (int64_t r = r0; r < r1; r++, d += row_len) {
             int64_t k = 0;
             if (rsrc[r] >= 0) {
                 memcpy(d, s + rsrc[r], olen * sizeof(float));
@@ -280,6 +281,6 @@ void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsr
             }
             memset(d + k, 0, (row_len - k) * sizeof(float));
         }
-        memset(d, 0, (ldy - M - nrows * row_len) * sizeof(float));
+        if (r1 == nrows) memset(d, 0, (ldy - M - nrows * row_len) * sizeof(float));
     }
 }
