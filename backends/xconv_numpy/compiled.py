@@ -54,6 +54,8 @@ ENABLED = None
 TASKS_PER_WORKER = 2
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
 DW_SEGMENT_BYTES = 256 << 10
+#: Share of the working-set budget that one block of samples (its grids) may take.
+BLOCK_SHARE = 1.0
 SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
 
@@ -227,7 +229,7 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
     f.ldy = ldy = ldy + 16 * ((ldy // 16) % 2 == 0)      # 64 bytes, so 16 channel rows fall in 16 cache sets
     per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
-    nb = max(1, min(N, (budget // 2) // max(per_sample, 1)))
+    nb = max(1, min(N, int(budget * BLOCK_SHARE) // max(per_sample, 1)))
     f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
     # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
     # few samples (at least 4 tasks per block where the rows allow)
