@@ -63,7 +63,7 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
         for (int64_t t = 0; t < T; t++) {                                                             \
             const float *d = dyr + j - off[t];                                                        \
             const float *wt = w + t * Cog * ldw + cb;                                                 \
-            for (int64_t co = 0; co < Cog; co++) {                                                    \
+            _Pragma("GCC unroll 2") for (int64_t co = 0; co < Cog; co++) {                          \
                 v16 wv[NV];                                                                           \
                 for (int v = 0; v < NV; v++) wv[v] = load16(wt + co * ldw + 16 * v);                  \
                 const float *dc = d + co * ldy;                                                       \
