@@ -171,7 +171,7 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
         for (int64_t r = r0; r < r1; r++) {                                                           \
             const float *d = dy + rdy[r] + c0 * ldy;                                                  \
             const float *xr = x + (rx[r] + xo) * ldx + cb;                                            \
-            for (int64_t o = o0; o < o1; o++) {                                                       \
+            _Pragma("GCC unroll 2") for (int64_t o = o0; o < o1; o++) {                             \
                 v16 xv[NV];                                                                           \
                 for (int v = 0; v < NV; v++) xv[v] = load16(xr + o * step + 16 * v);                  \
                 _Pragma("GCC unroll 16") for (int c = 0; c < RC; c++) {                               \
