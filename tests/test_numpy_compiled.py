@@ -188,3 +188,18 @@ def test_cache_that_others_can_write_is_refused(tmp_path):
     lib.chmod(0o666)
     with pytest.raises(PermissionError, match="not private"):
         compiled._check_private(lib)
+
+
+def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
+    """The data-independent plan is cached per (params, mask, budget): a second call with other data, and
+    calls with other masks of the same shapes, still match the exact path (nothing of one call's data or
+    grids leaks into the next)."""
+    calls = count_calls(monkeypatch, compiled, "backward")
+    c = dict(input=[3, 32, 9, 10], weight=[32, 16, 3, 2], stride=[1, 1], padding=[(1, 0), (2, 1)],
+             dilation=[1, 2], groups=2, transposed=False, output_padding=[0, 0], dtype="float32")
+    rng = np.random.default_rng(21)
+    for mask in ((True, True, True), (True, True, True), (False, True, False), (True, False, True)):
+        x, w, dy = random_arrays(rng, c)
+        compare(c, x, w, dy, mask)
+    assert len(calls) >= 4
+    assert compiled._plan.cache_info().hits >= 1
