@@ -112,7 +112,7 @@ def _build() -> ctypes.CDLL:
     lib.xconv_dw_rows.restype = None
     lib.xconv_x_to_grid.argtypes = [p, i, i, i, i, i, p, i, i, p, i, p]
     lib.xconv_x_to_grid.restype = None
-    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, i, i, p]
+    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, i, i, p, p]
     lib.xconv_dy_to_grid.restype = None
     return lib
 
@@ -275,8 +275,8 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease):
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
-    sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed from the
-    dy grid while it is in cache: per sample over its positions, then samples in order."""
+    sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
+    dy is copied into its grid: per sample and copy part, then in that order."""
     lib = _LIB.get()
     f = _plan(p, need_dx, need_dw, budget)
     g, nd, N, C, Co, Cg, Cog, K, S, O = f.g, f.nd, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S, f.O
@@ -303,7 +303,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         if dyn.dtype == f32 and dyn.flags.c_contiguous:
             r0, r1 = even_ranges(nrows, f.copy_parts)[part]
             lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, nrows, f.Y[-1], O[-1],
-                                 M, ldy, r0, r1, dyG[i].ctypes.data)
+                                 M, ldy, r0, r1, dyG[i].ctypes.data, db_parts[n, part].ctypes.data if need_db else None)
         elif part == 0:
             dyG[i, :, :M] = 0
             dyG[i, :, M + Yn:] = 0
@@ -311,6 +311,9 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             for sl in f.dy_pad:
                 grid[sl[1:]] = 0
             grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn
+            if need_db:
+                db_parts[n, 0] = dyG[i, :, M:M + Yn].sum(axis=1, dtype=np.float64)    # padding adds zeros
+                db_parts[n, 1:] = 0
         if need_dw:
             xn = x[n]
             if xn.dtype == f32 and xn.flags.c_contiguous:
@@ -325,11 +328,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                     xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
 
     def compute(_ws, _i, kind, j, a, b, n0, m):
-        """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call; or the
-        bias gradient of sample j (its dy grid's rows summed: the padding adds zeros)."""
-        if kind == "db":
-            db_parts[j] = dyG[j - n0, :, M:M + Yn].sum(axis=1)
-        elif kind == "dx":
+        """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call."""
+        if kind == "dx":
             job = f.dx_jobs[j]
             T = len(job.taps)
             base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn)
@@ -341,7 +341,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                               f.off_w.ctypes.data, Cog, Cg, f.rdy.ctypes.data, f.rx.ctypes.data, m * f.dw_rows,
                               f.dw_len, f.dw_seg, dw_part.ctypes.data, K * Cog * Cg, f.dw_blocks, a, b)
 
-    db_parts = [None] * N
+    # bias gradient: per sample and copy part, sums in float64 made while copying dy (added in order at the end)
+    db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
@@ -352,7 +353,6 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             if need_dw else []
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
                   for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
-        tasks += [("db", n, 0, 0, n0, m) for n in range(n0, n1) if need_db]
         run(tasks, compute, lambda: None, workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
@@ -365,8 +365,5 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if need_dw:
         dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(f.out_dt, copy=False)
     if need_db:
-        db = db_parts[0].copy()
-        for part in db_parts[1:]:
-            db += part
-        db = db.astype(f.out_dt, copy=False)
+        db = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt)
     return (dx if need_dx else None), dw, db

@@ -10,6 +10,8 @@
 #include <string.h>
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
@@ -265,12 +267,15 @@ void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int6
 /* Rows [r0, r1) of one sample's dy (C channels of n positions, channel c at src + c * n) into its zero-padded
  * channel-major grid: channel c at dst + c * ldy, M zeros (written with row 0), then nrows rows of row_len
  * positions (row r holding olen values from src + rsrc[r] and zeros after them, or only zeros where
- * rsrc[r] < 0), zeros to ldy (written with the last row). */
+ * rsrc[r] < 0), zeros to ldy (written with the last row). If sums is not NULL, sums[c] = the sum of channel c's
+ * values copied, in double precision, in order (rows, then positions: 8 lanes of partial sums, added last). */
 void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsrc, int64_t nrows, int64_t row_len,
-                      int64_t olen, int64_t M, int64_t ldy, int64_t r0, int64_t r1, float *dst) {
+                      int64_t olen, int64_t M, int64_t ldy, int64_t r0, int64_t r1, float *dst, double *sums) {
     for (int64_t c = 0; c < C; c++) {
         const float *s = src + c * n;
         float *d = dst + c * ldy;
+        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        v8d acc = {0, 0, 0, 0, 0, 0, 0, 0};
         if (r0 == 0) memset(d, 0, M * sizeof(float));
         d += M + r0 * row_len;
         for (int64_t r = r0; r < r1; r++, d += row_len) {
@@ -278,9 +283,23 @@ void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsr
             if (rsrc[r] >= 0) {
                 memcpy(d, s + rsrc[r], olen * sizeof(float));
                 k = olen;
+                if (sums) {
+                    const float *q = s + rsrc[r];
+                    int64_t u = 0;
+                    for (; u + 8 <= olen; u += 8) {
+                        v8f v;
+                        memcpy(&v, q + u, sizeof v);
+                        acc += __builtin_convertvector(v, v8d);
+                    }
+                    for (; u < olen; u++) part[u % 8] += q[u];
+                }
             }
             memset(d + k, 0, (row_len - k) * sizeof(float));
         }
         if (r1 == nrows) memset(d, 0, (ldy - M - nrows * row_len) * sizeof(float));
+        if (sums) {
+            for (int k = 0; k < 8; k++) part[k] += acc[k];
+            sums[c] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        }
     }
 }
