@@ -250,14 +250,11 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     f.dx_order = sorted(range(len(f.dx_jobs)), key=lambda j: -len(f.dx_jobs[j].taps) * f.dx_jobs[j].rows)
     if need_dw:
         f.off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
-        if all(ss == 1 for ss in st):                    # stride 1: one flat row per sample
-            f.rdy = np.arange(nb, dtype=np.int64) * (Co * ldy) + M
-            f.rx = np.arange(nb, dtype=np.int64) * (g * Xn)
-            f.dw_len, f.dw_step = sum((o - 1) * gg for o, gg in zip(O, gY)) + 1, 1
-        else:
-            f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
-            f.rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
-            f.dw_len, f.dw_step = O[-1], st[-1]
+        # rows of dy (O[-1] positions each, not the grid's flat rows: those also cover the padding columns,
+        # 3-14% more work on the suite for zeros, 7% slower on the dilated case)
+        f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
+        f.rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
+        f.dw_len, f.dw_step = O[-1], st[-1]
         f.dw_rows = len(f.rdy) // nb
         # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
         f.dw_seg = int(min(1024, max(16, DW_SEGMENT_BYTES // (4 * (f.Cog + f.Cg * f.dw_step)))))
