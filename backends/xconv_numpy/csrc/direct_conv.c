@@ -75,7 +75,7 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
-        if (TILE_STORES && os == 1) {     /* positions of a channel contiguous: transpose, store rows */ \
+        if (TILE_STORES && NR <= 16 && os == 1) {  /* a channel's positions contiguous: transpose, store */ \
             for (int v = 0; v < NV; v++) {                                                            \
                 v16 t[16];                                                                            \
                 for (int k = 0; k < 16; k++) t[k] = k < NR ? acc[k][v] : (v16){0};                    \
