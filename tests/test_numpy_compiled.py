@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import xconv
@@ -68,6 +68,10 @@ def convolutions(draw):
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(conv=convolutions(), seed=st.integers(0, 2**32 - 1))
+@example(conv=({"input": [1, 16, 1, 2], "weight": [16, 16, 1, 2], "stride": [1, 1],     # fewer x positions (2)
+                "padding": [(0, 2), (0, 0)], "dilation": [1, 1], "groups": 1,         # than copy tasks (3):
+                "transposed": False, "output_padding": [0, 0], "dtype": "float32"},   # an empty task range
+               (True, True, True), "contiguous"), seed=0)
 def test_compiled_matches_exact(conv, seed, monkeypatch):   # one patch for all examples: strides too
     """Scratch (kept between calls) arrives filled with 3e38: the grids' padding must be zeroed, every
     result element written."""
@@ -203,3 +207,48 @@ def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
         compare(c, x, w, dy, mask)
     assert len(calls) >= 4
     assert compiled._plan.cache_info().hits >= 1
+
+
+def test_failed_copy_releases_the_waiting_computations(monkeypatch):
+    """Copies and computations of a block run as one list of tasks, the computations waiting for the copies:
+    a copy that raises must release them, and the error must reach the caller (no hang)."""
+    import threading
+    import time
+
+    lib = compiled._LIB.get()
+
+    class Failing:
+        calls = 0
+
+        def __getattr__(self, name):
+            fn = getattr(lib, name)
+            if name != "xconv_x_to_grid":
+                return fn
+
+            def fail_last(*args):          # the last copy task, late: the other worker waits in a computation
+                Failing.calls += 1
+                if Failing.calls == 4:
+                    time.sleep(0.3)
+                    raise RuntimeError("copy failed")
+                return fn(*args)
+            return fail_last
+
+    monkeypatch.setattr(compiled._LIB, "_value", Failing())
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 32, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 32, 12, 12)).astype(np.float32)
+    outcome = []
+
+    def call():
+        try:
+            xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
+        except RuntimeError as e:
+            outcome.append(str(e))
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the computations kept waiting for a failed copy"
+    assert outcome == ["copy failed"]
+    assert Failing.calls == 4                       # 2 samples x 2 copy tasks each: the last one failed

@@ -37,6 +37,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -196,6 +197,29 @@ def _phase_plan(S, X, Y, s, d, k, pre, gY):
     return plan
 
 
+class _Countdown:
+    """Wait until ``n`` tasks have called done_one() (or release() was called after a failure)."""
+
+    def __init__(self, n: int):
+        self.left = n
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        if n == 0:
+            self.event.set()
+
+    def done_one(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.event.set()
+
+    def release(self) -> None:
+        self.event.set()
+
+    def wait(self) -> None:
+        self.event.wait()
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -233,7 +257,7 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
     # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
     # few samples (at least 4 tasks per block where the rows allow)
-    f.copy_parts = max(1, min(-(-4 // nb), Yn // Y[-1]))
+    f.copy_parts = max(1, min(-(-4 // nb), Yn // Y[-1], Sn))
     f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
     f.x_pad_slices = _box_complement(X, pre, S, lead=1)
     # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
@@ -343,14 +367,26 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
-        run([(n, n0, part) for n in range(n0, n1) for part in range(f.copy_parts)], copy_in, lambda: None, workers)
+        copies = [("copy", n, n0, part) for n in range(n0, n1) for part in range(f.copy_parts)]
         # a few tasks per worker and kind, each a range over all groups' items (one Python call each); the
         # longest first (dw, then dx phases by number of taps), so that the workers finish together
         tasks = [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers)] \
             if need_dw else []
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
                   for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
-        run(tasks, compute, lambda: None, workers)
+        # one run per block: the copies, then the computations, which wait until every copy is done (tasks
+        # start in order, so all copies have started by then; a failure releases the waiting ones)
+        barrier = _Countdown(len(copies))
+
+        def step(ws, i, kind, *args):
+            if kind == "copy":
+                copy_in(ws, i, *args)
+                barrier.done_one()
+            else:
+                barrier.wait()
+                compute(ws, i, kind, *args)
+
+        run(copies + tasks, step, lambda: None, workers, on_error=barrier.release)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
         if need_dw:                                      # blocks added in order
