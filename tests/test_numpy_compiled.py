@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ import xconv
 from xconv.params import make_params
 
 from core_helpers import count_calls  # noqa: E402
-from test_numpy_fast import compare, random_arrays  # noqa: E402
+from test_numpy_fast import compare, compare_on_poisoned_scratch, random_arrays  # noqa: E402
 
 from xconv_numpy import compiled, fast  # noqa: E402
 
@@ -76,19 +75,7 @@ def test_compiled_matches_exact(conv, seed, monkeypatch):   # one patch for all 
     """Scratch (kept between calls) arrives filled with 3e38: the grids' padding must be zeroed, every
     result element written."""
     monkeypatch.setattr(compiled, "ENABLED", True)
-    real_take = fast._Arena.take
-
-    def poisoned(self, nbytes):
-        buf = real_take(self, nbytes)
-        buf[:buf.nbytes // 4 * 4].view(np.float32).fill(3e38)
-        return buf
-
-    monkeypatch.setattr(fast._Arena, "take", poisoned)
-    c, mask, layout = conv
-    x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        compare(c, x, w, dy, mask, layout)
+    compare_on_poisoned_scratch(monkeypatch, conv, seed)
 
 
 def test_compiled_loops_run_for_what_they_compute(monkeypatch):

@@ -184,6 +184,12 @@ def test_fast_matches_exact(conv, seed):
 def test_scratch_contents_never_reach_results(conv, seed, monkeypatch):   # the same patch for every example
     """Scratch from the arena arrives filled with 3e38 (float32's near-largest value): results must not
     depend on what scratch held before, and no overflow may come from leftover values."""
+    compare_on_poisoned_scratch(monkeypatch, conv, seed)
+
+
+def compare_on_poisoned_scratch(monkeypatch, conv, seed):
+    """compare() with the arena's scratch filled with 3e38 (float32's near-largest value) when handed out,
+    and any RuntimeWarning (an overflow from a leftover value) an error."""
     real_take = fast._Arena.take
 
     def poisoned(self, nbytes):
