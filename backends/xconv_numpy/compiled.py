@@ -306,9 +306,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
     xG = lease.empty((nb, g, Xn, Cg), f32) if need_dw else None
+    w_jobs = []                                          # per dx phase, its taps' weights (g, T, Cog, Cg): a task
     if need_dx:
-        wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)               # (g, K, Cog, Cg)
-        w_jobs = [np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
         dx = np.empty(p.input_shape, f.out_dt)
         dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
     if need_dw:
@@ -368,19 +367,25 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         n1 = min(n0 + nb, N)
         m = n1 - n0
         copies = [("copy", n, n0, part) for n in range(n0, n1) for part in range(f.copy_parts)]
+        if need_dx and not w_jobs:
+            copies.insert(1, ("weights",))
         # a few tasks per worker and kind, each a range over all groups' items (one Python call each); the
         # longest first (dw, then dx phases by number of taps), so that the workers finish together
         tasks = [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers)] \
             if need_dw else []
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
                   for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
-        # one run per block: the copies, then the computations, which wait until every copy is done (tasks
-        # start in order, so all copies have started by then; a failure releases the waiting ones)
+        # one run per block: the copies (and the weights' layout, once), then the computations, which wait until
+        # they are all done (tasks start in order, so all have started by then; a failure releases the waiting)
         barrier = _Countdown(len(copies))
 
         def step(ws, i, kind, *args):
             if kind == "copy":
                 copy_in(ws, i, *args)
+                barrier.done_one()
+            elif kind == "weights":
+                wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)           # (g, K, Cog, Cg)
+                w_jobs.extend(np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs)
                 barrier.done_one()
             else:
                 barrier.wait()
