@@ -312,7 +312,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
     if need_dw:
         dw_part = lease.empty((g, K, Cog, Cg), f32)
-        dw_acc = lease.empty((g, K, Cog, Cg), f32)
+        dw_acc = lease.empty((g, K, Cog, Cg), f32) if nb < N else None        # the sum of several blocks
 
     def copy_in(_ws, _i, n, n0, part):
         """Part ``part`` of sample n's copies: a range of dy grid rows and of x positions (the numpy copies of
@@ -394,14 +394,15 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         run(copies + tasks, step, lambda: None, workers, on_error=barrier.release)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
-        if need_dw:                                      # blocks added in order
+        if need_dw and nb < N:                           # blocks added in order
             if n0 == 0:
                 dw_acc[...] = dw_part
             else:
                 dw_acc += dw_part
     dw = db = None
     if need_dw:
-        dw = np.ascontiguousarray(dw_acc.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(f.out_dt, copy=False)
+        total = dw_acc if nb < N else dw_part
+        dw = np.ascontiguousarray(total.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(f.out_dt, copy=False)
     if need_db:
         db = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt)
     return (dx if need_dx else None), dw, db
