@@ -363,6 +363,20 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
 
     # bias gradient: per sample and copy part, sums in float64 made while copying dy (added in order at the end)
     db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None
+    out = {"dw": None, "db": None}
+
+    def finish():
+        """dw (blocks added in order) in the weight's layout and dtype, and db: after the last block's dw tasks."""
+        if need_dw:
+            total = dw_part
+            if nb < N:
+                dw_acc[...] += dw_part
+                total = dw_acc
+            out["dw"] = np.ascontiguousarray(total.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(
+                f.out_dt, copy=False)
+        if need_db:
+            out["db"] = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt)
+
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
@@ -373,8 +387,11 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         # longest first (dw, then dx phases by number of taps), so that the workers finish together
         tasks = [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers)] \
             if need_dw else []
+        dw_done = _Countdown(len(tasks))
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
                   for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
+        if n1 == N:
+            tasks.append(("finish",))                    # last: alongside the other worker's last dx task
         # one run per block: the copies (and the weights' layout, once), then the computations, which wait until
         # they are all done (tasks start in order, so all have started by then; a failure releases the waiting)
         barrier = _Countdown(len(copies))
@@ -387,22 +404,27 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                 wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)           # (g, K, Cog, Cg)
                 w_jobs.extend(np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs)
                 barrier.done_one()
+            elif kind == "finish":
+                barrier.wait()
+                dw_done.wait()
+                finish()
             else:
                 barrier.wait()
                 compute(ws, i, kind, *args)
+                if kind == "dw":
+                    dw_done.done_one()
 
-        run(copies + tasks, step, lambda: None, workers, on_error=barrier.release)
+        def release():
+            barrier.release()
+            dw_done.release()
+
+        run(copies + tasks, step, lambda: None, workers, on_error=release)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
-        if need_dw and nb < N:                           # blocks added in order
+        if need_dw and n1 < N:                           # blocks added in order (the last one in finish())
             if n0 == 0:
                 dw_acc[...] = dw_part
             else:
                 dw_acc += dw_part
-    dw = db = None
-    if need_dw:
-        total = dw_acc if nb < N else dw_part
-        dw = np.ascontiguousarray(total.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(f.out_dt, copy=False)
-    if need_db:
-        db = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt)
+    dw, db = out["dw"], out["db"]
     return (dx if need_dx else None), dw, db
