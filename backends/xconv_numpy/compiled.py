@@ -3,29 +3,30 @@ that are multiples of 16.
 
 im2col + BLAS loses most where one GEMM dimension is 16-32 channels (BLAS packing costs as much
 as the arithmetic) and spends 20-40% on column copies elsewhere. These loops compute the sums
-directly, register-blocked. x is copied into a zero-padded channels-last grid of the x geometry
-(``X = S + pre + post`` per dim, flattened, x at ``[pre, pre + S)``), dy into a zero-padded
-channel-major grid ``Y = max(ceil(X/s), O + q_max)`` (dy at ``[0, O)``, a margin of the largest tap
-offset before each channel row); every tap is then a constant flat offset:
+directly, register-blocked. Per sample, x is copied into zero-padded channels-last grids (one per
+group) and dy into a zero-padded channel-major grid (geometry: :func:`_plan`); every tap is then a
+constant flat offset:
 
 - dx, per phase rho of the strided input (``xi = s*m + rho``; one phase at stride 1):
   ``dx[c, s*m + rho - pre] = sum over the phase's taps t of sum_co dy_grid[co, m - q_t] w[co, c, t]``,
-  ``q_t = (t*d - rho) / s``: 12 positions x 32 (or 16) input channels per register block;
-- ``dw[co, c, t] = sum_n sum_o dy_grid[co, o] x_grid[s*o + t*d, c]``: 16 x 16 channel blocks, dy
-  broadcast and x loaded 16 channels at a time, over cache-sized segments of positions.
+  ``q_t = (t*d - rho) / s``: 8-14 positions x 32 input channels (or 12 x 16) per register block;
+- ``dw[co, c, t] = sum_n sum_o dy_grid[co, o] x_grid[s*o + t*d, c]``: 8 x 32 (or 16 x 16) channel
+  blocks, dy broadcast and x loaded 16 channels at a time, row by row of dy, over cache-sized
+  segments of positions;
+- db in float64 while dy is copied.
 
-Each output element is computed by one task in a fixed order; tasks are row ranges (dx) and
-(tap, channel block) ranges (dw); blocks of samples add their dw in block order. So results are
-bitwise reproducible and do not depend on the number of workers. Sums run in float32 (float16
-and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the BLAS path. By
-default stride 1, and stride 2 with 32k input channels per group, use these loops (see :func:`serves`).
+Each output element is computed by one task in a fixed order; tasks are ranges of (group, row)
+items (dx) and (group, tap, channel block) items (dw); blocks of samples add their dw in block
+order. So results are bitwise reproducible and do not depend on the number of workers. Sums run
+in float32 (float16 and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the
+BLAS path. By default stride 1, and stride 2 with 32k input channels per group, use these loops
+(see :func:`serves`).
 
 The C file is compiled at first use (``$CC`` or gcc, ``-O3 -march=native``) into a private per-user
 cache (``$XCONV_CACHE_DIR``, else ``~/.cache/xconv``, else the temporary directory) and loaded with
 ctypes, whose calls release the GIL. Without a compiler, or with ``XCONV_NUMPY_C=0``, :func:`serves`
 is False and the BLAS path runs.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -51,7 +52,7 @@ from .workers import even_ranges, run
 
 #: Use (True), never use (False) or choose by shape (None) these loops for the convolutions they compute.
 ENABLED = None
-#: Tasks per worker and kind (dx rows, dw blocks) in each group: more balance the workers, fewer cost less.
+#: Tasks per worker and kind (dx rows, dw blocks) in each block of samples: more balance the workers, fewer cost less.
 TASKS_PER_WORKER = 2
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
 DW_SEGMENT_BYTES = 256 << 10
