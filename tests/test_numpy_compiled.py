@@ -242,3 +242,39 @@ def test_failed_copy_releases_the_waiting_computations(monkeypatch):
     assert not t.is_alive(), "the computations kept waiting for a failed copy"
     assert outcome == ["copy failed"]
     assert Failing.calls == 4                       # 2 samples x 2 copy tasks each: the last one failed
+
+
+def test_concurrent_calls_match_sequential_ones():
+    """Calls from several user threads at once share the worker pool and the scratch arena: each gives the
+    bits it gives alone, and none waits forever on another call's tasks."""
+    import threading
+
+    rng = np.random.default_rng(8)
+    shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),
+              ((4, 64, 7, 7), (64, 32, 3, 3), 2), ((1, 32, 15, 4), (16, 32, 3, 2), 1)]
+    jobs = []
+    for xs, ws, groups in shapes:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        dy = rng.standard_normal(xconv.output_shape(xs, ws, padding=1, groups=groups)).astype(np.float32)
+        jobs.append((dy, x, w, groups))
+
+    def call(job):
+        dy, x, w, groups = job
+        return xconv.convolution_backward(dy, x, w, padding=1, groups=groups, backend="numpy")
+
+    alone = [call(job) for job in jobs]
+    together = [None] * (2 * len(jobs))
+
+    def worker(i):
+        together[i] = call(jobs[i % len(jobs)])
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(together))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a concurrent call did not finish"
+    for i, got in enumerate(together):
+        for a, b in zip(got, alone[i % len(jobs)]):
+            assert a.tobytes() == b.tobytes()
