@@ -259,7 +259,7 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
     # few samples (at least 4 tasks per block where the rows allow)
     f.copy_parts = max(1, min(-(-4 // nb), Yn // Y[-1], Sn))
-    f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=2)
+    f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=1)
     f.x_pad_slices = _box_complement(X, pre, S, lead=1)
     # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
     f.dy_rows = np.full(Yn // Y[-1], -1, np.int64)
@@ -320,7 +320,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         other dtypes or layouts: all in part 0)."""
         i = n - n0
         dyn = dy[n]
-        nrows = Yn // f.Y[-1]
+        nrows = len(f.dy_rows)
         if dyn.dtype == f32 and dyn.flags.c_contiguous:
             r0, r1 = even_ranges(nrows, f.copy_parts)[part]
             lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, nrows, f.Y[-1], O[-1],
@@ -330,7 +330,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             dyG[i, :, M + Yn:] = 0
             grid = dyG[i, :, M:M + Yn].reshape((Co,) + f.Y)
             for sl in f.dy_pad:
-                grid[sl[1:]] = 0
+                grid[sl] = 0
             grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn
             if need_db:
                 db_parts[n, 0] = dyG[i, :, M:M + Yn].sum(axis=1, dtype=np.float64)    # padding adds zeros
@@ -371,7 +371,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         if need_dw:
             total = dw_part
             if nb < N:
-                dw_acc[...] += dw_part
+                dw_acc[...] += dw_part                   # in place (a closure variable)
                 total = dw_acc
             out["dw"] = np.ascontiguousarray(total.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(
                 f.out_dt, copy=False)
@@ -382,7 +382,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         n1 = min(n0 + nb, N)
         m = n1 - n0
         copies = [("copy", n, n0, part) for n in range(n0, n1) for part in range(f.copy_parts)]
-        if need_dx and not w_jobs:
+        if need_dx and n0 == 0:
             copies.insert(1, ("weights",))
         # a few tasks per worker and kind, each a range over all groups' items (one Python call each); the
         # longest first (dw, then dx phases by number of taps), so that the workers finish together
