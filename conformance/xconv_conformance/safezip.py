@@ -110,16 +110,16 @@ def _check_layout(f, size: int, what: str, max_members: int) -> int:
         raise ArchiveError(f"{what}: multi-volume zip archives are not read")
     if count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         raise ArchiveError(f"{what}: ZIP64 end records are not read (a bundle never needs them)")
+    if cd_offset + cd_size != size - _END.size:
+        raise ArchiveError(f"{what} is corrupt or truncated: its end record places the central directory at "
+                           f"bytes {cd_offset}..{cd_offset + cd_size} of a {size}-byte file, not right before the "
+                           "end record (bytes cut off or added, or the end record of an archive inside it)")
+    if count and not starts_as_zip:
+        raise ArchiveError(f"{what} is corrupt: it does not begin with a zip entry")
     if count > max_members:
         raise ArchiveError(f"{what} lists {count} members (at most {max_members} are allowed)")
     if cd_size > count * _CD_ENTRY_MAX:
         raise ArchiveError(f"{what}: its central directory claims {cd_size} bytes for {count} entries")
-    if cd_offset + cd_size != size - _END.size:
-        raise ArchiveError(f"{what} is corrupt or truncated: its end record places the central directory at "
-                           f"bytes {cd_offset}..{cd_offset + cd_size} of a {size}-byte file, not right before the "
-                           "end record (bytes cut off or added)")
-    if count and not starts_as_zip:
-        raise ArchiveError(f"{what} is corrupt: it does not begin with a zip entry")
     return count
 
 
