@@ -624,3 +624,12 @@ def test_compare_prints_control_characters_escaped(good, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert r"gpu\x1b]0;owned\x07" in out and r"boom\x1b[2J\nline two" in out
+
+
+def test_the_writer_refuses_a_manifest_its_reader_would_refuse(good, tmp_path):
+    path, manifest, arrays = good
+    bad = edited(manifest, _set("cases.0.status", "exploded"))
+    target = tmp_path / "never.xcr"
+    with pytest.raises(xbundle.BundleError, match=r"not written: .*cases\[0\]\.status 'exploded'"):
+        xbundle.write_bundle(str(target), bad, arrays)
+    assert not target.exists() and not list(tmp_path.iterdir())

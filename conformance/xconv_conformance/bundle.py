@@ -34,7 +34,8 @@ from numpy.lib import format as npy_format
 from xconv.dtypes import DTYPES
 from xconv.errors import XconvError
 
-from .manifest_schema import FORMAT, FORMAT_VERSION, STATUSES, STORED_DTYPES, ManifestError, array_bytes, parse_manifest
+from .manifest_schema import (FORMAT, FORMAT_VERSION, STATUSES, STORED_DTYPES, ManifestError, array_bytes,
+                              check_manifest, parse_manifest)
 from .safezip import ArchiveError, Budget, CountingReader, open_archive, read_member
 from .tolerance import OUTPUTS
 
@@ -120,6 +121,10 @@ def write_bundle(path: str, manifest: dict, arrays: dict) -> None:
     manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION,
                     members={OUTPUTS_MEMBER: {"sha256": hashlib.sha256(npz).hexdigest(), "size": len(npz)}})
     text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False).encode()
+    try:
+        check_manifest(json.loads(text))
+    except ManifestError as exc:
+        raise BundleError(f"{path}: not written: its {MANIFEST} would be refused on reading: {exc}") from None
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".xcr-", dir=directory)
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from .cases import load_corpus
 from .runner import _log_ratio_sample, reference_of
 
 OUTPUTS = tolerance.OUTPUTS
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 @dataclasses.dataclass
@@ -232,7 +235,12 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
     n_bad = len(cmp.disagreements)
     lines.append(f"{len(cmp.rows)} cases compared across {len(bundles)} bundle(s): "
                  + (f"{n_bad} disagreement(s)" if n_bad else "all agree within the error bounds"))
-    return "\n".join(lines)
+    return "\n".join(_printable(line) for line in lines)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (a bundle's strings may hold terminal escapes) written as escapes."""
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
 def _table(rows: list[list[str]]) -> list[str]:

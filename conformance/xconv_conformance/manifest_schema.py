@@ -1,8 +1,8 @@
 """The bundle manifest's schema, and reading a manifest that came from another machine.
 
 :func:`parse_manifest` turns the bytes of ``manifest.json`` into a dict that holds exactly the
-types the kit reads, or raises :class:`ManifestError` naming the field (``cases[3].message:
-expected a string, got int 12345``). Before ``json.loads`` sees the text, its nesting depth and
+types the kit reads, or raises :class:`ManifestError` naming the field (``cases[3].message
+12345 (int) is not a string``). Before ``json.loads`` sees the text, its nesting depth and
 its number of values are counted (strings blanked out, the brackets counted with NumPy), so a
 100,000-deep nesting or a file of a million empty lists is refused without recursion and without
 building it. Duplicate keys, NaN and Infinity literals are refused too.
