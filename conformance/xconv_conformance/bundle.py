@@ -196,7 +196,7 @@ def _read_members(f) -> tuple[dict, bytes]:
         declared = array_bytes(manifest)
         if declared > MAX_OUTPUTS_BYTES:
             raise ManifestError(f"its arrays would take {declared} bytes (limit {MAX_OUTPUTS_BYTES})")
-        budget.reserve(declared, f"the arrays {MANIFEST} lists")
+        budget.reserve(declared, f"the arrays listed in {MANIFEST}")
         npz = read_member(zf, infos[OUTPUTS_MEMBER], budget, OUTPUTS_MEMBER)
     return manifest, npz
 

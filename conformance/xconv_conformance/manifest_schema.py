@@ -250,13 +250,17 @@ def _check_size(data: bytes) -> None:
     skeleton = np.frombuffer(_STRING.sub(b'""', data), dtype=np.uint8)
     opens = (skeleton == ord("[")) | (skeleton == ord("{"))
     closes = (skeleton == ord("]")) | (skeleton == ord("}"))
-    values = int(opens.sum()) + int(np.count_nonzero(skeleton == ord(",")))
+    n_opens, n_closes = int(np.count_nonzero(opens)), int(np.count_nonzero(closes))
+    values = n_opens + int(np.count_nonzero(skeleton == ord(",")))
     if values > MAX_JSON_VALUES:
         raise ManifestError(f"holds about {values} JSON values (at most {MAX_JSON_VALUES} are read)")
-    if skeleton.size:
-        depth = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
-        if int(depth.max()) > MAX_JSON_DEPTH:
-            raise ManifestError(f"nests {int(depth.max())} levels deep (at most {MAX_JSON_DEPTH})")
+    if n_closes > n_opens:
+        raise ManifestError(f"not valid JSON: {n_closes} closing brackets for {n_opens} opening ones")
+    brackets = np.flatnonzero(opens | closes)          # at most 2 * MAX_JSON_VALUES positions
+    if brackets.size:
+        depth = int(np.cumsum(np.where(opens[brackets], 1, -1).astype(np.int32)).max())
+        if depth > MAX_JSON_DEPTH:
+            raise ManifestError(f"nests {depth} levels deep (at most {MAX_JSON_DEPTH})")
 
 
 def _no_duplicates(pairs: list) -> dict:

@@ -50,8 +50,8 @@ class Budget:
 
     def reserve(self, nbytes: int, what: str) -> None:
         if nbytes > self.limit - self.used:
-            raise ArchiveError(f"{what} declares {nbytes} bytes; with the {self.used} bytes already read that "
-                               f"passes this load's limit of {self.limit} bytes (refused before reading)")
+            raise ArchiveError(f"{what} would inflate to {nbytes} bytes, which with the {self.used} bytes already "
+                               f"read passes this load's limit of {self.limit} bytes (refused before reading)")
         self.used += nbytes
 
 
