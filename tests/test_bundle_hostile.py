@@ -27,7 +27,9 @@ import pytest
 from xconv.errors import XconvError
 from xconv_conformance import cli
 from xconv_conformance import bundle as xbundle
+from xconv_conformance import compare as xcompare
 from xconv_conformance import manifest_schema
+from xconv_conformance import report as xreport
 
 BOMB = 128 << 20                     # bytes a bomb inflates to; the fresh process may grow by at most a third of it
 GROWTH_LIMIT_KB = (BOMB >> 10) // 3
@@ -633,3 +635,73 @@ def test_the_writer_refuses_a_manifest_its_reader_would_refuse(good, tmp_path):
     with pytest.raises(xbundle.BundleError, match=r"not written: .*cases\[0\]\.status 'exploded'"):
         xbundle.write_bundle(str(target), bad, arrays)
     assert not target.exists() and not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps: every field given a wrong type, random damage to the members; only BundleError, or a sound load
+
+
+def _paths(value, path=()):
+    yield path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:2]):
+            yield from _paths(v, path + (i,))
+
+
+def test_every_manifest_field_with_a_wrong_type_is_refused_or_harmless(good, tmp_path, capsys):
+    """A manifest that loads must also compare and report without an exception."""
+    path, manifest, arrays = good
+    npz = npz_bytes(arrays)
+    base = signed(manifest, npz)
+    reference = xbundle.load_bundle(path)
+    loaded = 0
+    for where in list(_paths(base))[1:]:
+        for value in (12345, ["x"], {"a": 1}, None):
+            m = json.loads(json.dumps(base))
+            target = m
+            for k in where[:-1]:
+                target = target[k]
+            target[where[-1]] = value
+            p = save(tmp_path, "sweep.xcr", bundle_bytes(m, npz, fix_sha=False))
+            try:
+                b = xbundle.load_bundle(p)
+            except xbundle.BundleError:
+                continue
+            loaded += 1
+            cmp = xcompare.compare_bundles([reference, b])
+            xcompare.format_comparison(cmp, show_all=True)
+            xreport.html_report("sweep", xcompare.report_runs(cmp))
+    assert 0 < loaded                       # fields no code reads (e.g. "seconds" given null) do load
+
+
+def test_random_damage_inside_the_members_gives_a_bundle_error_or_a_sound_load(good, tmp_path):
+    """Bytes changed or cut inside manifest.json, or inside outputs.npz under a manifest recording its new sha256."""
+    path, manifest, arrays = good
+    with zipfile.ZipFile(path) as zf:
+        text, npz = zf.read("manifest.json"), zf.read("outputs.npz")
+    rng = np.random.default_rng(13)
+    outcomes = set()
+    for trial in range(300):
+        in_manifest = trial % 2 == 0
+        damaged = bytearray(text if in_manifest else npz)
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(len(damaged)))
+            if rng.random() < 0.7:
+                damaged[i] = int(rng.choice(list(b'[{",1\\\0') + [int(rng.integers(256))]))
+            else:
+                del damaged[i:i + int(rng.integers(1, 16))]
+        if in_manifest:
+            members = [member("manifest.json", bytes(damaged)), member("outputs.npz", npz)]
+        else:
+            members = [member("manifest.json", json.dumps(signed(manifest, bytes(damaged))).encode()),
+                       member("outputs.npz", bytes(damaged))]
+        p = save(tmp_path, "damaged.xcr", write_zip(members))
+        try:
+            xbundle.load_bundle(p)
+            outcomes.add("loaded")
+        except xbundle.BundleError as exc:
+            outcomes.add(str(exc)[len(p) + 2:][:24])
+    assert len(outcomes) > 5, outcomes
