@@ -616,16 +616,24 @@ def test_outer_member_names_counts_methods_and_flags(good, tmp_path):
 # What compare prints from a bundle
 
 
-def test_compare_prints_control_characters_escaped(good, tmp_path, capsys):
+def test_names_with_control_characters_are_refused(good, tmp_path):
     path, manifest, arrays = good
-    m = edited(manifest, lambda m: (m.__setitem__("device", "gpu\x1b]0;owned\x07"),
-                                    m["cases"][0].update(status="failed", message="boom\x1b[2J\nline two")))
+    for field, value in (("device", "gpu\x1b]0;owned\x07"), ("created", "2026\r"), ("xconv_version", "1\x9b2J")):
+        m = edited(manifest, _set(field, value))
+        refused(save(tmp_path, f"{field}.xcr", bundle_bytes(m, npz_bytes(arrays))),
+                field + r" .* is not a string without control characters")
+
+
+def test_compare_prints_messages_with_control_characters_escaped(good, tmp_path, capsys):
+    path, manifest, arrays = good
+    m = edited(manifest, lambda m: (m["cases"][0].update(status="failed", message="boom\x1b[2J\nline two"),
+                                    m["cases"][1].update(status="refused", message="no\x07")))
     p = save(tmp_path, "escapes.xcr", bundle_bytes(m, npz_bytes(arrays)))
     capsys.readouterr()
     assert cli.main(["compare", p]) == 1
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
-    assert r"gpu\x1b]0;owned\x07" in out and r"boom\x1b[2J\nline two" in out
+    assert r"boom\x1b[2J\nline two" in out and r"no\x07" in out
 
 
 def test_the_writer_refuses_a_manifest_its_reader_would_refuse(good, tmp_path):

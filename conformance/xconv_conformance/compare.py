@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 
 import numpy as np
 
 from . import tolerance
 from .bundle import Bundle
+from .manifest_schema import printable
 from .cases import load_corpus
 from .runner import _log_ratio_sample, reference_of
 
 OUTPUTS = tolerance.OUTPUTS
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 @dataclasses.dataclass
@@ -95,14 +93,14 @@ def _compare_case(case, bundles, records) -> CaseRow:
             statuses.append("absent"), ratios.append(None), messages.append("")
             continue
         statuses.append(rec["status"])
-        messages.append(rec.get("message", ""))
+        messages.append(printable(rec.get("message", "")))       # it may hold terminal escapes
         tag = f"[{_letter(i)}]"
         if rec["spec_digest"] != case.digest:
             problems.append(f"{tag} was run on a different spec of this case")
             ratios.append(None)
             continue
         if rec["status"] == "failed":
-            problems.append(f"{tag} failed on its machine: {rec.get('message', '')[:300]}")
+            problems.append(f"{tag} failed on its machine: {messages[-1][:300]}")
         if case.kind != "valid":
             ratios.append(None)
             continue
@@ -235,12 +233,7 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
     n_bad = len(cmp.disagreements)
     lines.append(f"{len(cmp.rows)} cases compared across {len(bundles)} bundle(s): "
                  + (f"{n_bad} disagreement(s)" if n_bad else "all agree within the error bounds"))
-    return "\n".join(_printable(line) for line in lines)
-
-
-def _printable(text: str) -> str:
-    """``text`` with control characters (a bundle's strings may hold terminal escapes) written as escapes."""
-    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+    return "\n".join(lines)
 
 
 def _table(rows: list[list[str]]) -> list[str]:

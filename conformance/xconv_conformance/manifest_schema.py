@@ -37,6 +37,8 @@ MAX_DIM = 1 << 40                   # extent of one dimension
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"[0-9]{5}\.(grad_input|grad_weight|grad_bias)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _SHOWN = 60
 
@@ -77,14 +79,18 @@ class Schema:
 
 
 class Str(Schema):
+    """A string; ``plain``: without control characters (a name printed on a terminal cannot hold escapes)."""
+
     def __init__(self, pattern: re.Pattern | None = None, choices: tuple | None = None, nonempty: bool = False,
-                 expected: str | None = None):
-        self.pattern, self.choices, self.nonempty = pattern, choices, nonempty
-        self.expected = expected or (f"one of {list(choices)}" if choices else "a non-empty string" if nonempty
-                                     else "a string")
+                 plain: bool = False, expected: str | None = None):
+        self.pattern, self.choices, self.nonempty, self.plain = pattern, choices, nonempty, plain
+        self.expected = expected or (f"one of {list(choices)}" if choices else
+                                     ("a non-empty " if nonempty else "a ")
+                                     + ("string without control characters" if plain else "string"))
 
     def fits(self, value) -> bool:
         return (isinstance(value, str) and (not self.nonempty or bool(value))
+                and (not self.plain or _CONTROL.search(value) is None)
                 and (self.choices is None or value in self.choices)
                 and (self.pattern is None or self.pattern.fullmatch(value) is not None))
 
@@ -206,20 +212,21 @@ SHA256 = Str(_HEX64, expected="a SHA-256 (64 lowercase hex digits)")
 DTYPE = Str(choices=tuple(STORED_DTYPES))
 OUTPUT_ENTRY = Obj({"key": Str(_KEY, expected="an array key such as '00012.grad_input'"), "dtype": DTYPE,
                     "shape": List(Int(0, MAX_DIM), MAX_RANK)}, closed=True)
+NAME = Str(plain=True)
 CASE = Obj(
-    required={"id": Str(nonempty=True), "status": Str(choices=STATUSES), "spec_digest": SHA256,
+    required={"id": Str(nonempty=True, plain=True), "status": Str(choices=STATUSES), "spec_digest": SHA256,
               "input_digest": SHA256, "dtype": DTYPE, "outputs": Map(OUTPUT_ENTRY, keys=OUTPUT_NAMES)},
-    optional={"message": Str(), "kind": Str(), "ratio": Optional(Num()),
+    optional={"message": Str(), "kind": NAME, "ratio": Optional(Num()),
               "ratios": Map(Optional(Num()), keys=OUTPUT_NAMES),
               "worst_index": Map(Optional(List(Int(0), MAX_RANK)), keys=OUTPUT_NAMES),
               "digests": Optional(List(Optional(SHA256), len(OUTPUT_NAMES))), "seconds": Num()})
 MANIFEST = Obj(
-    required={"xconv_version": Str(), "kit_version": Str(),
-              "backend": Obj({"name": Str(nonempty=True)},
-                             {"version": Str(), "devices": List(Str()), "array_families": List(Str()),
-                              "capabilities": Map(AnyOf(Bool(), Str(), Int(), List(AnyOf(Str(), Int()))))}),
-              "libraries": Map(Str()), "device": Str(), "platform": Map(Str()), "created": Str(),
-              "corpus": Obj({"hash": SHA256, "case_ids": List(Str(), MAX_CASES)},
+    required={"xconv_version": NAME, "kit_version": NAME,
+              "backend": Obj({"name": Str(nonempty=True, plain=True)},
+                             {"version": NAME, "devices": List(NAME), "array_families": List(NAME),
+                              "capabilities": Map(AnyOf(Bool(), NAME, Int(), List(AnyOf(NAME, Int()))))}),
+              "libraries": Map(NAME), "device": NAME, "platform": Map(NAME), "created": NAME,
+              "corpus": Obj({"hash": SHA256, "case_ids": List(NAME, MAX_CASES)},
                             {"full_hash": SHA256, "count": Int(0)}),
               "cases": List(CASE, MAX_CASES),
               "members": Obj({"outputs.npz": Obj({"sha256": SHA256, "size": Int(0)}, closed=True)}, closed=True)},
@@ -261,6 +268,11 @@ def _check_size(data: bytes) -> None:
         depth = int(np.cumsum(np.where(opens[brackets], 1, -1).astype(np.int32)).max())
         if depth > MAX_JSON_DEPTH:
             raise ManifestError(f"nests {depth} levels deep (at most {MAX_JSON_DEPTH})")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters written as escapes (``\\n``, ``\\x1b``): safe to print on a terminal."""
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
 def _no_duplicates(pairs: list) -> dict:
