@@ -230,11 +230,11 @@ def _read_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, entry: dict) -> np.n
                                + (" (refused: reading it would need unpickling)" if dtype.hasobject else ""))
         if list(shape) != entry["shape"]:
             raise ArchiveError(f"{what} has shape {list(shape)}, the manifest records {entry['shape']}")
-        nbytes = int(np.prod(shape, dtype=object)) * want.itemsize
-        if reader.count + nbytes != info.file_size:
-            raise ArchiveError(f"{what}: its header gives {nbytes} bytes of data, its zip entry declares "
-                               f"{info.file_size - reader.count}")
-        a = np.empty(int(np.prod(shape, dtype=object)), dtype=want)
+        count = int(np.prod(shape, dtype=object))
+        if reader.count + count * want.itemsize != info.file_size:
+            raise ArchiveError(f"{what}: its header gives {count * want.itemsize} bytes of data, its zip entry "
+                               f"declares {info.file_size - reader.count}")
+        a = np.empty(count, dtype=want)
         reader.readinto(memoryview(a).cast("B"))
         reader.finish()
     if not dtype.isnative and want.itemsize > 1:
