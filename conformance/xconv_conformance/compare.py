@@ -20,8 +20,8 @@ import numpy as np
 
 from . import tolerance
 from .bundle import Bundle
-from .manifest_schema import printable
 from .cases import load_corpus
+from .manifest_schema import printable
 from .runner import _log_ratio_sample, reference_of
 
 OUTPUTS = tolerance.OUTPUTS
