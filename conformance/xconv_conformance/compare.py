@@ -21,6 +21,7 @@ import numpy as np
 from . import tolerance
 from .bundle import Bundle
 from .cases import load_corpus
+from .manifest_schema import printable
 from .runner import _log_ratio_sample, reference_of
 
 OUTPUTS = tolerance.OUTPUTS
@@ -92,14 +93,14 @@ def _compare_case(case, bundles, records) -> CaseRow:
             statuses.append("absent"), ratios.append(None), messages.append("")
             continue
         statuses.append(rec["status"])
-        messages.append(rec.get("message", ""))
+        messages.append(printable(rec.get("message", "")))       # it may hold terminal escapes
         tag = f"[{_letter(i)}]"
         if rec["spec_digest"] != case.digest:
             problems.append(f"{tag} was run on a different spec of this case")
             ratios.append(None)
             continue
         if rec["status"] == "failed":
-            problems.append(f"{tag} failed on its machine: {rec.get('message', '')[:300]}")
+            problems.append(f"{tag} failed on its machine: {messages[-1][:300]}")
         if case.kind != "valid":
             ratios.append(None)
             continue
