@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from core_helpers import TORCH_MISSING
+
 import xconv
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed (README: installing the PyTorch CPU build)")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
