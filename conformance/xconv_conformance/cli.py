@@ -28,7 +28,7 @@ import xconv
 from . import __version__, env
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
-from .compare import compare_bundles, format_comparison, report_runs
+from .compare import compare_bundles, count_line, format_comparison, report_runs
 from .report import write_report
 from .runner import ORACLE, Watch, apply_fresh_process, availability, fresh_process_digests, inputs_of, resolve, run_case
 
@@ -333,7 +333,7 @@ def cmd_compare(args) -> int:
     if args.report:
         write_report(args.report, "xconv conformance comparison", report_runs(cmp),
                      f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
-                     + ". Each bundle is held against the float64 reference recomputed here.")
+                     + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
         print(f"report: {args.report}")
     return 1 if cmp.disagreements else 0
 
