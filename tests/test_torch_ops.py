@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import TORCH_MISSING
 
 import xconv
+from core_helpers import TORCH_MISSING, SpyBackend
 
 torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 import torch.nn as nn  # noqa: E402
@@ -95,7 +95,7 @@ def test_functional_route_errors_name_the_argument():
         xconv.conv_fprop(x, w, groups=2, bias=_rand(5))
     with pytest.raises(xconv.ShapeError, match="weight: dtype differs"):
         xconv.conv_fprop(x, w.float(), groups=2)
-    with pytest.raises(xconv.BackendUnavailableError, match="registered"):
+    with pytest.raises(xconv.UnknownBackendError, match="registered"):
         xconv.conv_fprop(x, w, groups=2, backend="no-such-backend")
 
 
@@ -121,6 +121,16 @@ def test_compile_fullgraph_on_the_converted_digits_model(digits_model):
         (out[0].square().sum() + out[1].sum()).backward()
     for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
+
+
+def test_compile_with_a_backend_object():
+    spy = SpyBackend("objspy")
+    m = xt.XConv2d(2, 4, 3, backend=spy, dtype=torch.float64)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    compiled(x).sum().backward()
+    assert [c[0] for c in spy.calls] == ["fprop", "dgrad", "wgrad", "bgrad"]
+    torch.testing.assert_close(x.grad, torch.autograd.grad(m(x).sum(), x)[0], rtol=0, atol=0)
 
 
 def test_export_holds_one_xconv_op_per_convolution(digits_model):

@@ -45,6 +45,11 @@ def backend_token(backend) -> Optional[str]:
     """``backend`` as the ops' string argument: a name as is, an object as a token resolved in the kernel."""
     if backend is None or isinstance(backend, str):
         return backend
+    return _object_token(backend)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: run at trace time, the token a constant
+def _object_token(backend) -> str:
     token = f"<backend object {getattr(backend, 'name', '?')!r} {id(backend):#x}>"
     _OBJECTS[token] = backend  # held, so the id is never reused by another object
     return token
