@@ -1,7 +1,7 @@
 """Install hints that work from where the user stands.
 
 No distribution named ``xconv`` is published on a package index (docs/install.md), so a hint
-never says ``pip install xconv[...]``. When xconv was installed from a checkout (``pip install -e
+never names that distribution. When xconv was installed from a checkout (``pip install -e
 .``, recorded in the installation's ``direct_url.json``) a hint names that checkout with the
 extra; otherwise it names the extra's own packages, read from the installed metadata (the
 extras of ``pyproject.toml``), which pip can install from anywhere.
