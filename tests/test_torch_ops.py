@@ -133,6 +133,17 @@ def test_compile_with_a_backend_object():
     torch.testing.assert_close(x.grad, torch.autograd.grad(m(x).sum(), x)[0], rtol=0, atol=0)
 
 
+def test_the_functional_api_compiles_with_fullgraph():
+    f = torch.compile(lambda a, b: xconv.conv_fprop(a, b, padding=[(1, 0)], groups=2, stride=2), fullgraph=True,
+                      backend="aot_eager")
+    x, w = _rand(1, 4, 7), _rand(6, 2, 3)
+    y = f(x, w)
+    torch.testing.assert_close(y, F.conv1d(F.pad(x, (1, 0)), w, groups=2, stride=2), rtol=1e-12, atol=1e-12)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    (want,) = torch.autograd.grad(F.conv1d(F.pad(x, (1, 0)), w, groups=2, stride=2).sum(), x)
+    torch.testing.assert_close(gx, want, rtol=1e-12, atol=1e-12)
+
+
 def test_export_holds_one_xconv_op_per_convolution(digits_model):
     model = xt.convert(copy.deepcopy(digits_model), backend="numpy").eval()
     x = torch.rand(4, 1, 8, 8)

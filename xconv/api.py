@@ -13,12 +13,13 @@ from .registry import select_backend
 
 
 def _torch_route(family: str, tensors) -> object | None:
-    """xconv.torch_ops when torch tensors need autograd (or autocast): the differentiable route; else None."""
+    """xconv.torch_ops for torch tensors (their calls run as xconv's torch operators: autograd, autocast,
+    torch's memory format, torch.compile), else None."""
     if family != "torch":
         return None
     from . import torch_ops  # the caller holds torch tensors, so torch is already imported
 
-    return torch_ops if torch_ops.wants_autograd(tensors) else None
+    return None if torch_ops.inside_kernel() else torch_ops
 
 
 def _prepare(tensors: dict, input_shape, weight_shape, backend, bias=None, bias_sizes=None, **conv):

@@ -1,8 +1,8 @@
 """xconv's convolutions as PyTorch custom operators, with their autograd formulas, fake kernels and autocast.
 
 Importing this module imports PyTorch and registers four operators in the ``xconv`` namespace
-(``import xconv`` never does; ``import xconv.torch`` and the first differentiable call of the
-functional API on torch tensors do):
+(``import xconv`` never does; ``import xconv.torch`` and the first call of the functional API on
+torch tensors do, and those calls then run as these operators):
 
 - ``xconv::fprop(input, weight, bias?, *conf) -> output``
 - ``xconv::dgrad(grad_output, weight, input_shape, *conf) -> grad_input``
@@ -26,6 +26,7 @@ backends compute in contiguous layout and the result is copied once into that la
 """
 
 import dataclasses
+import threading
 from typing import Optional
 
 import torch
@@ -131,14 +132,23 @@ def _empty(shape, like: Tensor, fmt) -> Tensor:
     return torch.empty(tuple(shape), dtype=like.dtype, device=like.device, memory_format=fmt)
 
 
+_state = threading.local()
+
+
+def inside_kernel() -> bool:
+    """True while an operator's kernel runs the public xconv function (which then takes its direct path)."""
+    return getattr(_state, "depth", 0) > 0
+
+
 class _plain:
-    """Inside a kernel: no autograd recording, no autocast, so the public functions take their direct path."""
+    """Inside a kernel: the public functions take their direct path; no autograd recording, no autocast."""
 
     def __init__(self, device: torch.device):
         self.no_grad = torch.no_grad()
         self.no_autocast = torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else None
 
     def __enter__(self):
+        _state.depth = getattr(_state, "depth", 0) + 1
         self.no_grad.__enter__()
         if self.no_autocast is not None:
             self.no_autocast.__enter__()
@@ -147,6 +157,7 @@ class _plain:
         if self.no_autocast is not None:
             self.no_autocast.__exit__(*exc)
         self.no_grad.__exit__(*exc)
+        _state.depth -= 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +324,7 @@ backward_op.register_autograd(_backward_backward, setup_context=_backward_setup)
 
 
 # ---------------------------------------------------------------------------------------------
-# Autocast and the functional API's torch route
+# Autocast and the functional API on torch tensors
 
 
 def autocast(*tensors):
@@ -333,61 +344,79 @@ def autocast(*tensors):
                  for t in tensors)
 
 
-def wants_autograd(tensors) -> bool:
-    """Whether a functional call on these torch tensors must go through the ops (grad needed or autocast on)."""
-    present = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if not present:
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
-        return True
-    device = present[0].device.type
-    return device in ("cpu", "cuda") and torch.is_autocast_enabled(device)
+class _Meta:
+    """What validation reads of a tensor: its shape and dtype (so it runs on constants under torch.compile)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
 
 
-def _params(tensors: dict, input_shape, weight_shape, conv: dict):
-    """Validate as the core does (tensor shapes and dtypes first, then the convolution) and return ConvParams."""
+@torch.compiler.assume_constant_result  # under torch.compile: validated once, at trace time
+def _validate(metas: tuple, input_shape, weight_shape, conv: tuple, backend: Optional[str], bias_sizes=None) -> tuple:
+    """Validate as the core does (tensor shapes and dtypes first, then the convolution).
+
+    ``metas`` holds (name, shape, dtype name) per tensor; returns (op arguments, input shape,
+    weight shape, bias length).
+    """
     from xconv.api import _resolve
 
-    shapes = {name: tensor_shape(t, name) for name, t in tensors.items() if t is not None and name != "bias"}
-    dtype = common_dtype(tensors)
-    conv = {k: v for k, v in conv.items() if k != "backend"}
-    return make_params(_resolve(input_shape, shapes, "input_shape"), _resolve(weight_shape, shapes, "weight_shape"),
-                       dtype=dtype, **conv)
+    tensors = {name: _Meta(shape, dtype) for name, shape, dtype in metas}
+    shapes = {name: tensor_shape(t, name) for name, t in tensors.items() if name != "bias"}
+    conv = dict(conv)
+    p = make_params(_resolve(input_shape, shapes, "input_shape"), _resolve(weight_shape, shapes, "weight_shape"),
+                    dtype=common_dtype(tensors), **conv)
+    if "bias" in tensors and tuple(tensors["bias"].shape) != (p.bias_size,):
+        raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,),
+                         given=tuple(tensors["bias"].shape))
+    if "grad_output" in shapes and "input" in shapes:
+        check_grad_output(p, shapes["grad_output"])
+    check_bias_sizes(p, list(bias_sizes) if isinstance(bias_sizes, tuple) else bias_sizes)
+    conf = Conf.from_params(p, conv["deterministic"], conv["math"], backend)
+    return conf.args(), list(p.input_shape), list(p.weight_shape), p.bias_size
+
+
+def _params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes=None) -> tuple:
+    """(op arguments, input shape, weight shape, bias length) of a call on torch tensors, validated."""
+    metas = tuple((name, tuple(t.shape) if hasattr(t, "shape") else None, str(t.dtype) if hasattr(t, "dtype")
+                   else type(t).__name__) for name, t in tensors.items() if t is not None)
+    if any(shape is None for _, shape, _ in metas):  # not a tensor: the core's message names it
+        common_dtype(tensors)
+    items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in conv.items() if k != "backend")
+    if isinstance(input_shape, list):
+        input_shape = tuple(input_shape)
+    if isinstance(weight_shape, list):
+        weight_shape = tuple(weight_shape)
+    if isinstance(bias_sizes, list):
+        bias_sizes = tuple(bias_sizes)
+    return _validate(metas, input_shape, weight_shape, items, backend_token(conv.get("backend")), bias_sizes)
 
 
 def conv_fprop(input, weight, bias=None, **conv):
-    """The differentiable ``xconv.conv_fprop`` on torch tensors."""
+    """``xconv.conv_fprop`` on torch tensors, as the ``xconv::fprop`` operator (differentiable)."""
     input, weight, bias = autocast(input, weight, bias)
-    p = _params({"input": input, "weight": weight, "bias": bias}, "input", "weight", conv)
-    if bias is not None and tuple(bias.shape) != (p.bias_size,):
-        raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,), given=tuple(bias.shape))
-    conf = Conf.from_params(p, conv["deterministic"], conv["math"], conv["backend"])
-    return fprop_op(input, weight, bias, *conf.args())
+    args, _, _, _ = _params({"input": input, "weight": weight, "bias": bias}, "input", "weight", conv)
+    return fprop_op(input, weight, bias, *args)
 
 
 def conv_dgrad(grad_output, weight, input_shape, **conv):
-    """The differentiable ``xconv.conv_dgrad`` on torch tensors (in ``grad_output`` and ``weight``)."""
+    """``xconv.conv_dgrad`` on torch tensors, as ``xconv::dgrad`` (differentiable in grad_output and weight)."""
     grad_output, weight = autocast(grad_output, weight)
-    p = _params({"grad_output": grad_output, "weight": weight}, input_shape, "weight", conv)
-    conf = Conf.from_params(p, conv["deterministic"], conv["math"], conv["backend"])
-    return dgrad_op(grad_output, weight, list(p.input_shape), *conf.args())
+    args, in_shape, _, _ = _params({"grad_output": grad_output, "weight": weight}, input_shape, "weight", conv)
+    return dgrad_op(grad_output, weight, in_shape, *args)
 
 
 def conv_wgrad(input, grad_output, weight_shape, **conv):
-    """The differentiable ``xconv.conv_wgrad`` on torch tensors (in ``input`` and ``grad_output``)."""
+    """``xconv.conv_wgrad`` on torch tensors, as ``xconv::wgrad`` (differentiable in input and grad_output)."""
     input, grad_output = autocast(input, grad_output)
-    p = _params({"input": input, "grad_output": grad_output}, "input", weight_shape, conv)
-    conf = Conf.from_params(p, conv["deterministic"], conv["math"], conv["backend"])
-    return wgrad_op(input, grad_output, list(p.weight_shape), *conf.args())
+    args, _, w_shape, _ = _params({"input": input, "grad_output": grad_output}, "input", weight_shape, conv)
+    return wgrad_op(input, grad_output, w_shape, *args)
 
 
 def convolution_backward(grad_output, input, weight, bias_sizes=None, output_mask=(True, True, True), **conv):
-    """The differentiable ``xconv.convolution_backward`` on torch tensors; masked entries are None."""
+    """``xconv.convolution_backward`` on torch tensors, as ``xconv::backward`` (differentiable); masked entries None."""
     mask = check_output_mask(output_mask)
     grad_output, input, weight = autocast(grad_output, input, weight)
-    p = _params({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight", conv)
-    check_grad_output(p, tuple(grad_output.shape))
-    check_bias_sizes(p, bias_sizes)
-    conf = Conf.from_params(p, conv["deterministic"], conv["math"], conv["backend"])
-    results = backward_op(grad_output, input, weight, list(mask), *conf.args())
+    args, _, _, _ = _params({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight",
+                            conv, bias_sizes)
+    results = backward_op(grad_output, input, weight, list(mask), *args)
     return tuple(r if bit else None for r, bit in zip(results, mask))
