@@ -181,14 +181,19 @@ def _fprop_fake(input, weight, bias, *args):
                   memory_format(input, weight))
 
 
+def _gradient(function, a: Tensor, b: Tensor, shape, *args) -> Tensor:
+    """``function(a, b, shape, **conv)`` (conv_dgrad or conv_wgrad) in the layout of ``a`` and ``b``."""
+    with _plain(a.device):
+        result = function(a, b, list(shape), **Conf.from_args(*args).kwargs())
+    return _as(result, memory_format(a, b))
+
+
 @torch.library.custom_op("xconv::dgrad", mutates_args=())
 def dgrad_op(grad_output: Tensor, weight: Tensor, input_shape: list[int], stride: list[int], padding: list[int],
              dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: bool,
              math: str, backend: Optional[str]) -> Tensor:
-    conf = Conf.from_args(stride, padding, dilation, groups, transposed, output_padding, deterministic, math, backend)
-    with _plain(grad_output.device):
-        dx = xconv.conv_dgrad(grad_output, weight, list(input_shape), **conf.kwargs())
-    return _as(dx, memory_format(grad_output, weight))
+    return _gradient(xconv.conv_dgrad, grad_output, weight, input_shape, stride, padding, dilation, groups,
+                     transposed, output_padding, deterministic, math, backend)
 
 
 @dgrad_op.register_fake
@@ -200,10 +205,8 @@ def _dgrad_fake(grad_output, weight, input_shape, *args):
 def wgrad_op(input: Tensor, grad_output: Tensor, weight_shape: list[int], stride: list[int], padding: list[int],
              dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: bool,
              math: str, backend: Optional[str]) -> Tensor:
-    conf = Conf.from_args(stride, padding, dilation, groups, transposed, output_padding, deterministic, math, backend)
-    with _plain(input.device):
-        dw = xconv.conv_wgrad(input, grad_output, list(weight_shape), **conf.kwargs())
-    return _as(dw, memory_format(input, grad_output))
+    return _gradient(xconv.conv_wgrad, input, grad_output, weight_shape, stride, padding, dilation, groups,
+                     transposed, output_padding, deterministic, math, backend)
 
 
 @wgrad_op.register_fake
