@@ -12,7 +12,7 @@ from .params import (check_bias_sizes, check_grad_output, check_output_mask, com
 from .registry import select_backend
 
 
-def _torch_route(family: str, tensors) -> object | None:
+def _torch_route(family: str) -> object | None:
     """xconv.torch_ops for torch tensors (their calls run as xconv's torch operators: autograd, autocast,
     torch's memory format, torch.compile), else None."""
     if family != "torch":
@@ -64,7 +64,7 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     """
     mask = check_output_mask(output_mask)
     family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
-    if (route := _torch_route(family, (grad_output, input, weight))) is not None:
+    if (route := _torch_route(family)) is not None:
         return route.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes, output_mask=mask,
                                           stride=stride, padding=padding, dilation=dilation, transposed=transposed,
                                           output_padding=output_padding, groups=groups, deterministic=deterministic,
@@ -80,7 +80,7 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """The convolution of ``input`` with ``weight`` plus ``bias``; transposed=True is PyTorch's conv_transpose."""
     family = common_family({"input": input, "weight": weight, "bias": bias})
-    if (route := _torch_route(family, (input, weight, bias))) is not None:
+    if (route := _torch_route(family)) is not None:
         return route.conv_fprop(input, weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
                                 deterministic=deterministic, math=math, backend=backend)
@@ -95,7 +95,7 @@ def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilatio
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_input of the convolution whose input has ``input_shape``, given ``grad_output`` and ``weight``."""
     family = common_family({"grad_output": grad_output, "weight": weight})
-    if (route := _torch_route(family, (grad_output, weight))) is not None:
+    if (route := _torch_route(family)) is not None:
         return route.conv_dgrad(grad_output, weight, input_shape, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
                                 deterministic=deterministic, math=math, backend=backend)
@@ -110,7 +110,7 @@ def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilatio
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_weight (of ``weight_shape``) of the convolution of ``input``, given ``grad_output``."""
     family = common_family({"input": input, "grad_output": grad_output})
-    if (route := _torch_route(family, (input, grad_output))) is not None:
+    if (route := _torch_route(family)) is not None:
         return route.conv_wgrad(input, grad_output, weight_shape, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
                                 deterministic=deterministic, math=math, backend=backend)
