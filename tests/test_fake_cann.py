@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import fake_cann_build
+from core_helpers import TORCH_MISSING, fake_cann_build
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 F = torch.nn.functional
 
 

@@ -12,6 +12,16 @@ from .params import (check_bias_sizes, check_grad_output, check_output_mask, com
 from .registry import select_backend
 
 
+def _torch_route(family: str) -> object | None:
+    """xconv.torch_ops for torch tensors (their calls run as xconv's torch operators: autograd, autocast,
+    torch's memory format, torch.compile), else None."""
+    if family != "torch":
+        return None
+    from . import torch_ops  # the caller holds torch tensors, so torch is already imported
+
+    return None if torch_ops.inside_kernel() else torch_ops
+
+
 def _prepare(tensors: dict, input_shape, weight_shape, backend, bias=None, bias_sizes=None, **conv):
     """Validate the tensors and parameters, pick the backend; return (backend, params, shapes).
 
@@ -54,6 +64,11 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     """
     mask = check_output_mask(output_mask)
     family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
+    if (route := _torch_route(family)) is not None:
+        return route.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes, output_mask=mask,
+                                          stride=stride, padding=padding, dilation=dilation, transposed=transposed,
+                                          output_padding=output_padding, groups=groups, deterministic=deterministic,
+                                          math=math, backend=backend)
     grad_output, input, weight = map(interop.to_native, (grad_output, input, weight))
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight", backend,
                     bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
@@ -65,6 +80,10 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """The convolution of ``input`` with ``weight`` plus ``bias``; transposed=True is PyTorch's conv_transpose."""
     family = common_family({"input": input, "weight": weight, "bias": bias})
+    if (route := _torch_route(family)) is not None:
+        return route.conv_fprop(input, weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
+                                groups=groups, transposed=transposed, output_padding=output_padding,
+                                deterministic=deterministic, math=math, backend=backend)
     input, weight, bias = map(interop.to_native, (input, weight, bias))
     b, p = _prepare({"input": input, "weight": weight}, "input", "weight", backend, bias=bias, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
@@ -76,6 +95,10 @@ def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilatio
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_input of the convolution whose input has ``input_shape``, given ``grad_output`` and ``weight``."""
     family = common_family({"grad_output": grad_output, "weight": weight})
+    if (route := _torch_route(family)) is not None:
+        return route.conv_dgrad(grad_output, weight, input_shape, stride=stride, padding=padding, dilation=dilation,
+                                groups=groups, transposed=transposed, output_padding=output_padding,
+                                deterministic=deterministic, math=math, backend=backend)
     grad_output, weight = map(interop.to_native, (grad_output, weight))
     b, p = _prepare({"grad_output": grad_output, "weight": weight}, input_shape, "weight", backend, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
@@ -87,6 +110,10 @@ def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilatio
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_weight (of ``weight_shape``) of the convolution of ``input``, given ``grad_output``."""
     family = common_family({"input": input, "grad_output": grad_output})
+    if (route := _torch_route(family)) is not None:
+        return route.conv_wgrad(input, grad_output, weight_shape, stride=stride, padding=padding, dilation=dilation,
+                                groups=groups, transposed=transposed, output_padding=output_padding,
+                                deterministic=deterministic, math=math, backend=backend)
     input, grad_output = map(interop.to_native, (input, grad_output))
     b, p = _prepare({"input": input, "grad_output": grad_output}, "input", weight_shape, backend, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,

@@ -39,6 +39,21 @@ class BackendUnavailableError(XconvError):
         super().__init__(f"backend {name!r} is unavailable: {reason}")
 
 
+class UnknownBackendError(XconvError, KeyError):
+    """No backend of that name is registered; ``registered`` lists the names that are (a ``KeyError`` too)."""
+
+    def __init__(self, name: str, registered, broken=()):
+        self.name = name
+        self.registered = tuple(registered)
+        text = f"no backend named {name!r} is registered (registered: {', '.join(self.registered) or 'none'})"
+        if broken:
+            text += f"; plugins that failed to load: {', '.join(broken)}"
+        super().__init__(text)
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0])
+
+
 class BackendError(XconvError):
     """A vendor library reported a failure: ``status`` code, its ``status_name`` and the vendor ``message``."""
 

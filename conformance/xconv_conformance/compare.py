@@ -231,9 +231,21 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
                      f"{refused[0][2][:200]}")
     lines.append("")
     n_bad = len(cmp.disagreements)
-    lines.append(f"{len(cmp.rows)} cases compared across {len(bundles)} bundle(s): "
+    lines.append(count_line(cmp) + ": "
                  + (f"{n_bad} disagreement(s)" if n_bad else "all agree within the error bounds"))
     return "\n".join(lines)
+
+
+def count_line(cmp: Comparison) -> str:
+    """How many cases were compared in every bundle, and how many only in some (absent from the others)."""
+    n = len(cmp.bundles)
+    everywhere = sum("absent" not in row.statuses for row in cmp.rows)
+    some = len(cmp.rows) - everywhere
+    text = (f"{everywhere} case(s) compared in all {n} bundles" if n > 1
+            else f"{everywhere} case(s) checked in the bundle")
+    if some:
+        text += f", {some} more present in only some of them (compared where present)"
+    return text
 
 
 def _table(rows: list[list[str]]) -> list[str]:

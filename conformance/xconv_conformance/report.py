@@ -15,7 +15,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;c
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0}th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left}
 th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.refused{color:#ef6c00}.unavailable{color:#757575}
+.passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.zero{color:#9e9e9e}.refused{color:#ef6c00}.unavailable{color:#757575}
 .plots{display:flex;flex-wrap:wrap;gap:1em}.plot{border:1px solid #eee;padding:.3em}
 .small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}
 """
@@ -104,6 +104,11 @@ def worst_cases_svg(rows: list[dict], title: str, width: int = 660) -> str:
     return "".join(parts)
 
 
+def _count_cell(status: str, n: int) -> str:
+    """A count coloured as its status only when non-zero: "0 failed" is not a failure."""
+    return f'<td class="num {status if n else "zero"}">{n}</td>'
+
+
 def summary_table(runs: list[dict]) -> str:
     out = ["<table><tr><th>backend</th><th>version / device</th><th>passed</th><th>failed</th><th>refused</th>"
            "<th>unavailable</th><th>worst error/bound</th><th>worst case</th></tr>"]
@@ -112,8 +117,7 @@ def summary_table(runs: list[dict]) -> str:
         ratios = [(r["ratio"], r["id"]) for r in run["rows"] if isinstance(r.get("ratio"), (int, float))]
         worst = max(ratios) if ratios else (None, "")
         out.append(f'<tr><td>{_esc(run["label"])}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
-                   + "".join(f'<td class="num {s}">{counts.get(s, 0)}</td>' for s in
-                             ("passed", "failed", "refused", "unavailable"))
+                   + "".join(_count_cell(s, counts.get(s, 0)) for s in ("passed", "failed", "refused", "unavailable"))
                    + f'<td class="num">{_fmt_ratio(worst[0])}</td><td>{_esc(worst[1])}</td></tr>')
     out.append("</table>")
     return "".join(out)

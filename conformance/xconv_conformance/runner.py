@@ -96,7 +96,7 @@ class Reference:
 def oracle_backend() -> Backend:
     try:
         return xconv.get_backend(ORACLE)
-    except xconv.BackendUnavailableError:
+    except (xconv.BackendUnavailableError, xconv.UnknownBackendError):
         from xconv_numpy import NumpyBackend
         return NumpyBackend(exact=True)
 
@@ -147,7 +147,13 @@ def compute_reference(case: Case, inputs: Inputs) -> Reference:
 
 
 def resolve(backend) -> Backend:
-    return xconv.get_backend(backend) if isinstance(backend, str) else backend
+    """The backend object; an unknown name raises BackendUnavailableError whose reason lists the registered names."""
+    if not isinstance(backend, str):
+        return backend
+    try:
+        return xconv.get_backend(backend)
+    except xconv.UnknownBackendError as exc:
+        raise BackendUnavailableError(backend, str(exc)) from None
 
 
 def digest(a) -> str | None:

@@ -17,7 +17,7 @@ def main() -> int:
     for module in request.get("imports", []):
         importlib.import_module(module)
     import xconv
-    from xconv import BackendUnavailableError, UnsupportedError
+    from xconv import BackendUnavailableError, UnknownBackendError, UnsupportedError
 
     from . import cases as corpus
     from .families import family
@@ -28,8 +28,8 @@ def main() -> int:
     out: dict = {}
     try:
         b = xconv.get_backend(name)
-    except BackendUnavailableError as exc:
-        text = f"unregistered: backend {name!r} is not registered in a fresh process ({exc.reason})"
+    except (BackendUnavailableError, UnknownBackendError) as exc:
+        text = f"unregistered: backend {name!r} is not registered in a fresh process ({getattr(exc, 'reason', exc)})"
         print(json.dumps({cid: text for cid in request["cases"]}))
         return 0
     fam = family(b.array_families[0] if b.array_families else "numpy")
