@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -37,7 +38,7 @@ from xconv_conformance import cases as corpus
 from xconv_conformance.families import Family
 from xconv_conformance.runner import call_kwargs
 from xconv_cudnn import compiler, driver
-from xconv_cudnn.backend import CudnnBackend, is_not_supported, vendor_error
+from xconv_cudnn.backend import CUDNN_STATUS, NOT_SUPPORTED_CODES, CudnnBackend, is_not_supported, vendor_error
 from xconv_cudnn.cache import PlanCache
 
 _RUNTIME = driver._load_cudnn_runtime()
@@ -300,7 +301,95 @@ def _fprop_spec():
     return compiler.graph_spec("fprop", p)
 
 
-def test_build_operation_graph_without_device_is_a_vendor_error_not_unsupported():
+#: The recorded real failures of every frontend version checked (see the file's "source").
+RECORDED = json.loads((pathlib.Path(__file__).with_name("cudnn_frontend_failures.json")).read_text())
+#: Which recorded steps mean "no engine for this graph" (True), and which are failures (False). The
+#: create_execution_plans and check_support steps depend on the version (see the test).
+EXPECT_UNSUPPORTED = {
+    "validate (dgrad output dims unset)": False,
+    "build_operation_graph (no device)": False,
+    "create_handle (no device)": False,
+}
+
+
+class _RecordedFrontend:
+    """The parts of ``cudnn`` vendor_error reads, answering one recorded get_last_error_string()."""
+
+    cudnnGraphNotSupportedError = cudnn.cudnnGraphNotSupportedError
+
+    def __init__(self, last: str | None, length: int | None):
+        self._last = None if last is None else last + "\x00" * max((length or 0) - len(last), 0)
+
+    def get_last_error_string(self):
+        return self._last
+
+
+def _recorded_exception(failure):
+    kinds = {"RuntimeError": RuntimeError, "ValueError": ValueError,
+             "cudnnGraphNotSupportedError": cudnn.cudnnGraphNotSupportedError}
+    return kinds[failure["type"]](failure["message"])
+
+
+@pytest.mark.parametrize("version", sorted(RECORDED["versions"], key=driver.parse_version))
+def test_recorded_failures_of_each_frontend_version(version):
+    """Each version's real messages: clean BackendErrors, statuses by code, 'not supported' only when it is."""
+    failures = [f for f in RECORDED["versions"][version] if f.get("type")]
+    assert failures
+    for failure in failures:
+        exc = _recorded_exception(failure)
+        fe = _RecordedFrontend(failure["last_error"], failure["last_error_len"])
+        err = vendor_error(exc, fe, call=failure["step"])
+        assert "\x00" not in err.vendor_message and len(err.vendor_message) < 1000, failure["step"]
+        assert failure["message"].strip() in err.vendor_message
+        if failure["last_error"]:
+            assert failure["last_error"] in err.vendor_message
+        named = compiler_status(failure["message"])
+        if named:
+            assert (err.status_name, err.status) == (named, CUDNN_STATUS[named])
+        else:
+            assert err.status == -1 and err.status_name == f"cudnn_frontend.{failure['type']}"
+        step = failure["step"]
+        if step.startswith("create_execution_plans"):
+            expected = named is None or CUDNN_STATUS[named] in NOT_SUPPORTED_CODES
+        elif step.startswith("check_support"):
+            # "No execution plans support the graph" (1.8 to 1.18); 1.20+ first ask the CUDA
+            # driver for the device, and that failure is the environment's.
+            expected = "No execution plans support the graph" in failure["message"]
+        else:
+            expected = EXPECT_UNSUPPORTED[step]
+        assert is_not_supported(exc, fe) is expected, (version, step, failure["message"])
+
+
+def compiler_status(message: str) -> str | None:
+    import re  # noqa: PLC0415
+    names = re.findall(r"CUDNN_STATUS_[A-Z0-9_]+", message)
+    return names[-1] if names else None
+
+
+def test_frontend_1_8_pads_its_last_error_and_names_no_status():
+    """The recorded 1.8 facts the backend's error handling is built for."""
+    failures = RECORDED["versions"]["1.8.0"]
+    assert all(f["last_error_len"] == 65535 for f in failures if f.get("type"))
+    bog = next(f for f in failures if f["step"].startswith("build_operation_graph"))
+    assert bog["type"] == "RuntimeError" and "CUDNN_STATUS" not in bog["message"]
+
+
+def test_frontend_1_8_not_supported_runtime_errors_are_detected():
+    """1.8's bindings raise heuristics' "no engine" as RuntimeError (the text is in its compiled module)."""
+    fe = _RecordedFrontend("", 65535)
+    exc = RuntimeError("[cudnn_frontend] Error: No valid engine configs returned from heuristics.")
+    assert is_not_supported(exc, fe)
+    assert not is_not_supported(RuntimeError("ptrDesc->finalize()"), fe)
+    wrapped = cudnn.cudnnGraphNotSupportedError("no plan (the backend declined: cudnn_status: "
+                                                "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH)")
+    assert not is_not_supported(wrapped, fe)      # the environment, not the graph
+    shape = RuntimeError("cudnnFinalize failed cudnn_status: CUDNN_STATUS_NOT_SUPPORTED_SHAPE")
+    assert is_not_supported(shape, fe)
+
+
+# Live: the installed frontend's own failures, now.
+
+def test_live_build_operation_graph_without_device_is_a_vendor_error_not_unsupported():
     """build_operation_graph() with no GPU fails in libcudnn; the error names the status, and is no 'unsupported'."""
     g, _ = compiler.declare_graph(cudnn, _fprop_spec())
     g.validate()
@@ -314,21 +403,32 @@ def test_build_operation_graph_without_device_is_a_vendor_error_not_unsupported(
         assert err.status_name.startswith("CUDNN_STATUS_") and err.status != -1
 
 
-def test_dgrad_without_output_dims_fails_validate_as_a_vendor_error():
-    """The real frontend cannot infer dgrad output dims: validate() raises, and it is not 'unsupported'."""
-    spec = _fprop_spec()
-    g = _graph(spec)
-    dt = cudnn.data_type.FLOAT
-    dy = g.tensor(name="dy", dim=[2, 4, 7, 7], stride=[196, 49, 7, 1], data_type=dt)
-    w = g.tensor(name="w", dim=[4, 4, 3, 3], stride=[36, 9, 3, 1], data_type=dt)
-    dx = g.conv_dgrad(loss=dy, filter=w, pre_padding=[0, 0], post_padding=[0, 0], stride=[1, 1], dilation=[1, 1])
-    dx.set_output(True)
+def test_live_backend_build_failure_without_device_raises_backend_error():
+    """The backend's own build path (real frontend, no device) raises a BackendError, and caches nothing."""
+    class NoDeviceBackend(CudnnBackend):
+        array_families = ("numpy",)
+
+        def _build(self, rt, spec, device):
+            return compiler.build_graph(cudnn, spec, None)
+
+    backend = NoDeviceBackend(runtime=HostRuntime(), cache=PlanCache(8))
+    x = np.ones((2, 4, 9, 9), np.float32)
+    w = np.ones((4, 4, 3, 3), np.float32)
+    with pytest.raises(xconv.errors.BackendError) as info:
+        xconv.conv_fprop(x, w, backend=backend)
+    assert info.value.backend == "cudnn" and "\x00" not in str(info.value)
+    assert len(backend.cache) == 0
+
+
+def test_live_check_support_after_failed_build_names_what_happened():
+    g, _ = compiler.declare_graph(cudnn, _fprop_spec())
+    g.validate()
+    with pytest.raises(Exception):
+        g.build_operation_graph()
     with pytest.raises(Exception) as info:
-        g.validate()
-    assert "inferenc" in str(info.value)
-    err = vendor_error(info.value, cudnn, call="dgrad build")
-    assert not is_not_supported(info.value, cudnn)
-    assert "\x00" not in err.vendor_message and "inferenc" in err.vendor_message
+        g.check_support()
+    err = vendor_error(info.value, cudnn, call="check_support")
+    assert "\x00" not in err.vendor_message
 
 
 def test_not_supported_error_of_this_frontend_is_detected():
