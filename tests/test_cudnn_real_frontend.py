@@ -173,15 +173,16 @@ def check_against_frontend(spec: compiler.GraphSpec, g) -> None:
     """The declared graph, as the frontend serialized it, and its dims against the frontend's inference."""
     doc = json.loads(str(g))
     tensors = doc["tensors"]
-    for ts in spec.inputs + spec.outputs:
-        entry = next(v for k, v in tensors.items() if v.get("name") == ts.name or k == ts.name) \
-            if any(v.get("name") == ts.name for v in tensors.values()) else None
-        if ts in spec.inputs:
-            assert entry is not None, (spec.op, ts.name, list(tensors))
-            assert entry["dim"] == list(ts.dims) and entry["stride"] == list(ts.strides), (spec.op, ts.name, entry)
-            assert entry["data_type"] == ts.data_type, (spec.op, ts.name, entry)
-    outputs = [v for v in tensors.values() if not v["is_virtual"] and v["name"] not in {t.name for t in spec.inputs}]
-    assert sorted(tuple(v["dim"]) for v in outputs) == sorted(t.dims for t in spec.outputs), (spec.op, outputs)
+    entries = list(tensors.values()) if isinstance(tensors, dict) else list(tensors)   # a list from 1.28
+    by_name = {e.get("name"): e for e in entries}
+    for ts in spec.inputs:
+        entry = by_name.get(ts.name)
+        assert entry is not None, (spec.op, ts.name, list(by_name))
+        assert entry["dim"] == list(ts.dims) and entry["stride"] == list(ts.strides), (spec.op, ts.name, entry)
+        assert entry["data_type"] == ts.data_type, (spec.op, ts.name, entry)
+    inputs = {t.name for t in spec.inputs}
+    outputs = [e for e in entries if not e["is_virtual"] and e.get("name") not in inputs]
+    assert sorted(tuple(e["dim"]) for e in outputs) == sorted(t.dims for t in spec.outputs), (spec.op, outputs)
     convs = [n for n in doc["nodes"] if n["tag"].startswith("CONV_")]
     for node in convs:
         assert node["pre_padding"] == list(spec.pre_padding) and node["post_padding"] == list(spec.post_padding)

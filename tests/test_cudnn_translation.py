@@ -1231,3 +1231,18 @@ def test_conformance_corpus_through_the_backend_on_the_fake_frontend():
     bad = [(o.case_id, o.status, o.message.strip().splitlines()[:1]) for o in outcomes if o.status != "passed"]
     assert not bad, bad[:10]
     assert len(fe.graphs) > 100 and fe.executions
+
+
+def test_extras_pin_validated_frontend_ranges_that_agree_with_the_driver_minimum():
+    """pyproject's cuda12/cuda13/test pins: the ranges validated (docs/cudnn-backend.md), floors = MIN_FRONTEND."""
+    import pathlib  # noqa: PLC0415
+    import tomllib  # noqa: PLC0415
+
+    extras = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    floor = ".".join(map(str, driver.MIN_FRONTEND))
+    assert f"nvidia-cudnn-frontend>={floor},<1.29" in extras["cuda12"]      # 1.29 pulls CUDA 13 bindings
+    assert "nvidia-cudnn-frontend>=1.14,<1.30" in extras["cuda13"]           # 1.30 needs the driver in validate()
+    assert "nvidia-cudnn-frontend==1.14.1" in extras["test"]
+    assert any(r.startswith("nvidia-cudnn-cu12==") for r in extras["test"])
+    assert not any(r.startswith("cupy") for r in extras["test"])            # no GPU package in CI
