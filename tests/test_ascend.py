@@ -485,11 +485,13 @@ def test_deterministic_flag_set_for_the_call_and_restored(env):
     with pytest.raises(xconv.BackendError):
         xconv.convolution_backward(dy, x, w, deterministic=True, backend="ascend")
     assert fc.last("deterministic") == 1 and drv.get_deterministic() == 0
-    # real CANN answers 107021 (ACL_ERROR_RT_SYSPARAMOPT_NOT_SET) before the option was ever set: restore to 0
-    assert drv.set_deterministic(1) == 0
+    # real CANN answers 107021 (ACL_ERROR_RT_SYSPARAMOPT_NOT_SET) before the context's option was ever set:
+    # the context gets the process value back (what aclnn reads), here 1 from the caller's context call
+    assert drv.set_deterministic(1) == 0 and drv.get_process_deterministic() == 1
     fc.fail_next("aclrtCtxGetSysParamOpt", 107021)
     xconv.convolution_backward(dy, x, w, deterministic=True, backend="ascend")
-    assert fc.last("deterministic") == 1 and drv.get_deterministic() == 0
+    assert fc.last("deterministic") == 1 and drv.get_deterministic() == 1 and drv.get_process_deterministic() == 1
+    assert drv.set_deterministic(0) == 0 and drv.get_process_deterministic() == 0
 
 
 def test_deterministic_results_are_bitwise_identical(env):

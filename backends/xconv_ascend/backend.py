@@ -69,6 +69,7 @@ class _Call:
         self.device_results = device_results
         self.stream = drv.stream()
         self.fetch = []  # callables producing the results, run after synchronization
+        self._restore_deterministic = None  # set by deterministic(), called right after phase 1
 
     # memory and tensors --------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
@@ -157,17 +158,77 @@ class _Call:
 
     # options --------------------------------------------------------------------------------------
     def deterministic(self) -> None:
-        """Set ACL_OPT_DETERMINISTIC to 1 for this call; the previous value comes back on exit."""
-        previous = self.drv.get_deterministic()
-        self.drv.check("aclrtCtxSetSysParamOpt", self.drv.set_deterministic(1))
-        restore = 0 if previous is None else previous  # never set: restore the documented default, 0
-        self.stack.push(_release_callback(self.drv, "aclrtCtxSetSysParamOpt", self.drv.set_deterministic, restore))
+        """ACL_OPT_DETERMINISTIC = 1 for this call's phase 1, then the host's values back.
+
+        Under the process-wide :data:`~xconv_ascend.driver.DETERMINISM_LOCK`: read the process
+        value (aclrtGetSysParamOpt) and the context's, set both to 1; :meth:`run` restores both
+        right after phase 1 (the option is read there) and releases the lock. The context is
+        restored first, since aclrtCtxSetSysParamOpt also writes the process slot. An error on
+        the way restores and releases through the stack.
+        """
+        drv = self.drv
+        lock = _driver.DETERMINISM_LOCK
+        lock.acquire()
+        try:
+            previous_process = drv.get_process_deterministic()
+            previous_context = drv.get_deterministic()
+        except BaseException:
+            lock.release()
+            raise
+        previous_context = previous_process if previous_context is None else previous_context
+        state = {"held": True, "set": []}
+
+        def restore() -> None:
+            if not state["held"]:
+                return
+            state["held"] = False
+            try:
+                errors = []
+                if "context" in state["set"]:
+                    status = drv.set_deterministic(previous_context)
+                    if status != 0:
+                        errors.append(drv.error("aclrtCtxSetSysParamOpt", status))
+                if state["set"]:   # the context call wrote the process slot too: always put the host's back
+                    status = drv.set_process_deterministic(previous_process)
+                    if status != 0:
+                        errors.append(drv.error("aclrtSetSysParamOpt", status))
+                if errors:
+                    raise errors[0]
+            finally:
+                lock.release()
+
+        def _exit(exc_type, exc, tb):
+            try:
+                restore()
+            except BackendError as err:
+                if exc is None:
+                    raise
+                exc.add_note(f"while restoring ACL_OPT_DETERMINISTIC after this error: {err}")
+            return False
+
+        self.stack.push(_exit)
+        state["set"].append("context")
+        drv.check("aclrtCtxSetSysParamOpt", drv.set_deterministic(1))
+        state["set"].append("process")
+        drv.check("aclrtSetSysParamOpt", drv.set_process_deterministic(1))
+        self._restore_deterministic = restore
 
     # the two phases --------------------------------------------------------------------------------
     def run(self, name: str, phase1, args: list, phase2) -> list:
         """Phase 1 (``phase1(*args, &workspaceSize, &executor)``), workspace, phase 2, synchronize; the results."""
         size, executor = c_uint64(0), c_void_p()
         status = phase1(*args, byref(size), byref(executor))
+        if self._restore_deterministic is not None:   # the option is read at phase 1: restore it now
+            restore, self._restore_deterministic = self._restore_deterministic, None
+            try:
+                restore()
+            except BackendError:
+                if status != 0:
+                    raise self.drv.error(f"{name}GetWorkspaceSize", status) from None
+                if executor.value:   # phase 1 made an executor: phase 2 deletes it without running
+                    phase2(None, max(size.value, 1), executor.value, self.stream)
+                    self.drv.take_message()
+                raise
         if status != 0:
             raise self.drv.error(f"{name}GetWorkspaceSize", status)
         pending = [executor.value]

@@ -124,6 +124,8 @@ SIGNATURES = {
         "aclrtMemset": (c_int, [_P, c_size_t, c_int32, c_size_t]),
         "aclrtCtxSetSysParamOpt": (c_int, [c_int, c_int64]),
         "aclrtCtxGetSysParamOpt": (c_int, [c_int, _I64P]),
+        "aclrtSetSysParamOpt": (c_int, [c_int, c_int64]),                      # process level
+        "aclrtGetSysParamOpt": (c_int, [c_int, _I64P]),
         "aclGetRecentErrMsg": (c_char_p, []),
         "aclrtGetSocName": (c_char_p, []),
     },
@@ -438,6 +440,22 @@ class Driver:
 
     # -----------------------------------------------------------------------------------------
     # The deterministic option
+    #
+    # aclnn reads the PROCESS-level ACL_OPT_DETERMINISTIC at phase 1 (aclrtGetSysParamOpt), and
+    # aclrtCtxSetSysParamOpt writes that slot too (CANN runtime rtCtxSetSysParamOpt); the default
+    # context of a device is shared by every thread. So the option is one value per process: the
+    # backend changes it only under DETERMINISM_LOCK (set -> phase 1 -> restore, see
+    # backend._Call.deterministic), at both levels, and restores what the host had.
+
+    def get_process_deterministic(self) -> int:
+        """aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC): the process-level value (0 when never set)."""
+        value = c_int64(0)
+        self.check("aclrtGetSysParamOpt", self.fn.aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC, byref(value)))
+        return int(value.value)
+
+    def set_process_deterministic(self, value: int) -> int:
+        """aclrtSetSysParamOpt(ACL_OPT_DETERMINISTIC, value); returns the status."""
+        return self.fn.aclrtSetSysParamOpt(ACL_OPT_DETERMINISTIC, int(value))
 
     def get_deterministic(self) -> int | None:
         """ACL_OPT_DETERMINISTIC of this thread's context; None when it was never set (107021)."""
@@ -451,8 +469,13 @@ class Driver:
         return int(value.value)
 
     def set_deterministic(self, value: int) -> int:
-        """aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, value); returns the status."""
+        """aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, value) (context and process level); returns the status."""
         return self.fn.aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, int(value))
+
+
+#: Serializes every change of ACL_OPT_DETERMINISTIC in this process (one slot per process, whatever
+#: the Driver or thread): held from the set, through phase 1, to the restore.
+DETERMINISM_LOCK = threading.Lock()
 
 
 _default: Driver | None = None

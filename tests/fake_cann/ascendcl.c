@@ -274,6 +274,11 @@ static int g_initialized = 0;
 static int g_refcount[FC_MAX_DEVICES];
 static uint64_t g_generation[FC_MAX_DEVICES];
 static int64_t g_opts[FC_MAX_DEVICES][FC_MAX_OPTS];
+/* The process-level slot of each option (aclrtSetSysParamOpt / aclrtGetSysParamOpt). CANN's
+ * rtCtxSetSysParamOpt writes it as well as the context's, and aclnn reads this one at phase 1
+ * (ops-nn: aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC, ...)). Default 0; it outlives contexts. */
+static int64_t g_proc_opts[FC_MAX_OPTS];
+static int64_t g_proc_opt_writes = 0;
 
 static _Thread_local int32_t tl_dev = -1;
 static _Thread_local uint64_t tl_gen = 0;
@@ -298,6 +303,14 @@ int fakecann_priv_has_context(void)
 {
     LOCK();
     int r = ctx_device() >= 0;
+    UNLOCK();
+    return r;
+}
+
+int64_t fakecann_priv_process_deterministic(void)
+{
+    LOCK();
+    int64_t r = g_proc_opts[ACL_OPT_DETERMINISTIC];
     UNLOCK();
     return r;
 }
@@ -674,9 +687,53 @@ aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value)
     LOCK();
     int d = ctx_device();
     if (d >= 0) g_opts[d][opt] = value;
+    g_proc_opts[opt] = value;   /* rtCtxSetSysParamOpt also writes the process-level slot */
+    g_proc_opt_writes++;
     UNLOCK();
     return ACL_SUCCESS;
 }
+
+static int bad_opt(const char *fn, aclSysParamOpt opt, int64_t value, int setting)
+{
+    if ((int)opt < 0 || (int)opt >= FC_MAX_OPTS) {
+        ERR("%s: invalid option %d", fn, (int)opt);
+        return 1;
+    }
+    if (setting && opt == ACL_OPT_DETERMINISTIC && value != 0 && value != 1) {
+        ERR("%s: ACL_OPT_DETERMINISTIC value must be 0 or 1, got %lld", fn, (long long)value);
+        return 1;
+    }
+    return 0;
+}
+
+/* Process-level: no context needed; unset options read as their default, 0. */
+aclError aclrtSetSysParamOpt(aclSysParamOpt opt, int64_t value)
+{
+    INJECT("aclrtSetSysParamOpt");
+    if (bad_opt("aclrtSetSysParamOpt", opt, value, 1)) return ACL_ERROR_INVALID_PARAM;
+    LOCK();
+    g_proc_opts[opt] = value;
+    g_proc_opt_writes++;
+    UNLOCK();
+    return ACL_SUCCESS;
+}
+
+aclError aclrtGetSysParamOpt(aclSysParamOpt opt, int64_t *value)
+{
+    INJECT("aclrtGetSysParamOpt");
+    if (!value) {
+        ERR("aclrtGetSysParamOpt: value is NULL");
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    if (bad_opt("aclrtGetSysParamOpt", opt, 0, 0)) return ACL_ERROR_INVALID_PARAM;
+    LOCK();
+    *value = g_proc_opts[opt];
+    UNLOCK();
+    return ACL_SUCCESS;
+}
+
+int64_t fakecann_get_process_deterministic(void) { return fakecann_priv_process_deterministic(); }
+int64_t fakecann_process_option_writes(void) { return g_proc_opt_writes; }
 
 aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value)
 {
@@ -786,6 +843,8 @@ void fakecann_reset_runtime(void)
 {
     LOCK();
     runtime_teardown();
+    memset(g_proc_opts, 0, sizeof g_proc_opts);
+    g_proc_opt_writes = 0;
     UNLOCK();
     tl_dev = -1;
 }

@@ -60,6 +60,8 @@ CONTROL_SIGNATURES = {
     "fakecann_set_emulate_precision": (None, [c_int]),
     "fakecann_fail_next": (None, [c_char_p, c_int, c_int]),
     "fakecann_get_deterministic": (c_int64, [c_int32]),
+    "fakecann_get_process_deterministic": (c_int64, []),
+    "fakecann_process_option_writes": (c_int64, []),
     "fakecann_device_refcount": (c_int, [c_int32]),
     "fakecann_current_device": (c_int32, []),
     "fakecann_is_initialized": (c_int, []),

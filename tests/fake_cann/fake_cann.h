@@ -126,6 +126,9 @@ FC_API aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, siz
 FC_API aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count);
 FC_API aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value);
 FC_API aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value);
+/* Process level (acl_rt.h: "set/get system param option value in current process") */
+FC_API aclError aclrtSetSysParamOpt(aclSysParamOpt opt, int64_t value);
+FC_API aclError aclrtGetSysParamOpt(aclSysParamOpt opt, int64_t *value);
 FC_API const char *aclGetRecentErrMsg(void);
 FC_API const char *aclrtGetSocName(void);
 
@@ -255,6 +258,10 @@ FC_API int fakecann_is_initialized(void);
 FC_API int fakecann_device_refcount(int32_t deviceId);
 FC_API int32_t fakecann_current_device(void); /* calling thread, -1 if no valid context */
 FC_API int64_t fakecann_get_deterministic(int32_t deviceId);
+/* The process-level ACL_OPT_DETERMINISTIC (what aclnn phase 1 reads), and how many times any
+ * process-level option was written (aclrtSetSysParamOpt, aclrtCtxSetSysParamOpt). */
+FC_API int64_t fakecann_get_process_deterministic(void);
+FC_API int64_t fakecann_process_option_writes(void);
 
 /* records of successful-or-not aclnn phase-2 calls that reached execution */
 FC_API int fakecann_call_count(void);
@@ -340,6 +347,7 @@ FC_API int fakecann_priv_take_injection(const char *func); /* code or 0 */
 FC_API int fakecann_priv_has_context(void);
 /* deterministic flag of the calling thread's context, -1 without context */
 FC_API int64_t fakecann_priv_ctx_deterministic(void);
+FC_API int64_t fakecann_priv_process_deterministic(void);
 FC_API void fakecann_priv_record(const fakecann_priv_record_t *rec);
 FC_API void fakecann_priv_count_prepare(void);
 FC_API void fakecann_priv_misuse(void);

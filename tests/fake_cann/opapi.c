@@ -674,6 +674,7 @@ struct aclOpExecutor {
     conv_geom g;
     int mask;
     int cube;
+    int64_t deterministic; /* process-level ACL_OPT_DETERMINISTIC, read at phase 1 like aclnn */
     int dtype;
     int prec;
     uint64_t ws;
@@ -805,6 +806,7 @@ aclnnStatus aclnnConvolutionBackwardGetWorkspaceSize(
     e->g = g;
     e->mask = (m0 ? 1 : 0) | (m1 ? 2 : 0) | (m2 ? 4 : 0);
     e->cube = cubeMathType;
+    e->deterministic = fakecann_priv_process_deterministic();
     e->dtype = dtype;
     e->prec = precision_mode(dtype, cubeMathType, family);
     e->ws = fakecann_priv_config()->workspace_size;
@@ -880,6 +882,7 @@ aclnnStatus aclnnConvolutionGetWorkspaceSize(const aclTensor *input, const aclTe
     e->g = g;
     e->mask = 0;
     e->cube = cubeMathType;
+    e->deterministic = fakecann_priv_process_deterministic();
     e->dtype = dtype;
     e->prec = precision_mode(dtype, cubeMathType, family);
     e->ws = fakecann_priv_config()->workspace_size;
@@ -1045,7 +1048,7 @@ static aclnnStatus execute(const char *fn, int op, void *workspace, uint64_t wor
     fakecann_priv_record_t rec;
     memset(&rec, 0, sizeof rec);
     rec.op = op;
-    rec.deterministic = fakecann_priv_ctx_deterministic();
+    rec.deterministic = e->deterministic;  /* as read at phase 1 */
     rec.cube_math = e->cube;
     rec.mask = e->mask;
     rec.transposed = e->g.transposed;
