@@ -892,3 +892,101 @@ def test_conformance_kit_on_the_emulator(lib_dir):
     assert out.returncode == 0, tail
     row = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("ascend ")]
     assert row and row[-1][2] == "0" and int(row[-1][1]) > 0, tail  # passed > 0, failed == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# ACL_OPT_DETERMINISTIC is one process-level value (read by aclnn at phase 1; the context call writes
+# it too; the default context is shared by every thread)
+
+
+def _det_worker(env, deterministic: bool, rounds: int, out: dict, barrier):
+    x, w, dy = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32), np.ones((1, 3, 3, 3), np.float32)
+    try:
+        env.drv.ensure_context()
+        out["stream"] = env.drv.stream()
+        barrier.wait()
+        for _ in range(rounds):
+            xconv.convolution_backward(dy, x, w, deterministic=deterministic, backend="ascend")
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        out["error"] = exc
+    finally:
+        env.drv.release_thread()
+
+
+def _run_threads(env, flags, rounds=6):
+    outs = [{} for _ in flags]
+    barrier = threading.Barrier(len(flags))
+    threads = [threading.Thread(target=_det_worker, args=(env, flag, rounds, out, barrier))
+               for flag, out in zip(flags, outs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert not [o["error"] for o in outs if "error" in o]
+    return outs
+
+
+def _phase1_values_by_stream(fc):
+    seen = {}
+    for i in range(fc.call_count()):
+        seen.setdefault(fc.call_stream(i), []).append(fc.call_deterministic(i))
+    return seen
+
+
+def test_concurrent_deterministic_calls_all_run_deterministic_and_leave_the_option_off(env):
+    """Failure mode (a): mixed deterministic=True/False threads on the shared default context. Every
+    deterministic call's phase 1 sees 1, and afterwards the option is 0 at both levels."""
+    env.fc.set_phase1_delay_us(2000)   # widen the set -> phase 1 -> restore window
+    outs = _run_threads(env, [True, True, True, False, False])
+    env.fc.set_phase1_delay_us(0)
+    seen = _phase1_values_by_stream(env.fc)
+    for out, flag in zip(outs, [True, True, True, False, False]):
+        if flag:
+            assert seen[out["stream"]] == [1] * 6, seen[out["stream"]]
+    assert env.fc.get_process_deterministic() == 0 and env.drv.get_process_deterministic() == 0
+    assert env.fc.get_deterministic(0) == 0
+
+
+def test_host_process_setting_survives_xconv_calls(env):
+    """Failure mode (b): a host that set determinism process-wide (aclrtSetSysParamOpt) keeps it, whatever
+    xconv calls run (deterministic or not, from any thread), and every phase 1 sees it."""
+    assert env.drv.set_process_deterministic(1) == 0
+    try:
+        x, w, dy = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32), np.ones((1, 3, 3, 3), np.float32)
+        xconv.convolution_backward(dy, x, w, deterministic=True, backend="ascend")
+        assert env.fc.get_process_deterministic() == 1
+        xconv.convolution_backward(dy, x, w, deterministic=False, backend="ascend")
+        assert env.fc.last("deterministic") == 1 and env.fc.get_process_deterministic() == 1
+        _run_threads(env, [True, False, True], rounds=3)
+        assert env.fc.get_process_deterministic() == 1
+        assert all(v == 1 for i in range(env.fc.call_count()) for v in [env.fc.call_deterministic(i)])
+    finally:
+        assert env.drv.set_process_deterministic(0) == 0
+        assert env.drv.set_deterministic(0) == 0
+
+
+def test_only_deterministic_calls_write_the_option(env):
+    """xconv writes ACL_OPT_DETERMINISTIC only for deterministic=True (set both levels, restore both)."""
+    x, w, dy = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32), np.ones((1, 3, 3, 3), np.float32)
+    before = env.fc.process_option_writes()
+    xconv.convolution_backward(dy, x, w, deterministic=False, backend="ascend")
+    xconv.conv_fprop(x, w, deterministic=False, backend="ascend")
+    assert env.fc.process_option_writes() == before
+    xconv.conv_fprop(x, w, deterministic=True, backend="ascend")
+    assert env.fc.process_option_writes() == before + 4
+    assert env.fc.last("deterministic") == 1 and env.fc.get_process_deterministic() == 0
+
+
+def test_restore_failure_after_phase1_raises_and_releases_the_lock(env):
+    """A failing restore is a BackendError (no executor leaks), and the lock is free for the next call."""
+    x, w = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    env.fc.fail_next("aclrtSetSysParamOpt", 100000, 2)   # the set works? no: first set and restore fail
+    with pytest.raises(xconv.BackendError):
+        xconv.conv_fprop(x, w, deterministic=True, backend="ascend")
+    assert ascend_driver.DETERMINISM_LOCK.acquire(timeout=1)
+    ascend_driver.DETERMINISM_LOCK.release()
+    env.drv.take_message()
+    assert env.drv.set_deterministic(0) == 0 and env.drv.set_process_deterministic(0) == 0
+    xconv.conv_fprop(x, w, deterministic=True, backend="ascend")
+    assert env.fc.last("deterministic") == 1 and env.fc.get_process_deterministic() == 0

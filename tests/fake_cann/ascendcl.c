@@ -805,6 +805,7 @@ void fakecann_set_workspace_size(uint64_t size) { g_cfg.workspace_size = size; }
 void fakecann_set_check_device_ptr(int on) { g_cfg.check_device_ptr = on ? 1 : 0; }
 void fakecann_set_strict_outputs(int on) { g_cfg.strict_outputs = on ? 1 : 0; }
 void fakecann_set_emulate_precision(int on) { g_cfg.emulate_precision = on ? 1 : 0; }
+void fakecann_set_phase1_delay_us(uint32_t us) { g_cfg.phase1_delay_us = us; }
 
 int fakecann_is_initialized(void) { return g_initialized; }
 int fakecann_device_refcount(int32_t deviceId)

@@ -261,6 +261,7 @@ FC_API int64_t fakecann_get_deterministic(int32_t deviceId);
 /* The process-level ACL_OPT_DETERMINISTIC (what aclnn phase 1 reads), and how many times any
  * process-level option was written (aclrtSetSysParamOpt, aclrtCtxSetSysParamOpt). */
 FC_API int64_t fakecann_get_process_deterministic(void);
+FC_API void fakecann_set_phase1_delay_us(uint32_t us);
 FC_API int64_t fakecann_process_option_writes(void);
 
 /* records of successful-or-not aclnn phase-2 calls that reached execution */
@@ -322,6 +323,7 @@ typedef struct {
     int check_device_ptr;
     int strict_outputs;
     int emulate_precision;
+    uint32_t phase1_delay_us; /* sleep at phase 1 before reading the options (widens races in tests) */
 } fakecann_priv_config_t;
 
 typedef struct {

@@ -1,5 +1,7 @@
+#define _GNU_SOURCE /* usleep */
 /* libopapi.so: aclnnConvolutionBackward and aclnnConvolution (two-phase API). */
 #include "fake_cann.h"
+#include <unistd.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -806,6 +808,7 @@ aclnnStatus aclnnConvolutionBackwardGetWorkspaceSize(
     e->g = g;
     e->mask = (m0 ? 1 : 0) | (m1 ? 2 : 0) | (m2 ? 4 : 0);
     e->cube = cubeMathType;
+    if (fakecann_priv_config()->phase1_delay_us) usleep(fakecann_priv_config()->phase1_delay_us);
     e->deterministic = fakecann_priv_process_deterministic();
     e->dtype = dtype;
     e->prec = precision_mode(dtype, cubeMathType, family);
@@ -882,6 +885,7 @@ aclnnStatus aclnnConvolutionGetWorkspaceSize(const aclTensor *input, const aclTe
     e->g = g;
     e->mask = 0;
     e->cube = cubeMathType;
+    if (fakecann_priv_config()->phase1_delay_us) usleep(fakecann_priv_config()->phase1_delay_us);
     e->deterministic = fakecann_priv_process_deterministic();
     e->dtype = dtype;
     e->prec = precision_mode(dtype, cubeMathType, family);
