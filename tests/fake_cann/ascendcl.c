@@ -52,6 +52,7 @@ static ptrset_t g_live[FAKECANN_KIND_COUNT];
 typedef struct {
     char *base;
     size_t size;
+    int device; /* the device whose (shared default) context owns it */
 } devalloc_t;
 static devalloc_t *g_allocs = NULL;
 static size_t g_nallocs = 0, g_cap_allocs = 0;
@@ -283,12 +284,16 @@ static int64_t g_proc_opt_writes = 0;
 static _Thread_local int32_t tl_dev = -1;
 static _Thread_local uint64_t tl_gen = 0;
 
+static int64_t g_reclaimed = 0;
+static void reclaim_device(int d); /* below: device memory and streams die with the context */
+
 /* caller holds the lock */
 static void kill_context(int d)
 {
     g_refcount[d] = 0;
     g_generation[d]++;
     memset(g_opts[d], 0, sizeof g_opts[d]);
+    reclaim_device(d);
 }
 
 /* caller holds the lock */
@@ -527,6 +532,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy)
     }
     g_allocs[g_nallocs].base = p;
     g_allocs[g_nallocs].size = size;
+    g_allocs[g_nallocs].device = tl_dev;
     g_nallocs++;
     UNLOCK();
     *devPtr = p;
@@ -569,6 +575,7 @@ aclError aclrtFree(void *devPtr)
         ERR("aclrtFree: devPtr is NULL");
         return ACL_ERROR_INVALID_PARAM;
     }
+    NEED_CTX("aclrtFree"); /* like aclrtMalloc: the runtime frees through the current context */
     LOCK();
     size_t i;
     for (i = 0; i < g_nallocs; i++)
@@ -585,6 +592,34 @@ aclError aclrtFree(void *devPtr)
     UNLOCK();
     return ACL_SUCCESS;
 }
+
+/* caller holds the lock: what a device's context owned dies with it (CANN frees a device's memory and
+ * streams when its reference count reaches 0). Counted by fakecann_reclaimed_count(). */
+static void reclaim_device(int d)
+{
+    for (size_t i = 0; i < g_nallocs;) {
+        if (g_allocs[i].device == d) {
+            quarantine(g_allocs[i].base, g_allocs[i].size);
+            g_allocs[i] = g_allocs[--g_nallocs];
+            g_reclaimed++;
+        } else {
+            i++;
+        }
+    }
+    ptrset_t *st = &g_live[FAKECANN_KIND_STREAM];
+    for (size_t i = 0; i < st->n;) {
+        fc_stream_t *stream = (fc_stream_t *)st->items[i];
+        if (stream->device == d) {
+            st->items[i] = st->items[--st->n];
+            free(stream);
+            g_reclaimed++;
+        } else {
+            i++;
+        }
+    }
+}
+
+int64_t fakecann_reclaimed_count(void) { return g_reclaimed; }
 
 /* caller holds no lock */
 static aclError check_side(const char *fn, const char *what, const void *p, size_t count, int dev)
@@ -830,6 +865,7 @@ void fakecann_reset(void)
 {
     LOCK();
     g_nrec = 0;
+    g_reclaimed = 0;
     g_misuse = 0;
     g_prepare = 0;
     memset(g_inj, 0, sizeof g_inj);

@@ -63,6 +63,7 @@ CONTROL_SIGNATURES = {
     "fakecann_get_process_deterministic": (c_int64, []),
     "fakecann_process_option_writes": (c_int64, []),
     "fakecann_set_phase1_delay_us": (None, [c_uint32]),
+    "fakecann_reclaimed_count": (c_int64, []),
     "fakecann_device_refcount": (c_int, [c_int32]),
     "fakecann_current_device": (c_int32, []),
     "fakecann_is_initialized": (c_int, []),

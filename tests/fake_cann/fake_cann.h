@@ -262,6 +262,9 @@ FC_API int64_t fakecann_get_deterministic(int32_t deviceId);
  * process-level option was written (aclrtSetSysParamOpt, aclrtCtxSetSysParamOpt). */
 FC_API int64_t fakecann_get_process_deterministic(void);
 FC_API void fakecann_set_phase1_delay_us(uint32_t us);
+/* Device allocations and streams destroyed with their context (a device reset to refcount 0)
+ * since the last fakecann_reset(): what a caller still holding them has lost. */
+FC_API int64_t fakecann_reclaimed_count(void);
 FC_API int64_t fakecann_process_option_writes(void);
 
 /* records of successful-or-not aclnn phase-2 calls that reached execution */
