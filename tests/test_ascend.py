@@ -990,3 +990,64 @@ def test_restore_failure_after_phase1_raises_and_releases_the_lock(env):
     assert env.drv.set_deterministic(0) == 0 and env.drv.set_process_deterministic(0) == 0
     xconv.conv_fprop(x, w, deterministic=True, backend="ascend")
     assert env.fc.last("deterministic") == 1 and env.fc.get_process_deterministic() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifetimes: finalizers on threads without a context, the last thread's release, threads that end
+
+
+def test_gc_finalizer_on_a_thread_without_context_frees_the_buffer(env):
+    """A DeviceArray dropped on a thread that never ran xconv: its memory is freed, not leaked."""
+    import xconv_ascend  # noqa: PLC0415
+
+    base = env.fc.live_count(KIND_DEVICE_MEM)
+    box = {"a": xconv_ascend.DeviceArray.from_numpy(np.ones((4, 4), np.float32))}
+    assert env.fc.live_count(KIND_DEVICE_MEM) == base + 1
+
+    def drop():
+        box.clear()          # the last reference dies here: the finalizer runs on this thread
+        import gc  # noqa: PLC0415
+        gc.collect()
+
+    t = threading.Thread(target=drop)
+    t.start()
+    t.join()
+    assert env.fc.live_count(KIND_DEVICE_MEM) == base
+    assert env.fc.live_count(KIND_STREAM) == 1 and env.fc.device_refcount(0) == 1   # nothing left behind
+    env.drv.take_message()
+
+
+def test_release_thread_on_the_last_thread_keeps_live_arrays_valid(env):
+    """release_thread() by the last thread using the device does not destroy the shared context while
+    DeviceArrays are alive; the device is released once they are freed."""
+    import xconv_ascend  # noqa: PLC0415
+
+    a = xconv_ascend.DeviceArray.from_numpy(np.arange(6, dtype=np.float32))
+    env.drv.release_thread()
+    assert env.fc.reclaimed_count() == 0
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(6, dtype=np.float32))
+    env.drv.release_thread()
+    a.free()
+    env.drv.release_thread()
+    assert env.fc.reclaimed_count() == 0 and env.fc.misuse_count() == 0
+    assert env.fc.device_refcount(0) == 0 and env.fc.live_count(KIND_DEVICE_MEM) == 0
+    env.drv.ensure_context()                 # the fixture's thread state back
+
+
+def test_threads_ending_without_release_thread_leave_no_stream(env):
+    """A thread that ran xconv and ended without release_thread() gives its stream and device back."""
+    x, w = np.ones((1, 1, 4, 4), np.float32), np.ones((1, 1, 3, 3), np.float32)
+    streams_before, refs_before = env.fc.live_count(KIND_STREAM), env.fc.device_refcount(0)
+
+    def worker():
+        xconv.conv_fprop(x, w, backend="ascend")
+
+    for _ in range(3):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+    import gc  # noqa: PLC0415
+    gc.collect()
+    assert env.fc.live_count(KIND_STREAM) == streams_before
+    assert env.fc.device_refcount(0) == refs_before
+    assert env.fc.misuse_count() == 0

@@ -13,9 +13,10 @@ opapi, and every function used has its ``argtypes``/``restype`` declared below, 
 headers (``acl/acl_rt.h``, ``acl/acl_base_rt.h``, ``aclnn/acl_meta.h``, ``aclnnop/aclnn_convolution*.h``).
 
 Lifecycle: ``aclInit`` once per process (100002 "repeat initialize" counts as success);
-``aclrtSetDevice`` on each calling thread (CANN contexts are per thread) with the device from
-``$XCONV_ASCEND_DEVICE`` (default 0), and one stream per thread; :meth:`Driver.release_thread`
-destroys the thread's stream and resets its device.
+``aclrtSetDevice`` on each calling thread with the device from ``$XCONV_ASCEND_DEVICE`` (default 0):
+the device's default context is shared by all threads, only which context is current is per
+thread; one stream per thread. :meth:`Driver.release_thread` (or the thread's end) destroys the
+thread's stream and drops its device reference, except the last one while DeviceArrays live.
 
 Device arrays live in :mod:`.device_array`.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from ctypes import POINTER, byref, c_bool, c_char_p, c_int, c_int8, c_int32, c_int64, c_size_t, c_uint32
 from ctypes import c_uint64, c_void_p
 
@@ -114,6 +116,7 @@ SIGNATURES = {
         "aclInit": (c_int, [c_char_p]),                                        # const char *configPath
         "aclrtSetDevice": (c_int, [c_int32]),
         "aclrtResetDevice": (c_int, [c_int32]),
+        "aclrtGetDevice": (c_int, [POINTER(c_int32)]),                        # 107002 without a context
         "aclrtGetDeviceCount": (c_int, [POINTER(c_uint32)]),
         "aclrtCreateStream": (c_int, [POINTER(c_void_p)]),
         "aclrtDestroyStream": (c_int, [_P]),
@@ -189,6 +192,13 @@ class Driver:
         self.source = ""
         self._initialized = False
         self._device: int | None = None
+        # Device references: one per thread that set the device (released by release_thread() or
+        # when the thread ends), plus "parked" ones kept for DeviceArrays still alive when the last
+        # thread let go (the device's default context is shared: resetting its last reference
+        # destroys every buffer in it). Guarded by self._lock.
+        self._thread_refs = 0
+        self._live_buffers = 0
+        self._parked = 0
 
     # -----------------------------------------------------------------------------------------
     # Discovery and loading
@@ -346,11 +356,27 @@ class Driver:
 
     # -----------------------------------------------------------------------------------------
     # Per-thread context and stream
+    #
+    # CANN contexts are per device (the device's default context is shared by every thread); what
+    # is per thread is which context is current, and xconv's stream. Each thread's state is a dict
+    # in a threading.local; a sentinel next to it runs _thread_ended() on that thread when it ends
+    # (CPython clears a thread's locals on the exiting thread), so a thread that never called
+    # release_thread() still gives its stream and device reference back.
+
+    def _thread_state(self) -> dict:
+        local = self._local
+        state = getattr(local, "state", None)
+        if state is None:
+            state = local.state = {"stream": None, "device_set": False, "device": None}
+            local.sentinel = sentinel = _ThreadSentinel()
+            fin = weakref.finalize(sentinel, _thread_ended, weakref.ref(self), state)
+            fin.atexit = False  # at interpreter exit the runtime is torn down by CANN itself
+        return state
 
     def stream(self) -> int:
         """The calling thread's stream, setting its device and creating the stream on first use."""
-        local = self._local
-        stream = getattr(local, "stream", None)
+        state = self._thread_state()
+        stream = state["stream"]
         if stream is not None:
             return stream
         try:
@@ -358,7 +384,7 @@ class Driver:
         except LoadError as exc:
             raise BackendUnavailableError(BACKEND, str(exc)) from None
         device = self._device
-        if not getattr(local, "device_set", False):
+        if not state["device_set"]:
             status = self.fn.aclrtSetDevice(device)
             if status == ACL_ERROR_UNINITIALIZE:  # someone called aclFinalize: initialize again
                 self.take_message()
@@ -369,45 +395,100 @@ class Driver:
                         raise BackendUnavailableError(BACKEND, str(exc)) from None
                 status = self.fn.aclrtSetDevice(device)
             self.check("aclrtSetDevice", status)
-            local.device_set, local.device = True, device
+            state["device_set"], state["device"] = True, device
+            with self._lock:
+                self._thread_refs += 1
         handle = c_void_p()
         status = self.fn.aclrtCreateStream(byref(handle))
         if status != ACL_SUCCESS:
             err = self.error("aclrtCreateStream", status)
-            self._reset_thread_device()
+            self._release_device(state)
+            self.take_message()
             raise err
-        local.stream = handle.value
-        return local.stream
+        state["stream"] = handle.value
+        return state["stream"]
 
     def ensure_context(self) -> None:
         """Make sure the calling thread has a current context (and stream)."""
         self.stream()
 
-    def _reset_thread_device(self) -> None:
-        local = self._local
-        if getattr(local, "device_set", False):
-            local.device_set = False
-            self.fn.aclrtResetDevice(local.device)
-            self.take_message()
+    def _release_device(self, state: dict) -> int:
+        """Drop this thread's device reference: aclrtResetDevice, unless it is the last one while
+        DeviceArrays are alive (then it is parked until they are freed). Returns the status."""
+        if not state["device_set"]:
+            return ACL_SUCCESS
+        state["device_set"] = False
+        with self._lock:
+            self._thread_refs -= 1
+            if self._thread_refs == 0 and self._live_buffers > 0:
+                self._parked += 1
+                return ACL_SUCCESS
+            resets = 1
+            if self._thread_refs == 0 and self._parked:   # no array left: the parked references go too
+                resets, self._parked = 1 + self._parked, 0
+        status = ACL_SUCCESS
+        for _ in range(resets):
+            result = self.fn.aclrtResetDevice(state["device"])
+            status = result if status == ACL_SUCCESS else status
+        return status
 
     def release_thread(self) -> None:
-        """Destroy the calling thread's stream and reset its device (idempotent; errors raise BackendError)."""
+        """Destroy the calling thread's stream and drop its device reference (idempotent; errors raise
+        BackendError). The last reference is kept while DeviceArrays are alive, and dropped when the
+        last of them is freed: resetting it would destroy their memory with the device's context."""
         if self.fn is None:
             return
-        local = self._local
-        stream = getattr(local, "stream", None)
-        local.stream = None
-        status = ACL_SUCCESS
+        self._release_state(self._thread_state(), raise_errors=True)
+
+    def _release_state(self, state: dict, raise_errors: bool) -> None:
+        stream, state["stream"] = state["stream"], None
+        err = None
         if stream is not None:
             status = self.fn.aclrtDestroyStream(stream)
-        err = self.error("aclrtDestroyStream", status) if status != ACL_SUCCESS else None
-        if getattr(local, "device_set", False):
-            local.device_set = False
-            status = self.fn.aclrtResetDevice(local.device)
-            if status != ACL_SUCCESS and err is None:
-                err = self.error("aclrtResetDevice", status)
-        if err is not None:
+            if status != ACL_SUCCESS:
+                err = self.error("aclrtDestroyStream", status)
+        status = self._release_device(state)
+        if status != ACL_SUCCESS and err is None:
+            err = self.error("aclrtResetDevice", status)
+        if err is not None and raise_errors:
             raise err
+        self.take_message()
+
+    # DeviceArray buffers ---------------------------------------------------------------------
+    def buffer_opened(self) -> None:
+        with self._lock:
+            self._live_buffers += 1
+
+    def buffer_closed(self) -> None:
+        """One DeviceArray buffer fewer; the last one lets parked device references go."""
+        with self._lock:
+            self._live_buffers -= 1
+            resets = 0
+            if self._live_buffers == 0 and self._thread_refs == 0 and self._parked:
+                resets, self._parked = self._parked, 0
+            device = self._device
+        for _ in range(resets):
+            self.fn.aclrtResetDevice(device)
+        if resets:
+            self.take_message()
+
+    def free_from_any_thread(self, ptr: int) -> int:
+        """aclrtFree(ptr) from a thread that may have no current context (a GC finalizer): the free
+        needs one, so such a thread binds the device for the free and unbinds it after. Returns the status."""
+        state = getattr(self._local, "state", None)
+        if state is not None and state["device_set"]:
+            return self.fn.aclrtFree(ptr)
+        current = c_int32(-1)
+        if self.fn.aclrtGetDevice(byref(current)) == ACL_SUCCESS:   # the host made a context current here
+            return self.fn.aclrtFree(ptr)
+        self.take_message()
+        status = self.fn.aclrtSetDevice(self._device)
+        if status != ACL_SUCCESS:
+            return status
+        try:
+            return self.fn.aclrtFree(ptr)
+        finally:
+            self.fn.aclrtResetDevice(self._device)
 
     def synchronize(self) -> None:
         self.check("aclrtSynchronizeStream", self.fn.aclrtSynchronizeStream(self.stream()))
@@ -476,6 +557,20 @@ class Driver:
 #: Serializes every change of ACL_OPT_DETERMINISTIC in this process (one slot per process, whatever
 #: the Driver or thread): held from the set, through phase 1, to the restore.
 DETERMINISM_LOCK = threading.Lock()
+
+
+class _ThreadSentinel:
+    """Lives in a thread's locals; its finalizer releases the thread's stream and device when it ends."""
+
+
+def _thread_ended(driver_ref, state: dict) -> None:
+    driver = driver_ref()
+    if driver is None or driver.fn is None or (state["stream"] is None and not state["device_set"]):
+        return
+    try:
+        driver._release_state(state, raise_errors=False)
+    except Exception:  # noqa: BLE001 - a thread's exit must not raise
+        pass
 
 
 _default: Driver | None = None
