@@ -866,7 +866,9 @@ def broken_dirs(lib_dir, tmp_path):
 
 def test_missing_library_and_symbol_are_unavailable_with_reason(broken_dirs, lib_dir):
     d = broken_dirs
-    assert _probe(d["missing_lib"]) == f"libopapi.so not found in {d['missing_lib']} ($XCONV_ASCEND_LIB_DIR)"
+    assert _probe(d["missing_lib"]) == (f"not found in {d['missing_lib']} ($XCONV_ASCEND_LIB_DIR): libopapi_*.so (or "
+                                        "libopapi.so); found libascendcl.so, libnnopbase.so; ASCEND_OPP_PATH unset "
+                                        "(aclnn needs it to find its kernels; CANN's set_env.sh sets it)")
     assert _probe(d["missing_symbol"]) == \
         f"symbol aclnnConvolution missing from {d['missing_symbol']}/libopapi.so ($XCONV_ASCEND_LIB_DIR)"
     reason = _probe(d["unloadable"])

@@ -215,13 +215,20 @@ def test_discovery_reasons(tmp_path):
     env = {"XCONV_ASCEND_LIB_DIR": str(missing), "ASCEND_HOME_PATH": str(tmp_path)}
     assert "($XCONV_ASCEND_LIB_DIR)" in _reason(env)
     assert "($ASCEND_HOME_PATH)" in _reason({"ASCEND_HOME_PATH": str(missing), "ASCEND_TOOLKIT_HOME": str(tmp_path)})
-    # a directory without the libraries: nothing is loaded, the first missing one is named
+    # a directory without the libraries: nothing is loaded; what is missing and what was found are named
     (tmp_path / "lib64").mkdir()
-    assert f"libascendcl.so not found in {tmp_path}/lib64 ($ASCEND_HOME_PATH)" in \
+    assert f"not found in {tmp_path}/lib64 ($ASCEND_HOME_PATH): libascendcl.so (or libacl_rt.so), libnnopbase.so, " \
+           "libopapi_*.so (or libopapi.so); found no CANN library" in \
         _reason({"ASCEND_HOME_PATH": str(tmp_path)})
     (tmp_path / "lib64" / "libascendcl.so").write_bytes(b"")
     (tmp_path / "lib64" / "libnnopbase.so").write_bytes(b"")
-    assert "libopapi.so not found" in _reason({"ASCEND_TOOLKIT_HOME": str(tmp_path)})
+    reason = _reason({"ASCEND_TOOLKIT_HOME": str(tmp_path), "ASCEND_OPP_PATH": str(tmp_path)})
+    assert reason.endswith(": libopapi_*.so (or libopapi.so); found libascendcl.so, libnnopbase.so; "
+                           f"ASCEND_OPP_PATH={tmp_path}")
+    (tmp_path / "lib64" / "libascendcl.so").unlink()
+    (tmp_path / "lib64" / "libacl_rt.so").write_bytes(b"")               # the runtime's other name
+    assert "found libacl_rt.so, libnnopbase.so; ASCEND_OPP_PATH='opp' is not an existing absolute directory" in \
+        _reason({"ASCEND_TOOLKIT_HOME": str(tmp_path), "ASCEND_OPP_PATH": "opp"})
 
 
 def test_device_variable_checked(tmp_path):

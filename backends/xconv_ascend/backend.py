@@ -300,7 +300,7 @@ class AscendBackend(Backend):
 
     def version(self) -> str:
         drv = self.driver
-        return f"CANN libraries in {drv.lib_dir}" if drv.lib_dir else ""
+        return f"CANN libraries in {drv.report()}" if drv.lib_dir else ""
 
     def devices(self) -> tuple[str, ...]:
         drv = self.driver

@@ -1,15 +1,17 @@
 """The CANN runtime under the Ascend backend: library discovery, ctypes declarations, lifecycle, memory.
 
-Nothing is loaded at import. :class:`Driver` finds ``libascendcl.so``, ``libnnopbase.so`` and
-``libopapi.so`` in one directory named by an absolute path:
+Nothing is loaded at import. :class:`Driver` finds the CANN libraries (see :mod:`.discovery`: the
+runtime ``libascendcl.so`` or ``libacl_rt.so``, ``libnnopbase.so``, and the operator libraries
+``libopapi_*.so`` or else ``libopapi.so``) in one directory named by an absolute path:
 
 1. ``$XCONV_ASCEND_LIB_DIR`` (the directory itself), else
 2. ``$ASCEND_HOME_PATH/lib64``, else
 3. ``$ASCEND_TOOLKIT_HOME/lib64`` (both set by CANN's ``set_env.sh``).
 
 The first variable that is set decides; a relative path is refused, never resolved against the
-current directory. The libraries are loaded with RTLD_GLOBAL in the order ascendcl, nnopbase,
-opapi, and every function used has its ``argtypes``/``restype`` declared below, as in CANN's public
+current directory, nor lets the dynamic linker search for them or their dependencies there. They
+are loaded with RTLD_GLOBAL in the order runtime, nnopbase, operators, and every function used has
+its ``argtypes``/``restype`` declared below, as in CANN's public
 headers (``acl/acl_rt.h``, ``acl/acl_base_rt.h``, ``aclnn/acl_meta.h``, ``aclnnop/aclnn_convolution*.h``).
 
 Lifecycle: ``aclInit`` once per process (100002 "repeat initialize" counts as success);
@@ -32,11 +34,13 @@ from ctypes import c_uint64, c_void_p
 
 from xconv.errors import BackendError, BackendUnavailableError
 
+from . import discovery
+
 BACKEND = "ascend"
 
 LIB_DIR_VARS = ("XCONV_ASCEND_LIB_DIR", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 DEVICE_VAR = "XCONV_ASCEND_DEVICE"
-LIBRARIES = ("ascendcl", "nnopbase", "opapi")  # load order
+LIBRARIES = ("ascendcl", "nnopbase", "opapi")  # SIGNATURES groups, in load order
 
 # acl_base_rt.h / rt_error_codes.h (aclError) and the aclnn return codes (aclnnStatus)
 ACL_SUCCESS = 0
@@ -190,6 +194,7 @@ class Driver:
         self.libs: dict[str, ctypes.CDLL] = {}
         self.lib_dir: str | None = None
         self.source = ""
+        self.inventory: discovery.Inventory | None = None
         self._initialized = False
         self._device: int | None = None
         # Device references: one per thread that set the device (released by release_thread() or
@@ -234,29 +239,58 @@ class Driver:
         return path, source
 
     def load(self) -> None:
-        """Load and declare the three libraries once (LoadError with the reason)."""
+        """Find and load the libraries once (LoadError with the reason, naming what was found and what is missing).
+
+        See :mod:`.discovery`: the runtime (``libascendcl.so`` or ``libacl_rt.so``), ``libnnopbase.so``
+        and the operator libraries (per-repository ``libopapi_*.so``, else ``libopapi.so``), each
+        opened by absolute path after its dependencies; every operator symbol is taken from the
+        first operator library that has it.
+        """
         with self._lock:
             if self.fn is not None:
                 return
             path, source = self.locate()
-            files = {name: os.path.join(path, f"lib{name}.so") for name in LIBRARIES}
-            for name, file in files.items():
-                if not os.path.isfile(file):
-                    raise LoadError(f"lib{name}.so not found in {path} ({source})")
-            libs, fn = {}, _Functions()
-            for name in LIBRARIES:
-                try:
-                    libs[name] = ctypes.CDLL(files[name], mode=ctypes.RTLD_GLOBAL)
-                except OSError as exc:
-                    raise LoadError(f"cannot load {files[name]} ({source}): {exc}") from None
+            inv = discovery.inventory(path, self.environ)
+            self.inventory = inv
+            if inv.missing:
+                raise LoadError(f"not found in {path} ({source}): {', '.join(inv.missing)}; {inv.describe()}")
+            where = f" ({source})"
+            files = {"ascendcl": inv.runtime, "nnopbase": inv.nnopbase}
+            libs, fn, opened = {}, _Functions(), {}
+            try:
+                for name, file in files.items():
+                    libs[name] = discovery.load_closure(file, path, self.environ, opened, where)
+                ops = [(file, discovery.load_closure(file, path, self.environ, opened, where))
+                       for file in inv.op_libraries]
+            except discovery.DiscoveryError as exc:
+                raise LoadError(str(exc)) from None
+            for name in ("ascendcl", "nnopbase"):
                 for symbol, (restype, argtypes) in SIGNATURES[name].items():
                     try:
                         f = getattr(libs[name], symbol)
                     except AttributeError:
-                        raise LoadError(f"symbol {symbol} missing from {files[name]} ({source})") from None
+                        raise LoadError(f"symbol {symbol} missing from {files[name]}{where}") from None
                     f.restype, f.argtypes = restype, argtypes
                     setattr(fn, symbol, f)
+            for symbol, (restype, argtypes) in SIGNATURES["opapi"].items():
+                f = None
+                for file, lib in ops:
+                    try:
+                        f = getattr(lib, symbol)
+                    except AttributeError:
+                        continue
+                    libs.setdefault("opapi", lib)
+                    break
+                if f is None:
+                    raise LoadError(f"symbol {symbol} missing from {', '.join(file for file, _ in ops)}{where}")
+                f.restype, f.argtypes = restype, argtypes
+                setattr(fn, symbol, f)
             self.libs, self.fn, self.lib_dir, self.source = libs, fn, path, source
+
+    def report(self) -> str:
+        """What discovery found (after load()): the libraries and ASCEND_OPP_PATH's state, or ""."""
+        inv = self.inventory
+        return f"{inv.lib_dir}: {inv.describe()}" if inv is not None else ""
 
     def same_runtime(self, other: "Driver") -> bool:
         """Whether ``other`` drives the same loaded libraries (device pointers are valid in both)."""
@@ -348,7 +382,10 @@ class Driver:
 
     def error(self, call: str, status: int) -> BackendError:
         """BackendError for ``status`` returned by ``call``, with aclGetRecentErrMsg()'s text."""
-        return BackendError(BACKEND, int(status), status_name(status), self.take_message(), call=call)
+        message = self.take_message()
+        if int(status) == 561107 and self.inventory is not None:   # ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND
+            message = f"{message} ({self.inventory.opp_state()})".strip()
+        return BackendError(BACKEND, int(status), status_name(status), message, call=call)
 
     def check(self, call: str, status: int) -> None:
         if status != ACL_SUCCESS:
