@@ -231,7 +231,12 @@ def test_backward_matches_reference(env, cfg, dtype, mask, math_mode, determinis
         assert fc.last("cube_math") == (compiler.MATH_TO_CUBE[math_mode] if dtype == "float32" else 0)
         assert fc.last("dtype") == compiler.DTYPES[dtype]
     if as_direct and any(mask):
-        assert all(env.fc.call_transposed(i) == 0 for i in range(env.fc.call_count()))
+        # the direct fprop of the mapping runs as aclnnConvolutionBackward (transposed, data gradient only)
+        # where A2/A3's aclnnConvolution refuses float32 KEEP_DTYPE; every other call is direct
+        via_backward = dtype == "float32" and math_mode == "keep_dtype"
+        for i in range(env.fc.call_count()):
+            if env.fc.call_transposed(i):
+                assert via_backward and env.fc.call_op(i) == OP_BACKWARD and env.fc.call_mask(i) == 1
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -335,7 +340,7 @@ def test_two_d_asymmetric_padding_goes_native_as_four_values(env, spy_calls):
     rng = np.random.default_rng(2)
     x, w = rand(rng, (1, 2, 7, 6), "float32"), rand(rng, (3, 2, 3, 2), "float32")
     kw = dict(padding=((2, 0), (1, 3)), stride=(1, 2))
-    y = xconv.conv_fprop(x, w, backend="ascend", **kw)
+    y = xconv.conv_fprop(x, w, backend="ascend", math="allow_tf32", **kw)   # aclnnConvolution itself
     dy = rand(rng, y.shape, "float32")
     got = xconv.convolution_backward(dy, x, w, backend="ascend", **kw)
     for g, ref in zip(got, reference("backward", (dy, x, w), kw)):
@@ -471,8 +476,10 @@ def test_deterministic_flag_set_for_the_call_and_restored(env):
     assert fc.last("deterministic") == 1 and drv.get_deterministic() == 0 and fc.get_deterministic(0) == 0
     xconv.convolution_backward(dy, x, w, deterministic=False, backend="ascend")
     assert fc.last("deterministic") == 0
-    xconv.conv_fprop(x, w, deterministic=True, backend="ascend")
+    xconv.conv_fprop(x, w, deterministic=True, backend="ascend", math="allow_tf32")
     assert fc.last("op") == OP_FORWARD and fc.last("deterministic") == 1 and drv.get_deterministic() == 0
+    xconv.conv_fprop(x, w, deterministic=True, backend="ascend")      # A2/A3: through the backward op
+    assert fc.last("op") == OP_BACKWARD and fc.last("deterministic") == 1 and drv.get_deterministic() == 0
     # a value set by the caller survives: set for the call, restored to 1 after, untouched by deterministic=False
     assert drv.set_deterministic(1) == 0
     xconv.convolution_backward(dy, x, w, deterministic=True, backend="ascend")
@@ -510,7 +517,7 @@ def test_math_to_cube_math_type(env, dtype, math_mode):
     x, w, dy = rand(rng, (1, 2, 5, 5), dtype), rand(rng, (2, 2, 3, 3), dtype), rand(rng, (1, 2, 3, 3), dtype)
     got = xconv.convolution_backward(dy, x, w, math=math_mode, backend="ascend")
     xconv.conv_fprop(x, w, math=math_mode, backend="ascend")
-    want = {"keep_dtype": 0, "allow_tf32": 3, "allow_fp16": 1}[math_mode] if dtype == "float32" else 0
+    want = {"keep_dtype": 0, "allow_tf32": 3, "allow_fp16": 2}[math_mode] if dtype == "float32" else 0
     assert [env.fc.call_cube_math(i) for i in range(2)] == [want, want]
     for g, ref, name in zip(got, reference("backward", (dy, x, w), {}), "iwb"):
         assert_within(g, *ref, dtype, 0 if name == "b" else u_in_for(dtype, math_mode))
@@ -573,17 +580,20 @@ def test_transposed_output_padding_beyond_stride_runs_as_direct_convolutions(env
     rng = np.random.default_rng(nd)
     kw = dict(transposed=True, stride=1, dilation=2, output_padding=1, padding=1, groups=2)
     x, w = rand(rng, (2, 4) + (4,) * nd, "float32"), rand(rng, (4, 3) + (3,) * nd, "float32")
-    y = xconv.conv_fprop(x, w, backend="ascend", **kw)  # aclnnConvolution allows outputPadding < dilation
-    assert env.fc.last("transposed") == 1
+    # aclnnConvolution allows outputPadding < dilation (float32 KEEP_DTYPE would be mapped: not on A2/A3's forward op)
+    y = xconv.conv_fprop(x, w, backend="ascend", math="allow_tf32", **kw)
+    assert env.fc.last("transposed") == 1 and env.fc.last("op") == OP_FORWARD
     dy = rand(rng, y.shape, "float32")
     start = env.fc.call_count()
     got = xconv.convolution_backward(dy, x, w, backend="ascend", **kw)
     for g, ref in zip(got, reference("backward", (dy, x, w), kw)):
         assert_within(g, *ref, "float32")
     calls = range(start, env.fc.call_count())
-    assert calls and all(env.fc.call_transposed(i) == 0 for i in calls)
+    # direct calls, but for the mapping's direct fprop, which A2/A3 run through the backward op (transposed,
+    # data gradient only: float32 KEEP_DTYPE is refused by their aclnnConvolution)
+    assert calls and all(env.fc.call_transposed(i) == 0 or env.fc.call_mask(i) == 1 for i in calls)
     ((exact, abs_sum),) = reference("fprop", (x, w, None), kw)
-    assert_within(y, exact, abs_sum, "float32")
+    assert_within(y, exact, abs_sum, "float32", U_REDUCED)
     db = xconv.convolution_backward(dy, x, w, backend="ascend", output_mask=(False, False, True), **kw)[2]
     assert_within(db, *reference("backward", (dy, x, w), kw)[2], "float32")
 
@@ -712,8 +722,9 @@ def test_zero_live_objects_after_1000_calls_with_failures(env, monkeypatch):
         finally:
             fc.set_soc_name(b"Ascend910B2")
 
-    fprop = lambda: xconv.conv_fprop(x, w, backend="ascend")  # noqa: E731
+    fprop = lambda: xconv.conv_fprop(x, w, backend="ascend", math="allow_tf32")  # noqa: E731  (aclnnConvolution)
     scenarios = {
+        "fprop through the backward op": (lambda: xconv.conv_fprop(x, w, backend="ascend"), None),
         "backward": (bwd, None),
         "backward deterministic": (lambda: bwd(deterministic=True, output_mask=(True, False, True)), None),
         "dgrad": (lambda: xconv.conv_dgrad(dy, w, x.shape, backend="ascend"), None),
@@ -975,7 +986,7 @@ def test_only_deterministic_calls_write_the_option(env):
     xconv.convolution_backward(dy, x, w, deterministic=False, backend="ascend")
     xconv.conv_fprop(x, w, deterministic=False, backend="ascend")
     assert env.fc.process_option_writes() == before
-    xconv.conv_fprop(x, w, deterministic=True, backend="ascend")
+    xconv.conv_fprop(x, w, deterministic=True, backend="ascend", math="allow_tf32")
     assert env.fc.process_option_writes() == before + 4
     assert env.fc.last("deterministic") == 1 and env.fc.get_process_deterministic() == 0
 
@@ -1053,3 +1064,49 @@ def test_threads_ending_without_release_thread_leave_no_stream(env):
     assert env.fc.live_count(KIND_STREAM) == streams_before
     assert env.fc.device_refcount(0) == refs_before
     assert env.fc.misuse_count() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 KEEP_DTYPE forward on Atlas A2/A3 (refused by aclnnConvolution, computed by its backward op)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(padding=((2, 0), (1, 3)), stride=(1, 2)),
+                                dict(groups=2, dilation=2, padding=2), dict(stride=3)])
+@pytest.mark.parametrize("on_device", [False, True])
+def test_float32_keep_dtype_fprop_runs_through_the_backward_op(env, kw, on_device):
+    rng = np.random.default_rng(11)
+    x, w, b = rand(rng, (2, 4, 9, 8), "float32"), rand(rng, (6, 4 // kw.get("groups", 1), 3, 3), "float32"), \
+        rand(rng, (6,), "float32")
+    args = [DeviceArray.from_numpy(a, env.drv) for a in (x, w, b)] if on_device else [x, w, b]
+    start = env.fc.call_count()
+    y = xconv.conv_fprop(*args[:2], bias=args[2], backend="ascend", **kw)
+    if on_device:
+        assert isinstance(y, DeviceArray)
+        host = y.to_numpy()
+        for a in (*args, y):
+            a.free()
+        y = host
+    ((exact, abs_sum),) = reference("fprop", (x, w, b), kw)
+    assert_within(y, exact, abs_sum, "float32")            # KEEP_DTYPE: float32 inputs, no reduced precision
+    calls = range(start, env.fc.call_count())
+    assert [(env.fc.call_op(i), env.fc.call_transposed(i), env.fc.call_mask(i), env.fc.call_cube_math(i))
+            for i in calls] == [(OP_BACKWARD, 1, 1, 0)]
+
+
+def test_effective_math_per_soc(env):
+    b = env.backend
+    a2 = b.effective_math("float32", "allow_fp16")
+    assert a2 == {"soc": "Ascend910B2", "family": "atlas-a2-a3", "cube_math_type": 2, "cube_math_name": "USE_FP16",
+                  "computes_in": "float16"}
+    assert b.effective_math("float32", "allow_tf32")["computes_in"] == "hfloat32"
+    assert b.effective_math("float32", "keep_dtype", "convolution")["computes_in"] == "float32"   # via backward
+    assert b.effective_math("bfloat16", "allow_fp16")["computes_in"] == "bfloat16"
+    env.fc.set_soc_name(b"Ascend910A")
+    try:
+        assert b.effective_math("float32", "allow_fp16")["computes_in"] == "float16"
+        assert b.effective_math("float32", "keep_dtype")["computes_in"] == "unsupported"
+        assert b.effective_math("float32", "allow_tf32")["computes_in"] == "unsupported"
+    finally:
+        env.fc.set_soc_name(b"Ascend910B2")
+    with pytest.raises(ValueError, match="math must be"):
+        b.effective_math("float32", "fast")

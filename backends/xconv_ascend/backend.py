@@ -302,6 +302,30 @@ class AscendBackend(Backend):
         drv = self.driver
         return f"CANN libraries in {drv.report()}" if drv.lib_dir else ""
 
+    def effective_math(self, dtype: str = "float32", math: str = "keep_dtype", op: str = OP_BACKWARD) -> dict:
+        """What a call with this dtype and ``math`` really computes in on this device's SoC.
+
+        ``{"soc", "family", "cube_math_type", "cube_math_name", "computes_in"}``: the cubeMathType
+        xconv sends, and what the cube unit computes the inputs in there ("float32", "hfloat32",
+        "float16", "bfloat16", "unsupported", or "unknown" for a SoC the table does not know).
+        ``op`` is ``"backward"`` (every gradient) or ``"convolution"`` (fprop). Accumulation is float32.
+        """
+        if op not in (OP_BACKWARD, OP_CONVOLUTION):
+            raise ValueError(f"op must be {OP_BACKWARD!r} or {OP_CONVOLUTION!r}, not {op!r}")
+        if math not in compiler.MATH_TO_CUBE:
+            raise ValueError(f"math must be one of {sorted(compiler.MATH_TO_CUBE)}, not {math!r}")
+        drv = self.driver
+        try:
+            drv.initialize()
+            soc = drv.soc_name
+        except _driver.LoadError:
+            soc = None
+        fam = compiler.soc_family(soc)
+        cube = compiler.MATH_TO_CUBE[math] if dtype == "float32" else compiler.KEEP_DTYPE
+        return {"soc": soc, "family": fam.key if fam else None, "cube_math_type": cube,
+                "cube_math_name": compiler.CUBE_MATH_NAMES[cube],
+                "computes_in": compiler.computes_in(dtype, cube, fam.key if fam else None, op)}
+
     def devices(self) -> tuple[str, ...]:
         drv = self.driver
         if drv.device is None:
@@ -338,6 +362,8 @@ class AscendBackend(Backend):
 
     # primitives -------------------------------------------------------------------------------------------
     def fprop(self, x, w, bias, p: ConvParams):
+        if self._forward_through_backward(p):
+            return self._fprop_as_transposed_dgrad(x, w, bias, p)
         drv, a = self._begin(p, OP_CONVOLUTION)
         np_dtype = np.dtype(numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
@@ -353,6 +379,35 @@ class AscendBackend(Backend):
                             [t_x, t_w, t_b, arrays[0], arrays[1], arrays[2], a.transposed, arrays[3], a.groups, t_y,
                              a.cube_math_type], drv.fn.aclnnConvolution)
         return y
+
+    def _forward_through_backward(self, p: ConvParams) -> bool:
+        """Whether this SoC's aclnnConvolution refuses ``p`` where aclnnConvolutionBackward computes it
+        (Atlas A2/A3: float32 with KEEP_DTYPE)."""
+        drv = self.driver
+        try:
+            drv.initialize()
+        except _driver.LoadError:
+            return False  # _begin reports it
+        if drv.soc_name is None:   # e.g. after an aclFinalize elsewhere: initialize again to learn the SoC
+            drv.ensure_context()
+        return compiler.backward_fallback(p, drv.soc_name) is not None
+
+    def _fprop_as_transposed_dgrad(self, x, w, bias, p: ConvParams):
+        """conv(x, w) as the data gradient of the transposed convolution with the same weight, then the bias."""
+        y = self.dgrad(x, w, compiler.as_transposed(p))
+        if bias is None:
+            return y
+        on_device = isinstance(y, DeviceArray)
+        host_y = y.to_numpy() if on_device else y
+        host_b = bias.to_numpy() if isinstance(bias, DeviceArray) else np.asarray(bias)
+        acc = np.float64 if host_y.dtype == np.float64 else np.float32
+        total = (host_y.astype(acc) + host_b.astype(acc).reshape((1, -1) + (1,) * (host_y.ndim - 2))).astype(
+            host_y.dtype)
+        if not on_device:
+            return np.ascontiguousarray(total)
+        out = DeviceArray.from_numpy(total, y.driver)
+        y.free()
+        return out
 
     def backward(self, dy, x, w, p: ConvParams, mask):
         mask = tuple(bool(m) for m in mask)

@@ -655,6 +655,10 @@ static int check_a2_limits(const char *fn, const conv_geom *g, const aclIntArray
     return 0;
 }
 
+/* What the cube unit computes a FLOAT input in (aclnnConvolution.md / aclnnConvolutionBackward.md,
+ * cubeMathType rows): 1 ALLOW_FP32_DOWN_PRECISION is HFLOAT32 on Atlas A2/A3 (and 950, 200I/500 A2)
+ * but FLOAT16 on the older Atlas training/inference series; 2 USE_FP16 is FLOAT16; 3 USE_HF32 is
+ * HFLOAT32 (unsupported on the older series). */
 static int precision_mode(int dtype, int cube, int family)
 {
     if (!fakecann_priv_config()->emulate_precision || dtype != ACL_FLOAT) return PREC_EXACT;
@@ -858,6 +862,12 @@ aclnnStatus aclnnConvolutionGetWorkspaceSize(const aclTensor *input, const aclTe
     TRY(validate_conv(fn, input, weight, stride, padding, dilation, transposed, outputPadding, groups,
                       cubeMathType, family, soc, &g));
     int dtype = input->dtype;
+    /* aclnnConvolution.md (constraints, cubeMathType row): on Atlas A2/A3 a FLOAT input with
+     * 0 (KEEP_DTYPE) is not supported by the forward operator (the backward one accepts it). */
+    if (family == FAM_A2 && dtype == ACL_FLOAT && cubeMathType == FC_KEEP_DTYPE)
+        FAIL(ACLNN_ERR_PARAM_INVALID,
+             "%s: FLOAT input with cubeMathType 0 (KEEP_DTYPE) is not supported on %s "
+             "(use 1/3 for HFLOAT32 or 2 USE_FP16)", fn, soc);
     int64_t want[5];
     want[0] = g.N;
     want[1] = g.Cout;
