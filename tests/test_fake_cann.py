@@ -403,6 +403,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_matches_torch(env, case, dtype):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     xs, wsh, p = CASES[case]
     gen = torch.Generator().manual_seed(1)
     x, w = rand(xs, dtype, gen), rand(wsh, dtype, gen)
@@ -480,6 +481,7 @@ def test_null_grad_bias_and_bias_sizes_allowed_when_mask2_false(env):
 
 
 def test_noncontiguous_views_with_offset(env, api):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     gen = torch.Generator().manual_seed(6)
     dtype = torch.float32
     p = params([1, 2], [1, 0], [1, 1])
@@ -672,6 +674,7 @@ def test_invalid_params_are_161002(env, api, name):
 
 
 def test_forward_errors(env, api):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     x = torch.ones(1, 2, 5, 5)
     w = torch.ones(4, 2, 3, 3)
     p = params([1, 1], [1, 1], [1, 1])
@@ -772,6 +775,7 @@ def test_a2_a3_limits(env, api, soc):
 
 # ---------------------------------------------------------- executor life
 def test_executor_consumed_and_workspace_checks(env, api):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     go, x, w, p = _basic()
     s = env
     assert api.fakecann_live_count(KIND_EXEC) == 0
@@ -1070,3 +1074,16 @@ def test_error_message_queue(env, api):
     msg = api.errmsg()
     assert "aclrtMalloc" in msg and "aclrtFree" in msg and "\n" in msg
     assert api.aclGetRecentErrMsg() is None
+
+
+def test_a2a3_forward_refuses_float_keep_dtype(env, api):
+    """aclnnConvolution.md: on Atlas A2/A3 a FLOAT input with cubeMathType 0 is not supported (the backward
+    op accepts it); 1/2/3 run."""
+    go, x, w, p = _basic()
+    out = tuple(go.shape)
+    api.aclGetRecentErrMsg()
+    run_fwd(env, x, w, None, p, cube=0, out_shape=out, expect=161002)
+    assert "cubeMathType 0 (KEEP_DTYPE) is not supported on Ascend910B2" in env.api.errmsg()
+    for cube in (1, 2, 3):
+        run_fwd(env, x, w, None, p, cube=cube, out_shape=out)
+    run_bwd(env, go, x, w, p, cube=0)
