@@ -167,13 +167,20 @@ FC_API aclnnStatus aclnnConvolution(void *workspace, const uint64_t workspaceSiz
 /*
  * Runtime
  *  - aclrtSetDevice needs aclInit first (else 100001) and a device id in
- *    [0, device_count) (else 107001).  It makes a *per-thread* current context
- *    (like real CANN): a thread that did not call aclrtSetDevice gets 107002
- *    from aclrtMalloc / aclrtCreateStream / aclrtMemcpy(Async) / aclrtMemset /
+ *    [0, device_count) (else 107001).  It makes the device's default context,
+ *    shared by every thread, *current on the calling thread* (like real CANN):
+ *    a thread that did not call aclrtSetDevice gets 107002 from aclrtMalloc /
+ *    aclrtFree / aclrtCreateStream / aclrtMemcpy(Async) / aclrtMemset /
  *    aclrtCtxSet/GetSysParamOpt / aclrtGetDevice / aclrtSynchronize* and from
  *    the second phase of the aclnn ops.  Set/Reset are reference counted per
- *    device; when the count drops to 0 (or on aclFinalize) the context dies
- *    and its options (deterministic flag) return to 0.
+ *    device; when the count drops to 0 (or on aclFinalize) the context dies:
+ *    its options return to 0 and its device memory and streams are reclaimed
+ *    (fakecann_reclaimed_count()); using them afterwards is misuse.
+ *  - ACL_OPT_DETERMINISTIC also has a process-level slot (aclrtSetSysParamOpt /
+ *    aclrtGetSysParamOpt, no context needed, default 0, outlives contexts).
+ *    aclrtCtxSetSysParamOpt writes it as well as the context's (CANN runtime
+ *    rtCtxSetSysParamOpt), and the aclnn ops read it at phase 1 (ops-nn calls
+ *    aclrtGetSysParamOpt): fakecann_call_deterministic() is that reading.
  *  - Device memory is host memory, tracked per allocation, filled with 0xFF
  *    bytes (NaN in every float type) on allocation: never rely on zeroed
  *    device memory.  aclrtMalloc rejects size 0 (100000).  aclrtFree of NULL
