@@ -8,6 +8,7 @@ functions the core's legalization uses (``zeros``, ``ascontiguousarray``).
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import numpy as np
@@ -54,6 +55,8 @@ class _Buffer:
 
 def _free_quietly(driver: Driver, ptr: int) -> None:
     """The GC's free: on whatever thread the last reference died, with or without a current context."""
+    if sys.is_finalizing():  # interpreter exit: CANN reclaims device memory itself
+        return
     try:
         driver.free_from_any_thread(ptr)
         driver.take_message()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import weakref
 from ctypes import byref, c_int32, c_int64, c_uint32, c_void_p
@@ -484,6 +485,8 @@ class _ThreadSentinel:
 def _thread_ended(driver_ref, state: dict) -> None:
     driver = driver_ref()
     if driver is None or driver.fn is None or (state["stream"] is None and not state["device_set"]):
+        return
+    if sys.is_finalizing():  # CANN's own exit handlers release the process's resources
         return
     try:
         driver._release_state(state, raise_errors=False)
