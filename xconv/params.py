@@ -394,7 +394,7 @@ def check_grad_output(params: ConvParams, shape: tuple[int, ...], name: str = "g
                                  expected=want, given=got)
             raise ShapeError(culprit, f"gives the output shape {params.output_shape}, which {name}'s shape "
                                       f"{tuple(shape)} contradicts", dim=_dim_label(axis, params.nd, "C_out"),
-                             expected=f"{name}.shape[{axis}] = {got}", given=want)
+                             expected=got, given=want)
 
 
 def check_bias_sizes(params: ConvParams, bias_sizes) -> None:
