@@ -18,6 +18,12 @@ in short:
 - Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
+- Columns: geometries the grid serves badly (more than ``MAX_PHASES`` phases, as a patch embedding
+  with kernel = stride = 16 has 256; or strides whose product exceeds ``MAX_STRIDE_PRODUCT``) run
+  on :mod:`.reference`'s chunked im2col in the compute dtype, and so does a backward call with a
+  NaN or infinity in the inputs it reads: the grid paths multiply out-of-range zeros of dy and x
+  (garbage rows, taps past the edge) that the definition never multiplies, so an infinity there
+  would become a NaN the reference does not have.
 - Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
   working-set budget proportional to the call's bytes, run on a few Python threads with BLAS
   single-threaded; weight-gradient partials summed in a fixed order; scratch from an arena.
@@ -39,7 +45,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import compiled, direct
+from . import compiled, direct, reference
 from .blas import MAX_WORKERS, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
@@ -63,6 +69,12 @@ COMPACT_INNER = None
 ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
 MIN_CHUNKS = 2
+
+
+#: Geometries with more polyphase phases than this run on the chunked columns (see the module docstring).
+MAX_PHASES = 16
+#: ... and so do strides whose product exceeds this (each phase would hold few positions).
+MAX_STRIDE_PRODUCT = 64
 
 
 def compute_dtype(p: ConvParams) -> np.dtype:
@@ -100,8 +112,14 @@ class _Geom:
         kstride = [math.prod(self.k[i + 1:]) for i in range(nd)]
         self.phases = []                                    # list of (r tuple, [(kflat, off), ...])
         self.tapgrid = []                                   # per phase: per dim (q0, dq, count)
+        by_residue = []                                     # per dim: residue -> its taps, in j order
+        for taps in per_dim:
+            groups = {}
+            for t in taps:
+                groups.setdefault(t[2], []).append(t)
+            by_residue.append(groups)
         for r in itertools.product(*residues):
-            lists = [[t for t in per_dim[i] if t[2] == r[i]] for i in range(nd)]
+            lists = [by_residue[i][r[i]] for i in range(nd)]
             taps = []
             for combo in itertools.product(*lists):
                 kflat = sum(t[0] * kstride[i] for i, t in enumerate(combo))
@@ -184,34 +202,53 @@ class _Arena:
     """Scratch memory kept between calls, so that repeated calls do not pay the kernel's page faults.
 
     A call leases buffers (``lease.empty``) and gives them all back when it ends; up to
-    ``ARENA_BYTES`` of them are kept for later calls (the most recently returned first), the rest
-    freed. :func:`release_memory` frees them all.
+    ``ARENA_BYTES`` of them are kept for later calls, the least recently returned freed first.
+    Buffers come in size classes (4 KiB at least, then eight per power of two: at most 1/8 wasted),
+    one free list per class, so taking and giving do not scan the buffers kept (a call leasing thousands of tiny buffers
+    costs no later call a scan). :func:`release_memory` frees them all.
     """
+
+    MIN_CLASS = 4096
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.free: list[np.ndarray] = []          # raw uint8 buffers, most recently returned last
+        self.free: dict[int, list] = {}           # size class -> [(sequence, buffer)], oldest first
+        self.total = 0
+        self.seq = 0
+
+    @classmethod
+    def size_class(cls, nbytes: int) -> int:
+        """The bytes of the buffer serving a request of ``nbytes``."""
+        if nbytes <= cls.MIN_CLASS:
+            return cls.MIN_CLASS
+        step = 1 << ((nbytes - 1).bit_length() - 3)
+        return -(-nbytes // step) * step
 
     def take(self, nbytes: int) -> np.ndarray:
+        c = self.size_class(nbytes)
         with self.lock:
-            best = None
-            for i, buf in enumerate(self.free):
-                if nbytes <= buf.nbytes <= 2 * nbytes + 4096 and (best is None or buf.nbytes < self.free[best].nbytes):
-                    best = i
-            if best is not None:
-                return self.free.pop(best)
-        return np.empty(max(nbytes, 1), np.uint8)
+            bufs = self.free.get(c)
+            if bufs:
+                _, buf = bufs.pop()               # the most recently returned: warmest in cache
+                self.total -= buf.nbytes
+                return buf
+        return np.empty(c, np.uint8)
 
     def give(self, bufs) -> None:
         with self.lock:
-            self.free.extend(bufs)
-            total = sum(b.nbytes for b in self.free)
-            while self.free and total > ARENA_BYTES:
-                total -= self.free.pop(0).nbytes
+            for buf in bufs:
+                self.free.setdefault(self.size_class(buf.nbytes), []).append((self.seq, buf))
+                self.seq += 1
+                self.total += buf.nbytes
+            while self.total > ARENA_BYTES:       # evict the least recently returned (few classes to look at)
+                c = min((c for c, lst in self.free.items() if lst), key=lambda c: self.free[c][0][0])
+                _, buf = self.free[c].pop(0)
+                self.total -= buf.nbytes
 
     def clear(self) -> None:
         with self.lock:
             self.free.clear()
+            self.total = 0
 
 
 _ARENA = _Arena()
@@ -510,24 +547,59 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
+def n_phases(p: ConvParams) -> int:
+    """The number of polyphase phases of ``p``: per dim, the distinct residues j*d mod s of the taps."""
+    return math.prod(min(k, s // math.gcd(s, d)) for k, s, d in zip(p.kernel, p.stride, p.dilation))
+
+
+def serves_columns(p: ConvParams) -> bool:
+    """Whether ``p``'s geometry runs on the chunked columns rather than the grid (see the module docstring)."""
+    return n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
+
+
+def all_finite(a, cdt) -> bool:
+    """Whether ``a`` holds no NaN and no infinity: one summing pass, then an exact check only when the sum
+    is not finite (a NaN or infinity is there, or finite values overflowed it)."""
+    if a is None or a.size == 0:
+        return True
+    if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):
+        return True
+    rows = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
+    step = max(1, (8 << 20) // max(rows.shape[1] * a.itemsize, 1))
+    return all(np.isfinite(rows[i:i + step].astype(cdt, copy=False)).all() for i in range(0, rows.shape[0], step))
+
+
+def _backward_columns(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
+    """(dx, dw) on the chunked columns of :mod:`.reference`, in the compute dtype."""
+    cdt = compute_dtype(p)
+    with single_threaded_blas():
+        return (reference.dgrad(dy, w, p, cdt) if need_dx else None,
+                reference.wgrad(x, dy, p, cdt) if need_dw else None)
+
+
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False."""
     need_dx, need_dw, need_db = mask
     dx = dw = None
+    cdt = compute_dtype(p)
     if need_dx or need_dw:
-        if direct.serves(p):
+        if (serves_columns(p) or not all_finite(dy, cdt) or (need_dx and not all_finite(w, cdt))
+                or (need_dw and not all_finite(x, cdt))):
+            dx, dw = _backward_columns(dy, x, w, p, need_dx, need_dw)
+        elif direct.serves(p):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
-        geo = _geom(p)
-        with single_threaded_blas() as workers, _Lease() as lease:
-            if compiled.serves(p):                       # db from its copy of dy
-                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-                return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
-            if geo.pointwise:                           # db from the samples it reads
-                return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
-                                           lease)
-            run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
-            dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
+        else:
+            geo = _geom(p)
+            with single_threaded_blas() as workers, _Lease() as lease:
+                if compiled.serves(p):                       # db from its copy of dy
+                    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+                    return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
+                if geo.pointwise:                           # db from the samples it reads
+                    return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db,
+                                               workers, lease)
+                run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+                dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
 
@@ -916,6 +988,9 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
+    if serves_columns(p):
+        with single_threaded_blas():
+            return reference.fprop(x, w, bias, p, compute_dtype(p))
     if direct.serves(p):
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
