@@ -57,7 +57,10 @@ def _fits(name: str, v: int, dim=None) -> int:
 
 
 def shape_arg(value, name: str) -> tuple[int, ...]:
-    """An explicit shape argument (``input_shape``, ``weight_shape``): a sequence of ints, each fitting int64."""
+    """An explicit shape argument (``input_shape``, ``weight_shape``): a sequence of ints (or a 1-D integer
+    array), each fitting int64."""
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        value = value.tolist()
     if (not isinstance(value, Sequence) or isinstance(value, (str, bytes))
             or not all(_is_int(v) for v in value)):
         raise ShapeError(name, "must be a sequence of ints", expected="(N, C, *spatial) ints", given=repr(value))
