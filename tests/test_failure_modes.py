@@ -373,6 +373,25 @@ def test_patch_embedding_against_torch_and_the_arena_stays_small(k):
     assert sum(len(v) for v in fast._ARENA.free.values()) < 200
 
 
+def test_a_kernel_of_ten_billion_taps_is_refused_not_planned(monkeypatch):
+    """(1, 1, 10**5, 10**5) broadcast kernel and input: 40 GB of columns, refused at once (it hung planning taps)."""
+    monkeypatch.setenv("XCONV_MEMORY_LIMIT", "16G")              # the same on a machine with more memory
+    big = np.broadcast_to(f(1), (1, 1, 10**5, 10**5))
+    with pytest.raises(ResourceError, match="bytes"):
+        xconv.conv_fprop(big, big)
+    with pytest.raises(ResourceError, match="bytes"):
+        CB(ones(1, 1, 1, 1), big, big, output_mask=(True, False, False))
+
+
+def test_large_kernels_on_few_outputs_run_on_columns():
+    x = np.random.default_rng(0).standard_normal((1, 1, 300, 300)).astype(f)
+    w = np.ones((1, 1, 300, 300), f)
+    y = xconv.conv_fprop(x, w)
+    np.testing.assert_allclose(y.ravel(), [x.astype(np.float64).sum()], rtol=1e-4)
+    dx = xconv.conv_dgrad(np.full((1, 1, 1, 1), 2, f), w, x.shape)
+    np.testing.assert_array_equal(dx, np.full(x.shape, 2, f))
+
+
 def test_the_arena_takes_and_gives_without_scanning_every_buffer():
     arena = fast._Arena()
     bufs = [arena.take(n) for n in range(1, 4097)]

@@ -19,7 +19,8 @@ in short:
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
 - Columns: geometries the grid serves badly (more than ``MAX_PHASES`` phases, as a patch embedding
-  with kernel = stride = 16 has 256; or strides whose product exceeds ``MAX_STRIDE_PRODUCT``) run
+  with kernel = stride = 16 has 256; strides whose product exceeds ``MAX_STRIDE_PRODUCT``; kernels of
+  more than ``MAX_GRID_TAPS`` taps) run
   on :mod:`.reference`'s chunked im2col in the compute dtype, and so does a backward call with a
   NaN or infinity in the inputs it reads: the grid paths multiply out-of-range zeros of dy and x
   (garbage rows, taps past the edge) that the definition never multiplies, so an infinity there
@@ -75,6 +76,8 @@ MIN_CHUNKS = 2
 MAX_PHASES = 16
 #: ... and so do strides whose product exceeds this (each phase would hold few positions).
 MAX_STRIDE_PRODUCT = 64
+#: ... and kernels of more taps than this (the grid paths plan per tap, in Python).
+MAX_GRID_TAPS = 4096
 
 
 def compute_dtype(p: ConvParams) -> np.dtype:
@@ -554,7 +557,8 @@ def n_phases(p: ConvParams) -> int:
 
 def serves_columns(p: ConvParams) -> bool:
     """Whether ``p``'s geometry runs on the chunked columns rather than the grid (see the module docstring)."""
-    return n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
+    return (n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
+            or math.prod(p.kernel) > MAX_GRID_TAPS)
 
 
 def all_finite(a, cdt) -> bool:
