@@ -4,7 +4,8 @@ The limit is ``$XCONV_MEMORY_LIMIT`` (bytes; suffixes K, M, G, T for powers of 1
 else the memory the operating system reports available now (``MemAvailable`` of /proc/meminfo,
 else ``sysconf`` available pages), else no limit. The core checks each call's outputs and the
 copies it makes itself (explicit padding, converted inputs) against it (:func:`check_call`);
-backends check their own scratch with :func:`require`. Sizes beyond int64 are refused by
+backends check their own scratch with :func:`require`. Without the variable, requests below
+:data:`UNCHECKED_BYTES` (64 MiB) are let through unchecked. Sizes beyond int64 are refused by
 :mod:`xconv.params` whatever the limit.
 """
 
@@ -16,6 +17,9 @@ import os
 from .errors import ResourceError, ShapeError
 
 ENV = "XCONV_MEMORY_LIMIT"
+#: Without $XCONV_MEMORY_LIMIT, requests below this many bytes are not checked against the available
+#: memory (reading it costs a file read per check; a call this small fits any machine xconv runs on).
+UNCHECKED_BYTES = 64 << 20
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -53,6 +57,8 @@ def available_memory() -> int | None:
 
 def require(nbytes: int, what: str) -> None:
     """Raise ResourceError when ``nbytes`` (needed at once by ``what``) exceed the memory limit."""
+    if nbytes < UNCHECKED_BYTES and not os.environ.get(ENV):
+        return
     limit = memory_limit()
     if limit is not None and nbytes > limit:
         raise ResourceError(what, int(nbytes), limit, f"set ${ENV} to change the limit")
