@@ -158,6 +158,10 @@ def test_the_ascend_shim_never_sees_an_out_of_range_stride():
         with pytest.raises(xconv.ShapeError, match="stride"):
             xconv.conv_fprop(ones(1, 2, 4, 4), ones(2, 2, 3, 3), stride=2**64 + 1, backend="spy")
     assert spy.calls == []
+    for call in (lambda: xconv.conv_fprop(ones(1, 2, 4, 4), ones(2, 2, 3, 3), stride=2**64 + 1, backend="ascend"),
+                 lambda: CB(ones(1, 2, 2, 2), ones(1, 2, 4, 4), ones(2, 2, 3, 3), stride=(1, 2**64 + 1),
+                            backend="ascend")):
+        _raises(xconv.ShapeError, "stride", call, "signed 64-bit", str(2**64 + 1))
 
 
 @pytest.mark.parametrize("input_shape, weight_shape, argument", [
