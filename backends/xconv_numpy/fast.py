@@ -568,8 +568,9 @@ def all_finite(a, cdt) -> bool:
     is not finite (a NaN or infinity is there, or finite values overflowed it)."""
     if a is None or a.size == 0:
         return True
-    if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):
-        return True
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):
+            return True
     rows = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
     step = max(1, (8 << 20) // max(rows.shape[1] * a.itemsize, 1))
     return all(np.isfinite(rows[i:i + step].astype(cdt, copy=False)).all() for i in range(0, rows.shape[0], step))
