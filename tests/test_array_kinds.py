@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import xconv
 from core_helpers import fake_cann_build
@@ -154,7 +154,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("backend, family", list(_cases()))
-@settings(max_examples=8, deadline=None, derandomize=True,
+@settings(max_examples=8, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],  # no shrinking
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(kinds=st.tuples(*[st.sampled_from(KINDS)] * 4), dtype_pick=st.integers(0, 1), seed=st.integers(0, 2**16))
 def test_every_array_kind_works_and_is_left_unchanged(request, maker, backend, family, kinds, dtype_pick, seed):
