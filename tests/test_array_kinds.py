@@ -36,6 +36,7 @@ FAMILIES = {  # name: (x shape, w shape, kwargs, dtypes)
     "transposed": ((1, 3, 4, 4), (3, 2, 3, 3), dict(stride=2, padding=1, output_padding=1, transposed=True),
                    ("float32", "float64")),
     "1d-asymmetric": ((2, 2, 9), (3, 2, 3), dict(padding=((2, 1),)), ("float32", "float64")),
+    "3d": ((1, 2, 4, 5, 3), (2, 2, 2, 3, 2), dict(stride=(1, 2, 1), padding=1), ("float32", "float64")),
 }
 
 # Paths whose failures live in another engineer's files (reported there; these marks come off once fixed).

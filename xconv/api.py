@@ -65,7 +65,7 @@ def _guard_memory(p, outputs, arrays) -> None:
     if not p.symmetric:  # the core may pad explicitly: a padded copy of the (direct) input or (transposed) output
         grown = p.output_shape if p.transposed else p.input_shape
         extra += math.prod(grown[:2]) * math.prod(n + a + b for n, (a, b) in zip(grown[2:], p.padding)) * itemsize
-    limits.check_call(p, itemsize, [shapes[o] for o in outputs], extra)
+    limits.check_call(itemsize, [shapes[o] for o in outputs], extra)
 
 
 def _native(**named):

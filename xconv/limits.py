@@ -68,7 +68,7 @@ def nbytes(shape, itemsize: int) -> int:
     return math.prod(shape) * itemsize
 
 
-def check_call(p, itemsize: int, outputs, extra: int = 0, what: str = "") -> None:
+def check_call(itemsize: int, outputs, extra: int = 0, what: str = "") -> None:
     """Refuse a call whose ``outputs`` (shapes) plus ``extra`` bytes (the core's own copies) exceed the limit."""
     total = sum(nbytes(s, itemsize) for s in outputs) + extra
     shapes = ", ".join(str(tuple(s)) for s in outputs)
