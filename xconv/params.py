@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .dtypes import dtype_name
+from .dtypes import DTYPES, dtype_name
 from .errors import DTypeError, ResourceError, ShapeError
 
 MATH_MODES = ("keep_dtype", "allow_tf32", "allow_fp16")
@@ -51,7 +51,7 @@ def _is_bool(v) -> bool:
 
 def _fits(name: str, v: int, dim=None) -> int:
     if not -INT64_MAX <= v <= INT64_MAX:
-        raise ShapeError(name, "must fit in a signed 64-bit integer", dim=dim, expected=f"|value| <= 2**63-1",
+        raise ShapeError(name, "must fit in a signed 64-bit integer", dim=dim, expected="|value| <= 2**63-1",
                          given=v)
     return v
 
@@ -370,7 +370,7 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
 
 def _check_sizes(input_name, input_shape, weight_name, weight_shape, output_shape, padding, dtype) -> None:
     """Every tensor's element and byte count, and every padded size, must fit int64 (else ResourceError)."""
-    itemsize = 2 if dtype in ("float16", "bfloat16") else 8 if dtype == "float64" else 4
+    itemsize = DTYPES[dtype].itemsize if dtype in DTYPES else 8
     padded = input_shape[:2] + tuple(n + a + b for n, (a, b) in zip(input_shape[2:], padding))
     for what, shape in ((input_name, input_shape), (weight_name, weight_shape), ("output", output_shape),
                         (f"padded {input_name}", padded)):

@@ -45,10 +45,21 @@ def _extent(p: ConvParams) -> tuple[int, ...]:
                                                   p.dilation, p.kernel))
 
 
+def _require(p: ConvParams, acc, op: str, result: tuple, padded: bool) -> None:
+    """Refuse (ResourceError) before allocating when ``op``'s memory would not fit: the padded input or
+    grad_input in ``acc``, one chunk of columns, the result in ``acc`` and in the output dtype."""
+    it = np.dtype(acc).itemsize
+    line = it * p.input_shape[1] * math.prod(p.kernel) * math.prod(p.output_shape[3:])
+    total = max(line, min(CHUNK_BYTES, line * p.output_shape[2])) + math.prod(result) * (it + DTYPES[p.dtype].itemsize)
+    if padded:
+        total += math.prod(p.input_shape[:2]) * math.prod(_extent(p)) * it
+    limits.require(total, f"numpy {op}: padded {'input' if op != 'dgrad' else 'grad_input'}, im2col columns "
+                          "and result")
+
+
 def _padded(x: np.ndarray, p: ConvParams, acc) -> np.ndarray:
     """x_pad in ``acc``, over the extent the windows read (see :func:`_extent`)."""
     ext = _extent(p)
-    limits.require(math.prod(x.shape[:2]) * math.prod(ext) * np.dtype(acc).itemsize, "numpy: the padded input")
     out = np.zeros(x.shape[:2] + ext, acc)
     dst, src = [slice(None)] * 2, [slice(None)] * 2
     for n, (pre, _), e in zip(x.shape[2:], p.padding, ext):
@@ -64,7 +75,6 @@ def _chunks(p: ConvParams, acc) -> list[tuple[int, int, int, int]]:
     n, out = p.output_shape[0], p.output_shape[2:]
     row_bytes = np.dtype(acc).itemsize * p.input_shape[1] * math.prod(p.kernel)
     line = row_bytes * math.prod(out[1:])
-    limits.require(line, "numpy: one line of im2col columns")
     sample = line * out[0]
     if sample <= CHUNK_BYTES:
         nb = max(1, CHUNK_BYTES // max(sample, 1))
@@ -116,6 +126,7 @@ def _result(a: np.ndarray, p: ConvParams) -> np.ndarray:
 
 
 def fprop(x, w, bias, p: ConvParams, acc) -> np.ndarray:
+    _require(p, acc, "fprop", p.output_shape, True)
     windows = _windows(_padded(x, p, acc), p)
     wt = _weight_matrix(w, p, acc).transpose(0, 2, 1)
     y = np.empty(p.output_shape, acc)
@@ -133,7 +144,7 @@ def fprop(x, w, bias, p: ConvParams, acc) -> np.ndarray:
 def dgrad(dy, w, p: ConvParams, acc) -> np.ndarray:
     n, c_in, g, nd = p.input_shape[0], p.input_shape[1], p.groups, p.nd
     kernel, ext = p.kernel, _extent(p)
-    limits.require(n * c_in * math.prod(ext) * np.dtype(acc).itemsize, "numpy: the padded grad_input")
+    _require(p, acc, "dgrad", p.input_shape, True)
     wm = _weight_matrix(w, p, acc)
     dx = np.zeros((n, g, c_in // g) + ext, dtype=acc)
     for chunk in _chunks(p, acc):
@@ -166,6 +177,7 @@ def dgrad(dy, w, p: ConvParams, acc) -> np.ndarray:
 
 
 def wgrad(x, dy, p: ConvParams, acc) -> np.ndarray:
+    _require(p, acc, "wgrad", p.weight_shape, True)
     windows = _windows(_padded(x, p, acc), p)
     dw = None
     for chunk in _chunks(p, acc):
