@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import interop, legalize, limits
+from . import guard, interop, legalize, limits
 from .arrays import common_family, copies_needed, host_ready
 from .dtypes import DTYPES
 from .errors import ShapeError
@@ -95,7 +95,8 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
                     bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
                     transposed=transposed, output_padding=output_padding, math=math, deterministic=deterministic)
     grad_output, input, weight = _ready(grad_output=grad_output, input=input, weight=weight)
-    return tuple(interop.to_family(r, family) for r in legalize.backward(b, grad_output, input, weight, p, mask))
+    results = guard.call(b, "convolution_backward", legalize.backward, b, grad_output, input, weight, p, mask)
+    return tuple(interop.to_family(r, family) for r in results)
 
 
 def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, groups=1, transposed=False,
@@ -107,7 +108,7 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
     input, weight, bias = _ready(input=input, weight=weight, bias=bias)
-    return interop.to_family(legalize.fprop(b, input, weight, bias, p), family)
+    return interop.to_family(guard.call(b, "conv_fprop", legalize.fprop, b, input, weight, bias, p), family)
 
 
 def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
@@ -119,7 +120,7 @@ def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilatio
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
     grad_output, weight = _ready(grad_output=grad_output, weight=weight)
-    return interop.to_family(legalize.dgrad(b, grad_output, weight, p), family)
+    return interop.to_family(guard.call(b, "conv_dgrad", legalize.dgrad, b, grad_output, weight, p), family)
 
 
 def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
@@ -131,4 +132,4 @@ def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilatio
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
     input, grad_output = _ready(input=input, grad_output=grad_output)
-    return interop.to_family(legalize.wgrad(b, input, grad_output, p), family)
+    return interop.to_family(guard.call(b, "conv_wgrad", legalize.wgrad, b, input, grad_output, p), family)

@@ -6,7 +6,10 @@ backend raises passes unchanged (it is already xconv's own); anything else (a Nu
 a ctypes ``ArgumentError``, an ``OSError`` from a loader, a ``MemoryError``, a CuPy or cuDNN
 frontend exception, a plain bug) is re-raised as :class:`~xconv.errors.BackendFailedError`
 (``BackendOutOfMemoryError`` for a MemoryError) naming the backend and the operation, chained
-with ``from``. ``KeyboardInterrupt`` and other non-``Exception`` signals pass through.
+with ``from``. ``KeyboardInterrupt`` and other non-``Exception`` signals pass through. The public
+calls also run their whole legalization through :func:`call` (operation ``conv_fprop`` and so on), so
+an exception from the core's own array work for that backend (a padded copy of a CuPy array running
+out of device memory) is wrapped the same way.
 """
 
 from __future__ import annotations
