@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BackendError", "BackendFailedError", "BackendInfo", "BackendOutOfMemoryError",
     "BackendUnavailableError", "Capabilities", "ConvParams", "DTypeError", "ResourceError", "ShapeError",
-    "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad", "convolution_backward", "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend",
-    "unregister_backend", "__version__",
+    "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad", "convolution_backward",
+    "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend", "unregister_backend",
+    "__version__",
 ]
