@@ -18,15 +18,8 @@ in short:
 - Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
-- Columns: geometries the grid serves badly (more than ``MAX_PHASES`` phases, as a patch embedding
-  with kernel = stride = 16 has 256; strides whose product exceeds ``MAX_STRIDE_PRODUCT``; kernels of
-  more than ``MAX_GRID_TAPS`` taps) run
-  on :mod:`.reference`'s chunked im2col in the compute dtype, and so does a backward call with a
-  NaN or infinity in the inputs it reads: the grid paths multiply out-of-range zeros of dy and x
-  (garbage rows, taps past the edge) that the definition never multiplies, so an infinity there
-  would become a NaN the reference does not have. (The pointwise path multiplies only terms of the
-  sums: it takes non-finite inputs as they are. The check costs one summing pass over the inputs,
-  about 3% of a backward call.)
+- Columns (:mod:`.columns`): geometries the grid serves badly, and backward calls whose inputs hold
+  a NaN or infinity, run on the reference's chunked im2col in the compute dtype instead.
 - Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
   working-set budget proportional to the call's bytes, run on a few Python threads with BLAS
   single-threaded; weight-gradient partials summed in a fixed order; scratch from an arena.
@@ -48,7 +41,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import compiled, direct, reference
+from . import columns, compiled, direct
 from .blas import MAX_WORKERS, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
@@ -72,14 +65,6 @@ COMPACT_INNER = None
 ARENA_BYTES = 64 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
 MIN_CHUNKS = 2
-
-
-#: Geometries with more polyphase phases than this run on the chunked columns (see the module docstring).
-MAX_PHASES = 16
-#: ... and so do strides whose product exceeds this (each phase would hold few positions).
-MAX_STRIDE_PRODUCT = 64
-#: ... and kernels of more taps than this (the grid paths plan per tap, in Python).
-MAX_GRID_TAPS = 4096
 
 
 def compute_dtype(p: ConvParams) -> np.dtype:
@@ -552,48 +537,13 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
-def n_phases(p: ConvParams) -> int:
-    """The number of polyphase phases of ``p``: per dim, the distinct residues j*d mod s of the taps."""
-    return math.prod(min(k, s // math.gcd(s, d)) for k, s, d in zip(p.kernel, p.stride, p.dilation))
-
-
-def serves_columns(p: ConvParams) -> bool:
-    """Whether ``p``'s geometry runs on the chunked columns rather than the grid (see the module docstring)."""
-    return (n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
-            or math.prod(p.kernel) > MAX_GRID_TAPS)
-
-
-def all_finite(a, cdt) -> bool:
-    """Whether ``a`` holds no NaN and no infinity: one summing pass, then an exact check only when the sum
-    is not finite (a NaN or infinity is there, or finite values overflowed it)."""
-    if a is None or a.size == 0:
-        return True
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):
-            return True
-    rows = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
-    step = max(1, (8 << 20) // max(rows.shape[1] * a.itemsize, 1))
-    return all(np.isfinite(rows[i:i + step].astype(cdt, copy=False)).all() for i in range(0, rows.shape[0], step))
-
-
-def _backward_columns(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
-    """(dx, dw) on the chunked columns of :mod:`.reference`, in the compute dtype."""
-    cdt = compute_dtype(p)
-    with single_threaded_blas():
-        return (reference.dgrad(dy, w, p, cdt) if need_dx else None,
-                reference.wgrad(x, dy, p, cdt) if need_dw else None)
-
-
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False."""
     need_dx, need_dw, need_db = mask
     dx = dw = None
-    cdt = compute_dtype(p)
     if need_dx or need_dw:
-        pointwise = math.prod(p.kernel) == 1 and set(p.stride) == {1} and all(a == b == 0 for a, b in p.padding)
-        if serves_columns(p) or not (pointwise or (all_finite(dy, cdt) and (not need_dx or all_finite(w, cdt))
-                                                   and (not need_dw or all_finite(x, cdt)))):
-            dx, dw = _backward_columns(dy, x, w, p, need_dx, need_dw)
+        if columns.serves_backward(p, dy, x if need_dw else None, w if need_dx else None):
+            dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
         elif direct.serves(p):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
@@ -996,9 +946,8 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
-    if serves_columns(p):
-        with single_threaded_blas():
-            return reference.fprop(x, w, bias, p, compute_dtype(p))
+    if columns.serves(p):
+        return columns.fprop(x, w, bias, p)
     if direct.serves(p):
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
