@@ -127,6 +127,10 @@ def test_numpy_bool_and_int_scalars_are_accepted():
     dx = xconv.conv_dgrad(ones(2, 4, 6, 6), ones(4, 4, 3, 3), tuple(np.array([2, 4, 8, 8])))
     assert dx.shape == (2, 4, 8, 8)
     assert xconv.output_shape(np.array([1, 1, 8]), (np.int64(1), 1, 3)) == (1, 1, 6)
+    assert xconv.output_shape((1, 1, 8, 8), (1, 1, 3, 3), stride=np.array([2, 1]), padding=np.array([[1, 0], [0, 2]]),
+                              dilation=np.int32(1)) == (1, 1, 4, 8)
+    with pytest.raises(xconv.ShapeError, match="stride"):
+        xconv.output_shape((1, 1, 8, 8), (1, 1, 3, 3), stride=np.array([2.0, 1.0]))
 
 
 def _raises(exc_type, argument, call, *fragments):

@@ -59,8 +59,8 @@ def _fits(name: str, v: int, dim=None) -> int:
 def shape_arg(value, name: str) -> tuple[int, ...]:
     """An explicit shape argument (``input_shape``, ``weight_shape``): a sequence of ints (or a 1-D integer
     array), each fitting int64."""
-    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
-        value = value.tolist()
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = _from_int_array(value)
     if (not isinstance(value, Sequence) or isinstance(value, (str, bytes))
             or not all(_is_int(v) for v in value)):
         raise ShapeError(name, "must be a sequence of ints", expected="(N, C, *spatial) ints", given=repr(value))
@@ -149,8 +149,16 @@ def transposed_output_size(size: int, kernel: int, stride: int, pad: tuple[int, 
 # Argument parsing
 
 
+def _from_int_array(value):
+    """An integer NumPy array as Python ints (nested lists); anything else unchanged."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return value.tolist()
+    return value
+
+
 def per_dim(value, nd: int, name: str, minimum: int) -> tuple[int, ...]:
-    """An int, or one int per spatial dim, each at least ``minimum``."""
+    """An int, or one int per spatial dim (a sequence or an integer array), each at least ``minimum``."""
+    value = _from_int_array(value)
     if _is_int(value):
         values = (int(value),) * nd
     elif isinstance(value, Sequence) and not isinstance(value, str):
@@ -184,6 +192,7 @@ def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int],
     Accepted: an int; one int per dim (symmetric); one (pre, post) pair per dim; "valid";
     "same" / "same_lower" (direct convolution only: output = ceil(input / stride)).
     """
+    value = _from_int_array(value)
     if isinstance(value, str):
         if value not in PADDING_STRINGS:
             raise ShapeError("padding", "unknown padding string", expected=" or ".join(map(repr, PADDING_STRINGS)),
