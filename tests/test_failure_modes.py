@@ -412,13 +412,16 @@ def test_the_arena_takes_and_gives_without_scanning_every_buffer():
     assert arena.total <= fast.ARENA_BYTES
 
 
-def test_the_reference_im2col_is_chunked_and_agrees_with_torch(monkeypatch):
+@pytest.mark.parametrize("xs, ws, kw", [
+    ((3, 4, 9, 7), (6, 2, 3, 2), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)),   # per tap
+    ((2, 4, 5, 6), (6, 2, 3, 3), dict(stride=2, padding=4, dilation=3, groups=2)),   # per output position
+])
+def test_the_reference_im2col_is_chunked_and_agrees_with_torch(monkeypatch, xs, ws, kw):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(reference, "CHUNK_BYTES", 256)
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((3, 4, 9, 7))
-    w = rng.standard_normal((6, 2, 3, 2))
-    kw = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
     y = xconv.conv_fprop(x, w, backend="numpy-exact", **kw)
     dy = rng.standard_normal(y.shape)
     dx, dw, db = CB(dy, x, w, backend="numpy-exact", **kw)
@@ -428,6 +431,31 @@ def test_the_reference_im2col_is_chunked_and_agrees_with_torch(monkeypatch):
     np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numpy-exact"])
+def test_dilation_and_padding_far_beyond_the_input(backend):
+    """dilation 10**9, padding (10**9, 0): a 4x4 output whose only tap inside x is the last one, which reads
+    x[i] (x_pad[i + 10**9] with pre 10**9): the 1x1 convolution with w[..., 1, 1]. The grid once asked for
+    exabytes here."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 2, 4, 4)).astype(f)
+    w = rng.standard_normal((4, 1, 2, 2)).astype(f)
+    dy = rng.standard_normal((2, 4, 4, 4)).astype(f)
+    kw = dict(dilation=10**9, padding=((10**9, 0), (10**9, 0)), groups=2)
+    (y, (dx, dw, db)), peak = _peak(lambda: (xconv.conv_fprop(x, w, backend=backend, **kw),
+                                             CB(dy, x, w, backend=backend, **kw)))
+    assert peak < 1 << 20, peak
+    tx, tw1 = torch.tensor(x, requires_grad=True), torch.tensor(w[:, :, 1:, 1:], requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw1, groups=2)
+    ty.backward(torch.tensor(dy))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+    want_dw = np.zeros_like(w)
+    want_dw[:, :, 1:, 1:] = tw1.grad.numpy()
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-5)
 
 
 def test_numpy_exact_memory_stays_proportional_to_its_tensors():

@@ -40,7 +40,7 @@ def _prepare(tensors: dict, backend, outputs, *, input_shape=None, weight_shape=
     b = select_backend(backend, family)
     legalize.check_supported(b, p)
     if family == "numpy":
-        _guard_memory(p, outputs, arrays)
+        _guard_memory(b, p, outputs, arrays)
     return b, p
 
 
@@ -56,15 +56,16 @@ def _blame(explicit_input: bool, explicit_weight: bool):
     return culprit
 
 
-def _guard_memory(p, outputs, arrays) -> None:
+def _guard_memory(backend, p, outputs, arrays) -> None:
     """Refuse (limits.ResourceError) a call whose results, explicit-padding copies and converted inputs
     would not fit in memory, before anything is allocated."""
     itemsize = DTYPES[p.dtype].itemsize
     shapes = {"input": p.input_shape, "weight": p.weight_shape, "bias": (p.bias_size,), "output": p.output_shape}
     extra = sum(copies_needed(a) for a in arrays.values())
-    if not p.symmetric:  # the core may pad explicitly: a padded copy of the (direct) input or (transposed) output
+    if not p.symmetric and p.nd not in backend.capabilities.asymmetric_padding:
+        # the core pads explicitly: a padded copy of the (direct) input or (transposed) output
         grown = p.output_shape if p.transposed else p.input_shape
-        extra += math.prod(grown[:2]) * math.prod(n + a + b for n, (a, b) in zip(grown[2:], p.padding)) * itemsize
+        extra += math.prod(grown[:2]) * math.prod(n + pre + post for n, (pre, post) in zip(grown[2:], p.padding)) * itemsize
     limits.check_call(itemsize, [shapes[o] for o in outputs], extra)
 
 

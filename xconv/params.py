@@ -378,14 +378,16 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
 
 
 def _check_sizes(input_name, input_shape, weight_name, weight_shape, output_shape, padding, dtype) -> None:
-    """Every tensor's element and byte count, and every padded size, must fit int64 (else ResourceError)."""
+    """Every tensor's element and byte count must fit int64, and so must every padded size (the padded
+    input is a size vendor libraries compute; its product is never materialized unless the memory
+    guard allows it). Else ResourceError."""
     itemsize = DTYPES[dtype].itemsize if dtype in DTYPES else 8
-    padded = input_shape[:2] + tuple(n + a + b for n, (a, b) in zip(input_shape[2:], padding))
-    for what, shape in ((input_name, input_shape), (weight_name, weight_shape), ("output", output_shape),
-                        (f"padded {input_name}", padded)):
+    for what, shape in ((input_name, input_shape), (weight_name, weight_shape), ("output", output_shape)):
         if max(shape) > INT64_MAX or math.prod(shape) * itemsize > INT64_MAX:
             raise ResourceError(f"{what} of shape {shape}", math.prod(shape) * itemsize, None,
                                 "its size does not fit a signed 64-bit integer")
+    for axis, (n, (a, b)) in enumerate(zip(input_shape[2:], padding)):
+        _fits("padding", n + a + b, f"spatial dim {axis}: {input_name} size + pre + post")
 
 
 def check_grad_output(params: ConvParams, shape: tuple[int, ...], name: str = "grad_output",

@@ -5,7 +5,9 @@ The polyphase grid of :mod:`.fast` (and the compiled and depthwise loops on it) 
 - geometries with more than :data:`MAX_PHASES` phases (a patch embedding with kernel = stride = 64
   has 4096, each a grid and buffers of its own), strides whose product exceeds
   :data:`MAX_STRIDE_PRODUCT` (each phase holds few positions; the depthwise loops' scratch grows with
-  stride_h x stride_w), kernels of more than :data:`MAX_GRID_TAPS` taps (planned per tap, in Python);
+  stride_h x stride_w), kernels of more than :data:`MAX_GRID_TAPS` taps (planned per tap, in Python),
+  grids more than :data:`MAX_GRID_RATIO` times larger than the input and output (a padding or
+  dilation far beyond the input: 10^9 made the grid ask for exabytes);
 - non-finite inputs to a backward call: the grid paths multiply zeros that the definition never
   multiplies (garbage grid positions, taps past the edge of dy), so an infinity there would become a
   NaN the reference does not have (docs/semantics.md, "NaN and infinity"). The pointwise geometry
@@ -33,6 +35,9 @@ MAX_PHASES = 16
 MAX_STRIDE_PRODUCT = 64
 #: ... and kernels of more taps than this.
 MAX_GRID_TAPS = 4096
+#: ... and grids (per sample and channel) larger than this many times the input plus output positions
+#: (a padding or dilation far beyond the input: the grid would hold mostly padding).
+MAX_GRID_RATIO = 16
 
 
 def n_phases(p: ConvParams) -> int:
@@ -42,8 +47,10 @@ def n_phases(p: ConvParams) -> int:
 
 def serves(p: ConvParams) -> bool:
     """Whether ``p``'s geometry runs here rather than on the grid."""
+    grid = math.prod(-(-(n + a + b) // s) for n, (a, b), s in zip(p.input_shape[2:], p.padding, p.stride))
+    positions = math.prod(p.input_shape[2:]) + math.prod(p.output_shape[2:])
     return (n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
-            or math.prod(p.kernel) > MAX_GRID_TAPS)
+            or math.prod(p.kernel) > MAX_GRID_TAPS or grid > MAX_GRID_RATIO * positions + 4096)
 
 
 def _pointwise(p: ConvParams) -> bool:

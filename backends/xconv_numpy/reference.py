@@ -18,9 +18,11 @@ Non-finite values follow from these sums and nothing else: a padding zero of x_p
 (so an infinite weight or grad_output meets it: NaN), no other zero is ever multiplied.
 
 The columns are built a chunk of rows at a time (whole samples, or lines of the first output dim
-of one sample), at most :data:`CHUNK_BYTES` each, so memory stays proportional to the call's
-tensors; x_pad covers only the extent the windows read (a stride far above the kernel reads a
-small part of a large padding). The chunks depend only on the shapes, so results do not vary.
+of one sample), at most :data:`CHUNK_BYTES` each, straight from x: a zeroed buffer receives, per
+tap (or per output position, when a chunk has fewer positions than the kernel has taps), the
+strided slice of x that the tap reads inside the input; the padding stays zero. No padded copy
+of x or dx is ever made, so memory is proportional to the tensors and one chunk, whatever the
+padding, stride or dilation. The chunks depend only on the shapes, so results do not vary.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import itertools
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from xconv import ConvParams, limits
 from xconv.dtypes import DTYPES
@@ -38,36 +39,14 @@ from xconv.dtypes import DTYPES
 CHUNK_BYTES = 32 << 20
 
 
-def _extent(p: ConvParams) -> tuple[int, ...]:
-    """Per spatial dim, how much of x_pad the windows read: at most S + pre + post."""
-    return tuple(min(n + a + b, s * (o - 1) + d * (k - 1) + 1)
-                 for n, (a, b), s, o, d, k in zip(p.input_shape[2:], p.padding, p.stride, p.output_shape[2:],
-                                                  p.dilation, p.kernel))
-
-
-def _require(p: ConvParams, acc, op: str, result: tuple, padded: bool) -> None:
-    """Refuse (ResourceError) before allocating when ``op``'s memory would not fit: the padded input or
-    grad_input in ``acc``, one chunk of columns, the result in ``acc`` and in the output dtype."""
+def _require(p: ConvParams, acc, op: str, result: tuple) -> None:
+    """Refuse (ResourceError) before allocating when ``op``'s memory would not fit: one chunk of columns,
+    x or dx in ``acc``, the result in ``acc`` and in the output dtype."""
     it = np.dtype(acc).itemsize
     line = it * p.input_shape[1] * math.prod(p.kernel) * math.prod(p.output_shape[3:])
-    total = max(line, min(CHUNK_BYTES, line * p.output_shape[2])) + math.prod(result) * (it + DTYPES[p.dtype].itemsize)
-    if padded:
-        total += math.prod(p.input_shape[:2]) * math.prod(_extent(p)) * it
-    limits.require(total, f"numpy {op}: padded {'input' if op != 'dgrad' else 'grad_input'}, im2col columns "
-                          "and result")
-
-
-def _padded(x: np.ndarray, p: ConvParams, acc) -> np.ndarray:
-    """x_pad in ``acc``, over the extent the windows read (see :func:`_extent`)."""
-    ext = _extent(p)
-    out = np.zeros(x.shape[:2] + ext, acc)
-    dst, src = [slice(None)] * 2, [slice(None)] * 2
-    for n, (pre, _), e in zip(x.shape[2:], p.padding, ext):
-        take = max(0, min(n, e - pre))
-        dst.append(slice(pre, pre + take))
-        src.append(slice(0, take))
-    out[tuple(dst)] = x[tuple(src)]
-    return out
+    chunk = max(line, min(CHUNK_BYTES, line * p.output_shape[2]))
+    total = chunk + math.prod(p.input_shape) * it + math.prod(result) * (it + DTYPES[p.dtype].itemsize)
+    limits.require(total, f"numpy {op}: im2col columns and result")
 
 
 def _chunks(p: ConvParams, acc) -> list[tuple[int, int, int, int]]:
@@ -83,27 +62,65 @@ def _chunks(p: ConvParams, acc) -> list[tuple[int, int, int, int]]:
     return [(a, a + 1, o, min(o + lines, out[0])) for a in range(n) for o in range(0, out[0], lines)]
 
 
-def _windows(xp: np.ndarray, p: ConvParams) -> np.ndarray:
-    """The (N, C_in, *out, *k) view of x_pad's windows (no copy)."""
-    span = [d * (k - 1) + 1 for d, k in zip(p.dilation, p.kernel)]
-    windows = sliding_window_view(xp, span, axis=tuple(range(2, 2 + p.nd)))
-    pick = ((slice(None), slice(None))
-            + tuple(slice(0, s * (o - 1) + 1, s) for s, o in zip(p.stride, p.output_shape[2:]))
-            + tuple(slice(None, None, d) for d in p.dilation))
-    return windows[pick]
+def _out_ranges(p: ConvParams, chunk) -> list[tuple[int, int]]:
+    """The chunk's [lo, hi) output indices per spatial dim."""
+    return [(chunk[2], chunk[3])] + [(0, o) for o in p.output_shape[3:]]
 
 
-def _columns(windows: np.ndarray, p: ConvParams, chunk) -> np.ndarray:
-    """The chunk's windows as a (groups, rows, C_in/groups*prod(k)) array: rows (n, i), columns (c, j)."""
-    n0, n1, o0, o1 = chunk
-    nd, g = p.nd, p.groups
-    part = windows[n0:n1, :, o0:o1]                                       # (n, C_in, *out, *k)
-    n, c_in = part.shape[:2]
-    part = part.reshape((n, g, c_in // g) + part.shape[2:])
-    spatial = list(range(3, 3 + nd))
-    kernel_axes = list(range(3 + nd, 3 + 2 * nd))
-    rows_first = part.transpose([1, 0, *spatial, 2, *kernel_axes])     # (g, n, *out, C/g, *k)
-    return rows_first.reshape(g, n * math.prod(part.shape[3:3 + nd]), -1)
+def _pairs(p: ConvParams, chunk):
+    """The (output, tap, input) slice triples covering every term of the chunk whose x_pad index lies
+    inside x: per dim, out slice (relative to the chunk), tap index or slice, input slice.
+
+    Loops over the taps, or over the chunk's output positions when there are fewer of them, so the
+    Python work is min(taps, positions) per chunk; each triple is one strided block copy or add.
+    """
+    ranges = _out_ranges(p, chunk)
+    dims = list(zip(p.input_shape[2:], p.padding, p.stride, p.dilation, p.kernel, ranges))
+    by_tap = math.prod(p.kernel) <= math.prod(hi - lo for lo, hi in ranges)
+    if by_tap:
+        for j in itertools.product(*(range(k) for k in p.kernel)):
+            outs, ins = [], []
+            for jj, (size, (pre, _), s, d, _, (lo, hi)) in zip(j, dims):
+                off = jj * d - pre                                   # input index of output i: i*s + off
+                a, b = max(lo, -(off // s)), min(hi, (size - 1 - off) // s + 1)
+                if a >= b:
+                    break
+                outs.append(slice(a - lo, b - lo))
+                ins.append(slice(a * s + off, (b - 1) * s + off + 1, s))
+            else:
+                yield tuple(outs), j, tuple(ins)
+    else:
+        for i in itertools.product(*(range(lo, hi) for lo, hi in ranges)):
+            taps, ins = [], []
+            for ii, (size, (pre, _), s, d, k, _) in zip(i, dims):
+                off = ii * s - pre                                   # input index of tap j: off + j*d
+                a, b = max(0, -(off // d)), min(k, (size - 1 - off) // d + 1)
+                if a >= b:
+                    break
+                taps.append(slice(a, b))
+                ins.append(slice(off + a * d, off + (b - 1) * d + 1, d))
+            else:
+                yield tuple(ii - lo for ii, (lo, _) in zip(i, ranges)), tuple(taps), tuple(ins)
+
+
+def _layout(buf: np.ndarray, nd: int) -> np.ndarray:
+    """The (g, n, *out, C/g, *k) columns buffer viewed as (n, g, C/g, *out, *k)."""
+    return buf.transpose([1, 0, 2 + nd, *range(2, 2 + nd), *range(3 + nd, 3 + 2 * nd)])
+
+
+def _columns(x4: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
+    """The chunk's windows of x_pad as a (groups, rows, C_in/groups*prod(k)) array: rows (n, i), columns (c, j).
+
+    ``x4`` is x viewed as (N, groups, C_in/groups, *S)."""
+    n0, n1 = chunk[:2]
+    g, cg = x4.shape[1:3]
+    out = tuple(hi - lo for lo, hi in _out_ranges(p, chunk))
+    buf = np.zeros((g, n1 - n0) + out + (cg,) + tuple(p.kernel), acc)
+    view = _layout(buf, p.nd)
+    part = x4[n0:n1]
+    for o, j, i in _pairs(p, chunk):
+        view[(Ellipsis,) + o + j] = part[(Ellipsis,) + i]
+    return buf.reshape(g, (n1 - n0) * math.prod(out), -1)
 
 
 def _grad_rows(dy: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
@@ -121,18 +138,23 @@ def _weight_matrix(w: np.ndarray, p: ConvParams, acc) -> np.ndarray:
     return w.astype(acc, copy=False).reshape(p.groups, w.shape[0] // p.groups, -1)
 
 
+def _grouped(x: np.ndarray, p: ConvParams) -> np.ndarray:
+    """x (N, C_in, *S) viewed (or copied) as (N, groups, C_in/groups, *S)."""
+    return x.reshape((x.shape[0], p.groups, x.shape[1] // p.groups) + x.shape[2:])
+
+
 def _result(a: np.ndarray, p: ConvParams) -> np.ndarray:
     return np.ascontiguousarray(a.astype(DTYPES[p.dtype], copy=False))
 
 
 def fprop(x, w, bias, p: ConvParams, acc) -> np.ndarray:
-    _require(p, acc, "fprop", p.output_shape, True)
-    windows = _windows(_padded(x, p, acc), p)
+    _require(p, acc, "fprop", p.output_shape)
+    x4 = _grouped(x, p)
     wt = _weight_matrix(w, p, acc).transpose(0, 2, 1)
     y = np.empty(p.output_shape, acc)
     for chunk in _chunks(p, acc):
         n0, n1, o0, o1 = chunk
-        part = _columns(windows, p, chunk) @ wt                              # (g, rows, C_out/g)
+        part = _columns(x4, p, acc, chunk) @ wt                              # (g, rows, C_out/g)
         shape = (p.groups, n1 - n0, o1 - o0) + tuple(p.output_shape[3:]) + (-1,)
         part = part.reshape(shape).transpose([1, 0, 2 + p.nd, *range(2, 2 + p.nd)])   # (n, g, C_out/g, *out)
         y[n0:n1, :, o0:o1] = part.reshape((n1 - n0, -1, o1 - o0) + tuple(p.output_shape[3:]))
@@ -142,46 +164,27 @@ def fprop(x, w, bias, p: ConvParams, acc) -> np.ndarray:
 
 
 def dgrad(dy, w, p: ConvParams, acc) -> np.ndarray:
+    _require(p, acc, "dgrad", p.input_shape)
     n, c_in, g, nd = p.input_shape[0], p.input_shape[1], p.groups, p.nd
-    kernel, ext = p.kernel, _extent(p)
-    _require(p, acc, "dgrad", p.input_shape, True)
     wm = _weight_matrix(w, p, acc)
-    dx = np.zeros((n, g, c_in // g) + ext, dtype=acc)
+    dx = np.zeros((n, g, c_in // g) + tuple(p.input_shape[2:]), dtype=acc)
     for chunk in _chunks(p, acc):
-        n0, n1, o0, o1 = chunk
-        out = (o1 - o0,) + tuple(p.output_shape[3:])
+        n0, n1 = chunk[:2]
+        out = tuple(hi - lo for lo, hi in _out_ranges(p, chunk))
         cols = _grad_rows(dy, p, acc, chunk) @ wm                           # (g, rows, C_in/g*K)
-        cols = cols.reshape((g, n1 - n0) + out + (c_in // g,) + tuple(kernel))
-        cols = cols.transpose([1, 0, 2 + nd, *range(2, 2 + nd), *range(3 + nd, 3 + 2 * nd)])  # (n, g, C/g, *out, *k)
+        view = _layout(cols.reshape((g, n1 - n0) + out + (c_in // g,) + tuple(p.kernel)), nd)
         target = dx[n0:n1]
-        first = (o0,) + (0,) * (nd - 1)
-        if math.prod(kernel) <= math.prod(out):      # one strided add per tap
-            for j in itertools.product(*(range(k) for k in kernel)):
-                sl = tuple(slice(f * s + jj * d, f * s + jj * d + s * (o - 1) + 1, s)
-                           for f, jj, d, s, o in zip(first, j, p.dilation, p.stride, out))
-                target[(Ellipsis,) + sl] += cols[(Ellipsis,) + j]
-        else:                                         # fewer positions than taps: one add per position
-            for i in itertools.product(*(range(o) for o in out)):
-                sl = tuple(slice((f + ii) * s, (f + ii) * s + d * (k - 1) + 1, d)
-                           for f, ii, d, s, k in zip(first, i, p.dilation, p.stride, kernel))
-                target[(Ellipsis,) + sl] += cols[(Ellipsis,) + i + (slice(None),) * nd]
-    dx = dx.reshape((n, c_in) + ext)
-    result = np.zeros(p.input_shape, DTYPES[p.dtype])
-    dst, src = [slice(None)] * 2, [slice(None)] * 2
-    for size, (pre, _), e in zip(p.input_shape[2:], p.padding, ext):
-        take = max(0, min(size, e - pre))
-        dst.append(slice(0, take))
-        src.append(slice(pre, pre + take))
-    result[tuple(dst)] = dx[tuple(src)]
-    return result
+        for o, j, i in _pairs(p, chunk):                                   # terms landing inside x only
+            target[(Ellipsis,) + i] += view[(Ellipsis,) + o + j]
+    return _result(dx.reshape(p.input_shape), p)
 
 
 def wgrad(x, dy, p: ConvParams, acc) -> np.ndarray:
-    _require(p, acc, "wgrad", p.weight_shape, True)
-    windows = _windows(_padded(x, p, acc), p)
+    _require(p, acc, "wgrad", p.weight_shape)
+    x4 = _grouped(x, p)
     dw = None
     for chunk in _chunks(p, acc):
-        part = _grad_rows(dy, p, acc, chunk).transpose(0, 2, 1) @ _columns(windows, p, chunk)  # (g, C_out/g, C/g*K)
+        part = _grad_rows(dy, p, acc, chunk).transpose(0, 2, 1) @ _columns(x4, p, acc, chunk)  # (g, C_out/g, C/g*K)
         if dw is None:
             dw = part
         else:
