@@ -124,6 +124,9 @@ def test_numpy_bool_and_int_scalars_are_accepted():
              stride=np.int64(1), padding=(np.int32(0), np.int64(0)), groups=np.int64(1))
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+    got = CB(dy, x, w, output_mask=np.array([True, False, True]), bias_sizes=np.array([1]))
+    assert got[1] is None
+    np.testing.assert_array_equal(got[0], want[0])
     dx = xconv.conv_dgrad(ones(2, 4, 6, 6), ones(4, 4, 3, 3), tuple(np.array([2, 4, 8, 8])))
     assert dx.shape == (2, 4, 8, 8)
     assert xconv.output_shape(np.array([1, 1, 8]), (np.int64(1), 1, 3)) == (1, 1, 6)

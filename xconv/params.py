@@ -263,6 +263,8 @@ def common_dtype(arrays: dict) -> str:
 
 
 def check_output_mask(mask) -> tuple[bool, bool, bool]:
+    if isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.ndim == 1:
+        mask = mask.tolist()
     if (not isinstance(mask, Sequence) or isinstance(mask, str) or len(mask) != 3
             or not all(_is_bool(b) for b in mask)):
         raise ShapeError("output_mask", "must be three booleans (grad_input, grad_weight, grad_bias)",
@@ -414,6 +416,7 @@ def check_grad_output(params: ConvParams, shape: tuple[int, ...], name: str = "g
 def check_bias_sizes(params: ConvParams, bias_sizes) -> None:
     if bias_sizes is None:
         return
+    bias_sizes = _from_int_array(bias_sizes)
     if (not isinstance(bias_sizes, Sequence) or isinstance(bias_sizes, str) or len(bias_sizes) != 1
             or not _is_int(bias_sizes[0]) or int(bias_sizes[0]) != params.bias_size):
         what = "[weight.shape[1] * groups]" if params.transposed else "[weight.shape[0]]"
