@@ -194,8 +194,8 @@ class _Arena:
     A call leases buffers (``lease.empty``) and gives them all back when it ends; up to
     ``ARENA_BYTES`` of them are kept for later calls, the least recently returned freed first.
     Buffers come in size classes (4 KiB at least, then eight per power of two: at most 1/8 wasted),
-    one free list per class, so taking and giving do not scan the buffers kept (a call leasing thousands of tiny buffers
-    costs no later call a scan). :func:`release_memory` frees them all.
+    one free list per class, so taking and giving do not scan the buffers kept (a call leasing
+    thousands of tiny buffers costs no later call a scan). :func:`release_memory` frees them all.
     """
 
     MIN_CLASS = 4096
@@ -544,20 +544,20 @@ def backward(dy, x, w, p: ConvParams, mask):
     if need_dx or need_dw:
         if columns.serves_backward(p, dy, x if need_dw else None, w if need_dx else None):
             dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
-        elif direct.serves(p):
+            return dx, dw, (bgrad(dy, p) if need_db else None)
+        if direct.serves(p):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
-        else:
-            geo = _geom(p)
-            with single_threaded_blas() as workers, _Lease() as lease:
-                if compiled.serves(p):                       # db from its copy of dy
-                    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
-                    return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
-                if geo.pointwise:                           # db from the samples it reads
-                    return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db,
-                                               workers, lease)
-                run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
-                dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
+        geo = _geom(p)
+        with single_threaded_blas() as workers, _Lease() as lease:
+            if compiled.serves(p):                       # db from its copy of dy
+                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+                return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
+            if geo.pointwise:                           # db from the samples it reads
+                return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
+                                           lease)
+            run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
 
