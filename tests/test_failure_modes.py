@@ -171,12 +171,12 @@ def test_the_ascend_shim_never_sees_an_out_of_range_stride():
         _raises(xconv.ShapeError, "stride", call, "signed 64-bit", str(2**64 + 1))
 
 
-@pytest.mark.parametrize("input_shape, weight_shape, argument", [
-    ("abcd", "abcd", "input_shape"),
-    ((1, 1, 4.5), (1, 1, 2), "input_shape"),
-    ((1, 1, 8), (1, 1, "2"), "weight_shape"),
-    ((1, 1, 8), (1, 1, True), "weight_shape"),
-    ((1, 1, 2**64), (1, 1, 2), "input_shape"),
+@pytest.mark.parametrize("input_shape, weight_shape, argument", [  # output_shape names the tensors
+    ("abcd", "abcd", "input"),
+    ((1, 1, 4.5), (1, 1, 2), "input"),
+    ((1, 1, 8), (1, 1, "2"), "weight"),
+    ((1, 1, 8), (1, 1, True), "weight"),
+    ((1, 1, 2**64), (1, 1, 2), "input"),
 ])
 def test_output_shape_refuses_non_integer_shapes(input_shape, weight_shape, argument):
     _raises(xconv.ShapeError, argument, lambda: xconv.output_shape(input_shape, weight_shape))

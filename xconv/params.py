@@ -427,5 +427,4 @@ def output_shape(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, 
                  output_padding=0) -> tuple[int, ...]:
     """The output shape of a convolution (or transposed convolution) as a tuple; raises ShapeError if invalid."""
     return make_params(input_shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                       transposed=transposed, output_padding=output_padding, input_name="input_shape",
-                       weight_name="weight_shape").output_shape
+                       transposed=transposed, output_padding=output_padding).output_shape
