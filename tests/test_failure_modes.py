@@ -205,6 +205,15 @@ def test_the_argument_the_user_got_wrong_is_named(call, argument, fragments):
     _raises(xconv.ShapeError, argument, call, *fragments)
 
 
+def test_a_tensor_name_is_not_a_shape():
+    from xconv.api import _resolve
+
+    shapes = {"input": (1, 2, 3), "grad_output": (1, 4, 3)}
+    assert _resolve("input", shapes, "input_shape") == (1, 2, 3)
+    assert _resolve([1, np.int64(2), 3], shapes, "input_shape") == (1, 2, 3)
+    _raises(xconv.ShapeError, "input_shape", lambda: _resolve("grad_output", shapes, "input_shape"), "ints")
+
+
 def test_dtype_mistakes_are_type_errors_and_shape_mistakes_value_errors():
     err = _raises(TypeError, "input", lambda: xconv.conv_fprop(ones(1, 2, 4, 4).astype(np.int32), ones(2, 2, 3, 3)))
     assert isinstance(err, DTypeError) and isinstance(err, xconv.XconvError)
