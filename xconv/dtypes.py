@@ -36,6 +36,8 @@ def dtype_name(dtype) -> str | None:
     except TypeError:
         text = str(dtype).rsplit(".", 1)[-1]  # torch.float32 -> float32
         return text if text in DTYPES else None
+    if not d.isnative:  # byte-swapped: the same type (the core converts it to native order)
+        d = d.newbyteorder("=")
     for name, known in DTYPES.items():
         if d == known:
             return name

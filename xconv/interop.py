@@ -17,7 +17,7 @@ import numpy as np
 
 from .arrays import array_family
 from .dtypes import bfloat16
-from .errors import BackendUnavailableError, UnsupportedError
+from .errors import BackendUnavailableError, ShapeError, UnsupportedError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
 
@@ -31,13 +31,30 @@ def is_foreign(array) -> bool:
             and hasattr(array, "__dlpack__") and hasattr(array, "__dlpack_device__"))
 
 
-def to_native(array):
-    """``array`` itself when native or not an array; else a zero-copy NumPy or CuPy view of it."""
+def to_native(array, name: str = "array"):
+    """``array`` itself when native or not an array; else a zero-copy NumPy or CuPy view of it.
+
+    A torch tensor with the conjugate or negative bit set is resolved first (a copy); a foreign array
+    DLPack cannot export is refused as a ShapeError naming ``name``.
+    """
     if not is_foreign(array):
         return array
     family = array_family(array)
     if family == "torch":
         array = array.detach()
+        if array.is_conj():
+            array = array.resolve_conj()
+        if array.is_neg():
+            array = array.resolve_neg()
+    try:
+        return _from_dlpack(array, family)
+    except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+        raise ShapeError(name, f"this {family} array cannot be viewed through DLPack ({type(exc).__name__}: {exc})",
+                         expected="a strided CPU or CUDA array", given=f"{type(array).__name__} of dtype "
+                         f"{getattr(array, 'dtype', '?')}") from exc
+
+
+def _from_dlpack(array, family: str):
     device_type = int(array.__dlpack_device__()[0])
     if device_type in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
         native = np

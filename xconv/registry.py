@@ -97,6 +97,11 @@ def select_backend(backend, family: str) -> Backend:
         backend = os.environ.get("XCONV_BACKEND") or None
     if backend is None:
         return _by_family(family)
+    if not isinstance(backend, str) and not all(hasattr(backend, a) for a in ("name", "capabilities",
+                                                                                  "array_families")):
+        raise ShapeError("backend", "must be a backend name or a backend object",
+                         expected="a str such as 'numpy', or an object with name, capabilities, array_families",
+                         given=f"{type(backend).__name__} {backend!r}")
     chosen = get_backend(backend) if isinstance(backend, str) else backend
     available, reason = availability_of(chosen)
     if not available:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import xconv
@@ -10,6 +12,15 @@ from xconv.dtypes import accumulation_dtype
 
 from . import fast, reference
 from .blas import single_threaded_blas
+
+
+def _quiet(method):
+    """``method`` run with NumPy's floating-point warnings off (non-finite inputs are not an error)."""
+    @functools.wraps(method)
+    def run(*args):
+        with np.errstate(all="ignore"):
+            return method(*args)
+    return run
 
 
 class NumpyBackend(Backend):
@@ -38,32 +49,40 @@ class NumpyBackend(Backend):
     def _acc(self, p):
         return accumulation_dtype(p.dtype, self.exact)
 
+    # NaN and infinity propagate as the reference defines (docs/semantics.md), silently, as in PyTorch:
+    # NumPy's floating-point warnings are off in the primitives.
+
     # The reference runs its matrix products with one BLAS thread (a threaded BLAS may split a
     # long dot product across threads, which changes its rounding with the thread count).
 
+    @_quiet
     def fprop(self, x, w, bias, p):
         if self.exact:
             with single_threaded_blas():
                 return reference.fprop(x, w, bias, p, self._acc(p))
         return fast.fprop(x, w, bias, p)
 
+    @_quiet
     def dgrad(self, dy, w, p):
         if self.exact:
             with single_threaded_blas():
                 return reference.dgrad(dy, w, p, self._acc(p))
         return fast.dgrad(dy, w, p)
 
+    @_quiet
     def wgrad(self, x, dy, p):
         if self.exact:
             with single_threaded_blas():
                 return reference.wgrad(x, dy, p, self._acc(p))
         return fast.wgrad(x, dy, p)
 
+    @_quiet
     def bgrad(self, dy, p):
         if self.exact:
             return reference.bgrad(dy, p, self._acc(p))
         return fast.bgrad(dy, p)
 
+    @_quiet
     def backward(self, dy, x, w, p, mask):
         if self.exact:
             return super().backward(dy, x, w, p, mask)
