@@ -5,7 +5,7 @@ A bundle is a zip archive (stored, not compressed) with exactly two members:
 - ``manifest.json``: format and version, xconv and kit versions, the backend (name, version,
   devices), library versions, device name, platform, creation date, the corpus hash and case
   ids, one record per case (status, message, worst error/bound, case and input digests, the
-  result keys, dtypes and shapes) and the SHA-256 and size of every other member;
+  result keys, dtypes and shapes; crashed and timed-out cases add ``signal`` and ``stderr``) and the SHA-256 and size of every other member;
 - ``outputs.npz``: the results as plain arrays (bfloat16 stored as its uint16 bit pattern).
 
 Nothing in a bundle is ever unpickled or executed: the arrays are read with
@@ -42,7 +42,7 @@ MAX_MANIFEST_BYTES = 256 << 20
 _STORED_DTYPES = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "float64": "float64"}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _KEY = re.compile(r"^[0-9]{5}\.(grad_input|grad_weight|grad_bias)$")
-STATUSES = ("passed", "failed", "refused", "unavailable")
+STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
 
 
 class BundleError(Exception):
