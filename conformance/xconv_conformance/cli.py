@@ -34,7 +34,7 @@ from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, format_comparison, report_runs
 from .report import write_report
-from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests
+from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
 from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
 
 SUBCOMMANDS = ("run", "compare", "cases")
@@ -96,7 +96,8 @@ def run_backend(cases, backend: str, progress: Progress | None = None, keep_outp
 
 def _rows(cases, outcomes) -> list[dict]:
     return [{"id": c.id, "group": c.group, "dtype": c.dtype, "status": o.status, "ratio": o.ratio,
-             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples} for c, o in zip(cases, outcomes)]
+             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr}
+            for c, o in zip(cases, outcomes)]
 
 
 def _fmt(r) -> str:
@@ -132,7 +133,7 @@ def _details(results: dict, verbose: bool) -> str:
                 lines.append(f"{o.status.upper().replace('_', ' ')} {c.id} on {name}: "
                              f"{o.message.splitlines()[0] if o.message else ''}"[:600])
                 if verbose and o.stderr.strip():
-                    lines += ["    | " + line for line in o.stderr.strip().splitlines()[-12:]]
+                    lines += ["    | " + line[:300] for line in stderr_excerpt(o.stderr)]
         failed = [(c, o) for c, o in pairs if o.status == "failed"]
         for c, o in failed[: None if verbose else 20]:
             lines.append(f"FAILED {c.id} on {name}: {o.message.splitlines()[0] if o.message else ''}"[:600])

@@ -212,10 +212,29 @@ class Worker:
         return reply[1]
 
 
+def stderr_excerpt(stderr: str, limit: int = 12) -> list[str]:
+    """The telling lines of a crashed case's stderr: the last lines it wrote before faulthandler's
+    report, the report's first line and the innermost frames (the module list is left out)."""
+    lines = [line for line in stderr.rstrip().splitlines() if not line.startswith("Extension modules:")]
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return lines[-limit:]
+    return lines[max(0, fatal - 3):fatal + 1] + [line for line in lines[fatal + 1:] if line.strip()][:limit - 4]
+
+
+def _hint(stderr: str) -> str:
+    lines = stderr_excerpt(stderr)
+    frames = [line.strip() for line in lines if line.strip().startswith("File ")]
+    said = [line for line in lines if line.strip() and not line.startswith(("Fatal Python error", "Current thread",
+                                                                            "Thread 0x", "  File "))]
+    parts = ([said[-1][:200]] if said else []) + [line for line in lines if line.startswith("Fatal Python error")][:1]
+    parts += [f"at {frames[0][:200]}"] if frames else []
+    return f"; stderr: {' | '.join(parts)}" if parts else ""
+
+
 def _died_outcome(case, backend: str, exc: Died) -> Outcome:
-    first = exc.stderr.strip().splitlines()
-    hint = f"; stderr: {first[-1][:300]}" if first else ""
-    return Outcome(case.id, backend, exc.status, exc.detail + hint, signal=exc.signal, stderr=exc.stderr)
+    return Outcome(case.id, backend, exc.status, exc.detail + _hint(exc.stderr), signal=exc.signal,
+                   stderr=exc.stderr)
 
 
 class CaseRunner:

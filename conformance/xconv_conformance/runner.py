@@ -421,10 +421,9 @@ def apply_fresh_process(outcome: Outcome, fresh) -> Outcome:
     if outcome.status != "passed" or outcome.digests is None:
         return outcome
     if getattr(fresh, "status", None) in ("crashed", "timed_out"):
+        from .isolation import _hint
         outcome.status, outcome.signal, outcome.stderr = fresh.status, fresh.signal, fresh.stderr
-        lines = fresh.stderr.strip().splitlines()
-        outcome.message = (f"in the fresh process of the determinism check: {fresh.detail}"
-                           + (f"; stderr: {lines[-1][:300]}" if lines else ""))
+        outcome.message = f"in the fresh process of the determinism check: {fresh.detail}{_hint(fresh.stderr)}"
         return outcome
     if isinstance(fresh, str):
         if fresh.startswith("refused"):
