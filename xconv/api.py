@@ -54,7 +54,7 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     """
     mask = check_output_mask(output_mask)
     family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
-    grad_output, input, weight = map(interop.to_native, (grad_output, input, weight))
+    grad_output, input, weight = interop.to_native_for(backend, family, (grad_output, input, weight))
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight", backend,
                     bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
                     transposed=transposed, output_padding=output_padding, math=math, deterministic=deterministic)
@@ -65,7 +65,7 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """The convolution of ``input`` with ``weight`` plus ``bias``; transposed=True is PyTorch's conv_transpose."""
     family = common_family({"input": input, "weight": weight, "bias": bias})
-    input, weight, bias = map(interop.to_native, (input, weight, bias))
+    input, weight, bias = interop.to_native_for(backend, family, (input, weight, bias))
     b, p = _prepare({"input": input, "weight": weight}, "input", "weight", backend, bias=bias, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
@@ -76,7 +76,7 @@ def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilatio
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_input of the convolution whose input has ``input_shape``, given ``grad_output`` and ``weight``."""
     family = common_family({"grad_output": grad_output, "weight": weight})
-    grad_output, weight = map(interop.to_native, (grad_output, weight))
+    grad_output, weight = interop.to_native_for(backend, family, (grad_output, weight))
     b, p = _prepare({"grad_output": grad_output, "weight": weight}, input_shape, "weight", backend, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
@@ -87,7 +87,7 @@ def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilatio
                output_padding=0, deterministic=False, math="keep_dtype", backend=None):
     """grad_weight (of ``weight_shape``) of the convolution of ``input``, given ``grad_output``."""
     family = common_family({"input": input, "grad_output": grad_output})
-    input, grad_output = map(interop.to_native, (input, grad_output))
+    input, grad_output = interop.to_native_for(backend, family, (input, grad_output))
     b, p = _prepare({"input": input, "grad_output": grad_output}, "input", weight_shape, backend, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)

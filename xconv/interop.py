@@ -12,6 +12,7 @@ DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as thei
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 
@@ -55,6 +56,26 @@ def to_native(array):
         import torch
         return native.from_dlpack(array.view(torch.int16)).view(bfloat16)
     return native.from_dlpack(array)
+
+
+def to_native_for(backend, family: str | None, arrays) -> tuple:
+    """``arrays`` as the call's backend takes them: as they are when ``backend`` (else
+    ``$XCONV_BACKEND``) names a backend that declares their foreign ``family`` itself (a torch
+    backend taking torch tensors on their own device), else each through :func:`to_native`."""
+    if family is not None and family not in NATIVE_FAMILIES and family in _families_of(backend):
+        return tuple(arrays)
+    return tuple(map(to_native, arrays))
+
+
+def _families_of(backend) -> tuple:
+    chosen = backend if backend is not None else (os.environ.get("XCONV_BACKEND") or None)
+    if isinstance(chosen, str):
+        from .registry import get_backend
+        try:
+            chosen = get_backend(chosen)
+        except BackendUnavailableError:
+            return ()                       # reported when the call selects its backend
+    return tuple(getattr(chosen, "array_families", None) or ())
 
 
 def to_family(result, family: str):
