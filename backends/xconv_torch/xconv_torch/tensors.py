@@ -20,6 +20,8 @@ from xconv import UnsupportedError
 from xconv.arrays import array_family
 from xconv.dtypes import bfloat16
 
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "npu")      # those with a backend (backend.DEVICE_TYPES)
+
 
 def _numpy_to_torch(torch, a: np.ndarray):
     """A CPU tensor over ``a``'s memory where torch can share it, else over a copy."""
@@ -77,8 +79,9 @@ def place(torch, device_type: str, backend: str, arrays):
             target = torch.device(device_type)
             return ([None if a is None else a.detach().to(target) for a in arrays],
                     Placement(torch, family, target, True))
+        hint = f" (choose backend='torch-{device.type}')" if device.type in _DEVICE_TYPES else ""
         raise UnsupportedError(f"backend {backend!r} computes on {device_type} devices; these tensors are on "
-                               f"{device} (choose backend='torch-{device.type}')")
+                               f"{device}{hint}")
     module = importlib.import_module(family)
     tensors = [None if a is None else torch.from_dlpack(a) for a in arrays]
     devices = {t.device for t in tensors if t is not None}
