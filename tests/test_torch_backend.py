@@ -41,6 +41,17 @@ def test_registered_through_its_entry_point_with_reasons_where_no_device():
         assert "torch_npu" in rows["torch-npu"].reason or "NPU" in rows["torch-npu"].reason
 
 
+def test_probes_that_import_torch_give_reasons(monkeypatch):
+    """Where the installed files do not settle availability, torch itself is asked (a CPU build here)."""
+    from xconv_torch import devices
+    monkeypatch.setattr(devices, "_without_import", lambda device_type: None)
+    assert devices.probe("cpu") == (True, "")
+    for device_type in ("cuda", "mps", "xpu", "npu"):
+        available, reason = devices.probe(device_type)
+        assert not available and reason, device_type
+    assert "torch_npu" in devices.probe("npu")[1]
+
+
 def test_refusals_are_stated_in_capabilities():
     mps, xpu, npu = (xconv.get_backend(f"torch-{t}").capabilities for t in ("mps", "xpu", "npu"))
     assert "float64" not in mps.dtypes and not mps.deterministic

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from xconv import Backend, BackendError, Capabilities, UnsupportedError
+from xconv import Backend, BackendError, BackendUnavailableError, Capabilities, UnsupportedError
 
 from . import devices
 from .settings import scoped
@@ -91,7 +91,10 @@ class TorchBackend(Backend):
         return tuple(r if bit else None for r, bit in zip(results, mask))
 
     def _run(self, op: str, p, run, *arrays):
-        torch = devices.torch_module()
+        try:
+            torch = devices.torch_module()
+        except Exception as exc:  # noqa: BLE001 - a torch that is installed but cannot be imported
+            raise BackendUnavailableError(self.name, f"PyTorch cannot be imported: {type(exc).__name__}: {exc}") from exc
         tensors, placement = place(torch, self.device_type, self.name, arrays)
         widen = p.dtype in self.kind.widen
         if widen:   # the device's own kernels for this dtype accumulate in it: run them in float32 instead

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
+import importlib.util
+import sys
 
 ALL = frozenset({"float16", "bfloat16", "float32", "float64"})
 
@@ -49,8 +52,39 @@ def _attach_npu():
     return importlib.import_module("torch_npu")
 
 
+def _installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _without_import(device_type: str) -> tuple[bool, str] | None:
+    """The answer where the installed files settle it, so that listing backends imports no torch:
+    torch missing, a "+cpu" build (no accelerator support), no MPS off macOS, no torch_npu."""
+    if importlib.util.find_spec("torch") is None:
+        return False, "PyTorch is not installed (pip install -e backends/xconv_torch)"
+    if device_type == "cpu":
+        return True, ""
+    version = _installed_version("torch") or ""
+    if device_type in ("cuda", "xpu") and version.endswith("+cpu"):
+        return False, f"this PyTorch build ({version}) is CPU-only"
+    if device_type == "mps" and sys.platform != "darwin":
+        return False, "MPS exists only on macOS (Apple silicon)"
+    if device_type == "npu" and importlib.util.find_spec("torch_npu") is None:
+        return False, "torch_npu (Ascend's PyTorch adapter) is not installed"
+    return None
+
+
 def probe(device_type: str) -> tuple[bool, str]:
-    """(available, reason) of torch device type ``device_type`` here. Never raises."""
+    """(available, reason) of torch device type ``device_type`` here. Never raises; imports torch
+    only where the installed files do not settle it."""
+    try:
+        settled = _without_import(device_type)
+    except Exception:  # noqa: BLE001
+        settled = None
+    if settled is not None:
+        return settled
     try:
         torch = torch_module()
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install
@@ -91,9 +125,9 @@ def probe(device_type: str) -> tuple[bool, str]:
 
 def device_names(device_type: str) -> tuple[str, ...]:
     """Names of the devices of this type (their index order); () when none or unknown."""
-    torch = torch_module()
     if device_type == "cpu":
         return ("cpu",)
+    torch = torch_module()
     module = getattr(torch, device_type, None)
     count = module.device_count() if module is not None and hasattr(module, "device_count") else 0
     names = []
@@ -104,7 +138,11 @@ def device_names(device_type: str) -> tuple[str, ...]:
 
 
 def version_text(device_type: str) -> str:
-    """"torch 2.13.0" plus the device library's version where torch reports one."""
+    """"torch 2.13.0" plus the device library's version where torch reports one (torch-cpu: from
+    the installed metadata, without importing torch)."""
+    if device_type == "cpu":
+        version = _installed_version("torch")
+        return f"torch {version}" if version else ""
     try:
         torch = torch_module()
     except Exception:  # noqa: BLE001
