@@ -75,13 +75,15 @@ def run_backend(cases, backend: str, progress: Progress | None = None, keep_outp
     the user (a run that could not be isolated) are appended to ``notes``."""
     outcomes = []
     det_ids = {c.id for c in cases if c.deterministic and c.kind == "valid"}
-    fresh = FreshDigests(backend, imports, case_timeout, spawn=bool(det_ids))   # starts alongside the run
+    fresh = FreshDigests(backend, imports, case_timeout)
     try:
         with CaseRunner(backend, isolate=isolate, case_timeout=case_timeout, imports=imports,
                         keep_outputs=keep_outputs) as runner:
             for case in cases:
                 out = runner.run(case)
                 outcomes.append(out)
+                if det_ids and len(outcomes) == 1:
+                    fresh.worker.spawn()    # its start-up overlaps the run (after the judge's, not competing with it)
                 if progress:
                     progress.step(f"{backend} {case.id}", out.status in FAILING)
             if runner.note and notes is not None:
