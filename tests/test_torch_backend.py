@@ -190,3 +190,16 @@ def test_deterministic_calls_repeat_bit_for_bit_and_leave_torch_settings_alone()
     second = xconv.convolution_backward(dy, x, w, padding=1, deterministic=True, backend="torch-cpu")
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_backend_pair_holds_two_backends_against_each_other():
+    """benchmarks/backend_pair.py (cudnn vs torch-cuda on a GPU) on the CPU: numpy vs torch-cpu agree."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "backend_pair.py"
+    spec = importlib.util.spec_from_file_location("backend_pair", path)
+    pair = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pair)
+    cmp, ran, total = pair.agreement("numpy", "torch-cpu", ["tiny/2d", "transposed/2d-s2-op1-g2"])
+    assert ran == total == 6 and not cmp.disagreements
+    assert all(v is not None and v <= 1.0 for row in cmp.rows for v in row.pairwise.values())
