@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from .channel import Channel, ChannelClosed, ChannelTimeout
-from .runner import Outcome, Watch, run_case
+from .runner import Outcome, Watch, availability, run_case
 
 DEFAULT_CASE_TIMEOUT = 300.0
 START_TIMEOUT = 120.0          # seconds a worker may take to import xconv and the plugins
@@ -245,15 +245,22 @@ class CaseRunner:
     """
 
     def __init__(self, backend: str, *, isolate: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT,
-                 imports=(), keep_outputs: bool = False):
+                 imports=(), keep_outputs: bool = False, spawn: bool = True):
         self.backend, self.keep_outputs = backend, keep_outputs
         self.worker = Worker(backend, "judge", imports, case_timeout) if isolate else None
-        if self.worker is not None:
+        if self.worker is not None and spawn:
             self.worker.spawn()
         self.watch = Watch()
         self.note = ""
+        self.unavailable: str | None = None     # the reason, when the backend cannot run here
 
     def run(self, case) -> Outcome:
+        if self.unavailable is None:
+            ok, reason = availability(self.backend)     # asked here: no worker for a backend that cannot run
+            self.unavailable = "" if ok else reason
+        if self.unavailable:
+            self.close()
+            return Outcome(case.id, self.backend, "unavailable", self.unavailable)
         if self.worker is not None:
             start = time.perf_counter()
             try:

@@ -85,7 +85,7 @@ def _runner(config, backend: str) -> CaseRunner:
     if backend not in runners:
         runners[backend] = CaseRunner(backend, isolate=not config.getoption("--xconv-no-isolate"),
                                       case_timeout=config.getoption("--xconv-case-timeout"),
-                                      imports=config.getoption("--xconv-import") or ())
+                                      imports=config.getoption("--xconv-import") or (), spawn=False)
     return runners[backend]
 
 
