@@ -90,3 +90,23 @@ def test_pytest_front_end_fails_only_the_cases_that_crash_or_hang(crashy_env):
     assert "3 failed, 1 passed" in out, out
     assert "tiny/3d-f16 on crashy: crashed: SIGSEGV" in out and "tiny/3d-f64 on crashy: crashed: SIGABRT" in out
     assert "tiny/3d-bf16 on crashy: timed out" in out
+
+
+def test_in_process_runs_and_runtime_registered_backends(capsys):
+    """--no-isolate runs in the kit's process; a backend registered at run time cannot be rebuilt in a
+    worker, so its cases run in-process, with a note that says so."""
+    import xconv
+    from xconv_conformance import cli
+    from xconv_numpy import NumpyBackend
+
+    assert cli.main(["--backend", "numpy", "--cases", "tiny/1d-f32", "--no-progress", "--no-isolate"]) == 0
+    backend = NumpyBackend()
+    backend.name = "registered-at-run-time"
+    xconv.register_backend(backend)
+    try:
+        assert cli.main(["--backend", backend.name, "--cases", "tiny/1d-f32", "--no-progress"]) == 0
+    finally:
+        xconv.unregister_backend(backend.name)
+    out = capsys.readouterr().out
+    assert "note: backend 'registered-at-run-time' is not registered in a fresh process" in out
+    assert "not isolated" in out
