@@ -44,12 +44,15 @@ def _xconv(env, *args, cwd=REPO):
 
 
 def test_run_records_crashed_and_timed_out_cases_and_writes_the_bundle(crashy_env, tmp_path):
-    out_file = tmp_path / "x.xcr"
+    out_file, report = tmp_path / "x.xcr", tmp_path / "x.html"
     rc, out = _xconv(crashy_env, "conformance", "run", "--backend", "crashy", "--out", str(out_file),
                      "--case-timeout", TIMEOUT, "-v", "--no-progress", "--cases", "tiny/", "--cases",
-                     "deterministic/2d-direct")
+                     "deterministic/2d-direct", "--report", str(report))
     assert rc == 1, out
     assert out_file.exists(), out
+    page = report.read_text()
+    assert "<td class='crashed'>crashed</td>" in page and "<td class='timed_out'>timed out</td>" in page
+    assert "crashed: SIGSEGV" in page and "<summary>stderr</summary>" in page
     # the summary counts them; -v names each with its signal, and shows the stderr it wrote
     row = next(line.split() for line in out.splitlines() if line.startswith("crashy "))
     assert row[1:6] == ["11", "0", "3", "2", "0"], out          # passed, failed, crashed, timed out, refused

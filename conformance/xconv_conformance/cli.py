@@ -15,7 +15,8 @@
 
 Exit status: 0 when everything run passed (refusals and unavailable backends are reported, not
 failures, except that a backend named with --backend must be available); 1 on a failure (crashed
-and timed-out cases included) or a disagreement; 2 on a usage error, an unavailable named backend or an unreadable bundle.
+and timed-out cases included) or a disagreement; 2 on a usage error, an unavailable named backend
+or an unreadable bundle.
 """
 
 from __future__ import annotations

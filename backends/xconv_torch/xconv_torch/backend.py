@@ -94,7 +94,8 @@ class TorchBackend(Backend):
         try:
             torch = devices.torch_module()
         except Exception as exc:  # noqa: BLE001 - a torch that is installed but cannot be imported
-            raise BackendUnavailableError(self.name, f"PyTorch cannot be imported: {type(exc).__name__}: {exc}") from exc
+            why = f"PyTorch cannot be imported: {type(exc).__name__}: {exc}"
+            raise BackendUnavailableError(self.name, why) from exc
         tensors, placement = place(torch, self.device_type, self.name, arrays)
         widen = p.dtype in self.kind.widen
         if widen:   # the device's own kernels for this dtype accumulate in it: run them in float32 instead
