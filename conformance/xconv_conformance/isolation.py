@@ -207,6 +207,9 @@ class Worker:
             self.close()
             raise Died("crashed", sig, stderr,
                        f"crashed: {sig or what} (the worker process died on this case and was replaced)") from None
+        except Exception as exc:  # noqa: BLE001 - a reply that cannot be read: this worker is not to be trusted
+            self.close()
+            raise RuntimeError(f"its reply could not be read ({type(exc).__name__}: {exc})") from None
         if reply[0] == "error":
             raise RuntimeError(reply[1])
         return reply[1]

@@ -47,6 +47,8 @@ def digest_case(case, backend: str):
 
 
 def serve(channel) -> int:
+    from .channel import ChannelClosed
+
     hello = channel.recv()
     for module in hello.get("imports", ()):
         importlib.import_module(module)
@@ -76,7 +78,12 @@ def serve(channel) -> int:
             reply = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         sys.stdout.flush()
         sys.stderr.flush()
-        channel.send(reply)
+        try:
+            channel.send(reply)
+        except ChannelClosed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a result that cannot be pickled
+            channel.send(("error", f"the result could not be sent back: {type(exc).__name__}: {exc}"))
 
 
 def main(argv: list[str]) -> int:
