@@ -1,8 +1,11 @@
 """DLPack interop: any array with ``__dlpack__``/``__dlpack_device__`` goes in, the caller's family comes out.
 
-Backends see only "native" families (NumPy on the CPU, CuPy on CUDA). A foreign array (a
-PyTorch tensor, a JAX array, …) is viewed, without copying, as the native array of its device
-(``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA memory); results are handed
+Backends see only "native" families (NumPy on the CPU, CuPy on CUDA), except that a backend
+named for the call (``backend=`` or ``$XCONV_BACKEND``) that declares a foreign family itself
+(the torch backends declare "torch") gets those arrays as they are (:func:`to_native_for`).
+Otherwise a foreign array (a PyTorch tensor, a JAX array, …) is viewed, without copying, as the
+native array of its device (``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA
+memory); results are handed
 back through the caller's ``from_dlpack``, again without copying.
 
 DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as their 16-bit pattern
