@@ -89,9 +89,10 @@ def _guard_memory(backend, p, outputs, arrays) -> None:
     limits.check_call(itemsize, [shapes[o] for o in outputs], extra)
 
 
-def _native(**named):
-    """Each named argument as a native array (a zero-copy DLPack view of a foreign one)."""
-    return [interop.to_native(a, name) for name, a in named.items()]
+def _native(backend, family: str, **named):
+    """Each named argument as the call's backend takes it: as it is when that backend declares its foreign
+    ``family`` (a torch backend taking torch tensors), else native (a zero-copy DLPack view)."""
+    return interop.to_native_for(backend, family, named)
 
 
 def _ready(**named):
@@ -115,7 +116,7 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
                                           stride=stride, padding=padding, dilation=dilation, transposed=transposed,
                                           output_padding=output_padding, groups=groups, deterministic=deterministic,
                                           math=math, backend=backend)
-    grad_output, input, weight = _native(grad_output=grad_output, input=input, weight=weight)
+    grad_output, input, weight = _native(backend, family, grad_output=grad_output, input=input, weight=weight)
     outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, backend, outputs,
                     bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
@@ -133,7 +134,7 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
         return route.conv_fprop(input, weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
                                 deterministic=deterministic, math=math, backend=backend)
-    input, weight, bias = _native(input=input, weight=weight, bias=bias)
+    input, weight, bias = _native(backend, family, input=input, weight=weight, bias=bias)
     b, p = _prepare({"input": input, "weight": weight}, backend, ["output"], bias=bias, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
@@ -149,7 +150,7 @@ def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilatio
         return route.conv_dgrad(grad_output, weight, input_shape, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
                                 deterministic=deterministic, math=math, backend=backend)
-    grad_output, weight = _native(grad_output=grad_output, weight=weight)
+    grad_output, weight = _native(backend, family, grad_output=grad_output, weight=weight)
     b, p = _prepare({"grad_output": grad_output, "weight": weight}, backend, ["input"], input_shape=input_shape,
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)
@@ -165,7 +166,7 @@ def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilatio
         return route.conv_wgrad(input, grad_output, weight_shape, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
                                 deterministic=deterministic, math=math, backend=backend)
-    input, grad_output = _native(input=input, grad_output=grad_output)
+    input, grad_output = _native(backend, family, input=input, grad_output=grad_output)
     b, p = _prepare({"input": input, "grad_output": grad_output}, backend, ["weight"], weight_shape=weight_shape,
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic)

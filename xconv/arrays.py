@@ -73,12 +73,17 @@ def array_module(array):
 
 
 def zeros(like, shape):
-    """C-contiguous zeros of ``shape`` with ``like``'s dtype and family."""
+    """C-contiguous zeros of ``shape`` with ``like``'s dtype, family (and device, for torch tensors)."""
+    new_zeros = getattr(like, "new_zeros", None)         # torch tensors: same dtype and device
+    if callable(new_zeros):
+        return new_zeros(tuple(shape))
     return array_module(like).zeros(tuple(shape), dtype=like.dtype)
 
 
 def contiguous(array):
     """``array`` itself when C-contiguous, else a C-contiguous copy."""
+    if callable(getattr(array, "is_contiguous", None)):  # torch tensors
+        return array.contiguous()
     return array_module(array).ascontiguousarray(array)
 
 

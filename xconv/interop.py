@@ -1,8 +1,11 @@
 """DLPack interop: any array with ``__dlpack__``/``__dlpack_device__`` goes in, the caller's family comes out.
 
-Backends see only "native" families (NumPy on the CPU, CuPy on CUDA). A foreign array (a
-PyTorch tensor, a JAX array, …) is viewed, without copying, as the native array of its device
-(``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA memory); results are handed
+Backends see only "native" families (NumPy on the CPU, CuPy on CUDA), except that a backend
+named for the call (``backend=`` or ``$XCONV_BACKEND``) that declares a foreign family itself
+(the torch backends declare "torch") gets those arrays as they are (:func:`to_native_for`).
+Otherwise a foreign array (a PyTorch tensor, a JAX array, …) is viewed, without copying, as the
+native array of its device (``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA
+memory); results are handed
 back through the caller's ``from_dlpack``, again without copying.
 
 DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as their 16-bit pattern
@@ -12,12 +15,13 @@ DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as thei
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 
 from .arrays import array_family
 from .dtypes import bfloat16
-from .errors import BackendUnavailableError, ShapeError, UnsupportedError
+from .errors import BackendUnavailableError, ShapeError, UnsupportedError, XconvError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
 
@@ -72,6 +76,27 @@ def _from_dlpack(array, family: str):
         import torch
         return native.from_dlpack(array.view(torch.int16)).view(bfloat16)
     return native.from_dlpack(array)
+
+
+def to_native_for(backend, family: str | None, named: dict) -> list:
+    """The arrays of ``named`` (argument name -> array) as the call's backend takes them: as they are
+    when ``backend`` (else ``$XCONV_BACKEND``) names a backend that declares their foreign ``family``
+    itself (a torch backend taking torch tensors on their own device), else each through
+    :func:`to_native`, which names the argument in its errors."""
+    if family is not None and family not in NATIVE_FAMILIES and family in _families_of(backend):
+        return list(named.values())
+    return [to_native(a, name) for name, a in named.items()]
+
+
+def _families_of(backend) -> tuple:
+    chosen = backend if backend is not None else (os.environ.get("XCONV_BACKEND") or None)
+    if isinstance(chosen, str):
+        from .registry import get_backend
+        try:
+            chosen = get_backend(chosen)
+        except XconvError:
+            return ()                       # unknown or broken: reported when the call selects its backend
+    return tuple(getattr(chosen, "array_families", None) or ())
 
 
 def to_family(result, family: str):

@@ -200,7 +200,8 @@ def _extend(a, shape):
 def _add_bias(y, bias):
     if bias is None:
         return y
-    return contiguous((y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))).astype(y.dtype))
+    z = y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))
+    return contiguous(z if z.dtype == y.dtype else z.astype(y.dtype))
 
 
 def _native(caps, *arrays):

@@ -5,7 +5,7 @@ A bundle is a zip archive (stored, not compressed) with exactly two members:
 - ``manifest.json``: format and version, xconv and kit versions, the backend (name, version,
   devices), library versions, device name, platform, creation date, the corpus hash and case
   ids, one record per case (status, message, worst error/bound, case and input digests, the
-  result keys, dtypes and shapes) and the SHA-256 and size of every other member;
+  result keys, dtypes and shapes; crashed and timed-out cases add ``signal`` and ``stderr``) and the SHA-256 and size of every other member;
 - ``outputs.npz``: the results as plain arrays (bfloat16 stored as its uint16 bit pattern).
 
 A bundle comes from another machine: :func:`load_bundle` treats it as hostile. Nothing in it is

@@ -8,10 +8,14 @@ subcommands (``xconv conformance SUBCOMMAND --help`` describes each):
   compare  hold bundles against the reference and against each other; exit 1 on a disagreement
   cases    list the case ids or their specs (also: list)
 
+check and run run the backend in worker processes: a case that crashes its worker is recorded as
+"crashed" (with the signal), one past --case-timeout SECONDS as "timed out", and the run goes on;
+--no-isolate runs in this process (for debugging).
+
 Exit status: 0 when everything run passed (refusals and unavailable backends are reported, not
-failures, except that a backend named with --backend must be available); 1 on a failure or a
-disagreement; 2 on a usage error, an unknown or unavailable named backend or an unreadable
-bundle; 130 when interrupted.
+failures, except that a backend named with --backend must be available); 1 on a failure (crashed
+and timed-out cases included) or a disagreement; 2 on a usage error, an unknown or unavailable
+named backend or an unreadable bundle; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
 from .report import write_report
-from .runner import ORACLE, Watch, apply_fresh_process, availability, fresh_process_digests, inputs_of, resolve, run_case
+from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
+from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
 
 SUBCOMMANDS = ("check", "run", "compare", "cases", "list")
 
@@ -122,29 +127,37 @@ class Progress:
 
 
 def run_backend(cases, backend: str, progress: Progress | None = None, keep_outputs: bool = False,
-                imports=()) -> list:
-    """Outcomes of ``cases`` on ``backend``, with the batched fresh-process determinism check."""
+                imports=(), isolate: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT, notes=None) -> list:
+    """Outcomes of ``cases`` on ``backend`` (in a worker process unless not ``isolate``), with the
+    fresh-process determinism check of the deterministic cases that passed. Lines worth telling
+    the user (a run that could not be isolated) are appended to ``notes``."""
     outcomes = []
-    watch = Watch()
-    for case in cases:
-        out = watch.after(run_case(case, backend, keep_outputs=keep_outputs))
-        outcomes.append(out)
-        if progress:
-            progress.step(f"{backend} {case.id}", out.status == "failed")
-    det = [(c, o) for c, o in zip(cases, outcomes) if c.deterministic and c.kind == "valid" and o.status == "passed"]
-    if det:
-        try:
-            fresh = fresh_process_digests(backend, [c for c, _ in det], imports)
-        except Exception as exc:  # noqa: BLE001
-            fresh = {c.id: f"error: {exc}" for c, _ in det}
-        for c, o in det:
-            apply_fresh_process(o, fresh.get(c.id, "error: no answer from the fresh process"))
+    det_ids = {c.id for c in cases if c.deterministic and c.kind == "valid"}
+    fresh = FreshDigests(backend, imports, case_timeout)
+    try:
+        with CaseRunner(backend, isolate=isolate, case_timeout=case_timeout, imports=imports,
+                        keep_outputs=keep_outputs) as runner:
+            for case in cases:
+                out = runner.run(case)
+                outcomes.append(out)
+                if det_ids and len(outcomes) == 1:
+                    fresh.worker.spawn()    # its start-up overlaps the run (after the judge's, not competing with it)
+                if progress:
+                    progress.step(f"{backend} {case.id}", out.status in FAILING)
+            if runner.note and notes is not None:
+                notes.append(runner.note)
+        for c, o in zip(cases, outcomes):
+            if c.id in det_ids and o.status == "passed":
+                apply_fresh_process(o, fresh.digest(c))
+    finally:
+        fresh.close()
     return outcomes
 
 
 def _rows(cases, outcomes) -> list[dict]:
     return [{"id": c.id, "group": c.group, "dtype": c.dtype, "status": o.status, "ratio": o.ratio,
-             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples} for c, o in zip(cases, outcomes)]
+             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr}
+            for c, o in zip(cases, outcomes)]
 
 
 def _fmt(r) -> str:
@@ -155,12 +168,14 @@ def _fmt(r) -> str:
 
 def summary_table(results: dict, seconds: dict) -> str:
     """``results``: {backend: [(case, outcome)]} -> the summary table text."""
-    rows = [["backend", "passed", "failed", "refused", "unavailable", "worst error/bound", "worst case", "time"]]
+    rows = [["backend", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "worst error/bound",
+             "worst case", "time"]]
     for name, pairs in results.items():
         counts = Counter(o.status for _, o in pairs)
         ratios = [(o.ratio, c.id) for c, o in pairs if o.ratio is not None]
         worst = max(ratios) if ratios else (None, "")
-        rows.append([name, *(str(counts.get(s, 0)) for s in ("passed", "failed", "refused", "unavailable")),
+        rows.append([name, *(str(counts.get(s, 0)) for s in ("passed", "failed", "crashed", "timed_out", "refused",
+                                                              "unavailable")),
                      _fmt(worst[0]), worst[1], f"{seconds.get(name, 0.0):.1f}s"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -173,6 +188,12 @@ def _details(results: dict, verbose: bool) -> str:
         if unavailable and len(unavailable) == len(pairs):
             lines.append(f"{name}: unavailable: {unavailable[0]}")
             continue
+        for c, o in pairs:
+            if o.status in ("crashed", "timed_out"):
+                lines.append(f"{o.status.upper().replace('_', ' ')} {c.id} on {name}: "
+                             f"{o.message.splitlines()[0] if o.message else ''}"[:600])
+                if verbose and o.stderr.strip():
+                    lines += ["    | " + line[:300] for line in stderr_excerpt(o.stderr)]
         failed = [(c, o) for c, o in pairs if o.status == "failed"]
         for c, o in failed[: None if verbose else 20]:
             lines.append(f"FAILED {c.id} on {name}: {o.message.splitlines()[0] if o.message else ''}"[:600])
@@ -227,12 +248,13 @@ def cmd_check(args) -> int:
     for n in runnable:
         prepare(n, quiet=args.no_progress)
     progress = Progress(len(cases) * len(runnable), False if args.no_progress else None)
-    results, seconds = {}, {}
+    results, seconds, notes = {}, {}, []
     from .runner import Outcome
     for name in names:
         start = time.perf_counter()
         if avail[name][0]:
-            outcomes = run_backend(cases, name, progress, imports=args.imports)
+            outcomes = run_backend(cases, name, progress, imports=args.imports, isolate=not args.no_isolate,
+                                   case_timeout=args.case_timeout, notes=notes)
         else:
             outcomes = [Outcome(c.id, name, "unavailable", avail[name][1]) for c in cases]
         results[name] = list(zip(cases, outcomes))
@@ -244,12 +266,14 @@ def cmd_check(args) -> int:
     details = _details(results, args.verbose)
     if details:
         print(details)
+    for note in notes:
+        print(f"note: {note}")
     if args.report:
         runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs])}
                 for name, pairs in results.items()]
         write_report(args.report, "xconv conformance report", runs, _intro(cases))
         print(f"report: {args.report}")
-    if any(o.status == "failed" for pairs in results.values() for _, o in pairs):
+    if any(o.status in FAILING for pairs in results.values() for _, o in pairs):
         return 1
     if explicit and any(not avail[n][0] for n in names):
         return 2
@@ -301,7 +325,9 @@ def cmd_run(args, argv) -> int:
     prepare(args.backend, quiet=args.no_progress)
     progress = Progress(len(cases), False if args.no_progress else None)
     start = time.perf_counter()
-    outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports)
+    notes = []
+    outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports,
+                           isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
     progress.close()
     seconds = time.perf_counter() - start
     manifest, arrays = build(manifest_for(args.backend, cases, argv),
@@ -313,13 +339,15 @@ def cmd_run(args, argv) -> int:
     details = _details(results, args.verbose)
     if details:
         print(details)
+    for note in notes:
+        print(f"note: {note}")
     print(f"bundle: {args.out}")
     if args.report:
         write_report(args.report, f"xconv conformance: {args.backend}", [
             {"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes)}],
             _intro(cases))
         print(f"report: {args.report}")
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 1 if any(o.status in FAILING for o in outcomes) else 0
 
 
 def cmd_compare(args) -> int:
@@ -352,9 +380,25 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (neither the preparation lines nor the bar)")
-    p.add_argument("--verbose", "-v", action="store_true", help="list every failure and refusal reason")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="list every failure and refusal reason, and the stderr of crashed and timed-out cases")
+    p.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT, metavar="SECONDS",
+                   help=f"record a case still running after SECONDS as timed out (default {DEFAULT_CASE_TIMEOUT:g})")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run the backend in this process, not in worker processes (for debugging: a crash "
+                        "then ends the run)")
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                    help="import MODULE first (it may register backends with xconv.register_backend); repeatable")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

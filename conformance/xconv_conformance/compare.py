@@ -7,7 +7,7 @@ bundles against each other: |a - b| <= bound_a + bound_b, the sum of the two bou
 the triangle inequality allows two correct results to differ by.
 
 A disagreement is: a result outside its bound, a pair outside the pairwise bound, a case that
-failed on its own machine, or a bundle whose inputs (or case spec) differ from this corpus.
+failed, crashed or timed out on its own machine, or a bundle whose inputs (or case spec) differ from this corpus.
 Refused and unavailable cases are listed, not counted as disagreements.
 """
 
@@ -25,6 +25,7 @@ from .manifest_schema import printable
 from .runner import _log_ratio_sample, reference_of
 
 OUTPUTS = tolerance.OUTPUTS
+_COUNTED = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable", "absent")
 
 
 @dataclasses.dataclass
@@ -101,6 +102,9 @@ def _compare_case(case, bundles, records) -> CaseRow:
             continue
         if rec["status"] == "failed":
             problems.append(f"{tag} failed on its machine: {messages[-1][:300]}")
+        elif rec["status"] in ("crashed", "timed_out"):
+            how = f"crashed ({rec.get('signal') or 'exit'})" if rec["status"] == "crashed" else "timed out"
+            problems.append(f"{tag} {how} on its machine: {messages[-1][:300]}")
         if case.kind != "valid":
             ratios.append(None)
             continue
@@ -181,10 +185,11 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
         lines.append(f"  note: {note}")
     lines.append("")
     lines.append("Against the reference (float64 oracle recomputed here): results per bundle")
-    header = ["bundle", "passed", "failed", "refused", "unavailable", "absent", "outside bound", "worst error/bound"]
+    header = ["bundle", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "absent",
+              "outside bound", "worst error/bound"]
     table = [header]
     for i in range(len(bundles)):
-        counts = {s: 0 for s in ("passed", "failed", "refused", "unavailable", "absent")}
+        counts = {s: 0 for s in _COUNTED}
         outside, worst = 0, None
         for row in cmp.rows:
             counts[row.statuses[i]] = counts.get(row.statuses[i], 0) + 1
@@ -192,8 +197,8 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
             if r is not None:
                 worst = r if worst is None else max(worst, r)
                 outside += not r <= 1.0
-        table.append([f"[{_letter(i)}] {bundles[i].backend}", *(str(counts[s]) for s in
-                      ("passed", "failed", "refused", "unavailable", "absent")), str(outside), _fmt(worst)])
+        table.append([f"[{_letter(i)}] {bundles[i].backend}", *(str(counts[s]) for s in _COUNTED),
+                      str(outside), _fmt(worst)])
     lines += _table(table)
     if len(bundles) > 1:
         lines.append("")
@@ -259,8 +264,9 @@ def report_runs(cmp: Comparison) -> list[dict]:
     for i, b in enumerate(cmp.bundles):
         m = b.manifest
         rows = [{"id": row.case_id, "group": row.group, "dtype": row.dtype,
-                 "status": "failed" if any(p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
-                                           for p in row.problems) else row.statuses[i],
+                 "status": "failed" if row.statuses[i] not in ("crashed", "timed_out") and any(
+                     p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
+                     for p in row.problems) else row.statuses[i],
                  "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i]}
                 for row in cmp.rows if row.statuses[i] != "absent"]
         runs.append({"label": f"[{_letter(i)}] {b.backend}", "detail": f"{m['backend'].get('version', '')} on "

@@ -26,7 +26,7 @@ from xconv.errors import XconvError
 
 FORMAT = "xconv-conformance-bundle"
 FORMAT_VERSION = 1
-STATUSES = ("passed", "failed", "refused", "unavailable")     # every status a case record may hold
+STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")     # every status a case record may hold
 OUTPUT_NAMES = ("grad_input", "grad_weight", "grad_bias")
 STORED_DTYPES = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "float64": "float64"}
 MAX_CASES = 20_000                  # cases in one bundle (the corpus holds a few hundred)
@@ -219,7 +219,8 @@ CASE = Obj(
     optional={"message": Str(), "kind": NAME, "ratio": Optional(Num()),
               "ratios": Map(Optional(Num()), keys=OUTPUT_NAMES),
               "worst_index": Map(Optional(List(Int(0), MAX_RANK)), keys=OUTPUT_NAMES),
-              "digests": Optional(List(Optional(SHA256), len(OUTPUT_NAMES))), "seconds": Num()})
+              "digests": Optional(List(Optional(SHA256), len(OUTPUT_NAMES))), "seconds": Num(),
+              "signal": Optional(NAME), "stderr": Str()})       # crashed / timed_out cases
 MANIFEST = Obj(
     required={"xconv_version": NAME, "kit_version": NAME,
               "backend": Obj({"name": Str(nonempty=True, plain=True)},
