@@ -22,24 +22,15 @@ in float32 (float16 and bfloat16 are computed in float32, as on the BLAS path); 
 BLAS path. By default stride 1, and stride 2 with 32k input channels per group, use these loops
 (see :func:`serves`).
 
-The C file is compiled at first use (``$CC`` or gcc, ``-O3 -march=native``) into a private per-user
-cache (``$XCONV_CACHE_DIR``, else ``~/.cache/xconv``, else the temporary directory) and loaded with
-ctypes, whose calls release the GIL. Without a compiler, or with ``XCONV_NUMPY_C=0``, :func:`serves`
-is False and the BLAS path runs.
+The C file is built at install, once per instruction set, and the best build the CPU runs is loaded with
+ctypes (see :mod:`.native`), whose calls release the GIL. Without the builds (installed without a
+compiler), or with ``XCONV_NUMPY_C=0``, :func:`serves` is False and the BLAS path runs.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
 import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,6 +38,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from . import native
 from .lazy import Lazy
 from .workers import even_ranges, run
 
@@ -58,77 +50,17 @@ TASKS_PER_WORKER = 2
 DW_SEGMENT_BYTES = 256 << 10
 #: Share of the working-set budget that one block of samples (its grids) may take.
 BLOCK_SHARE = 1.0
-SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
 
-def _cpu_key() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + platform.processor() + flags
-
-
-def _check_private(path: Path) -> None:
-    """Refuse a cache directory or library that another user owns or could write (it would be loaded as code)."""
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise PermissionError(f"{path} is not private to this user (owner {st.st_uid}, mode {st.st_mode:o})")
-
-
-def _build() -> ctypes.CDLL:
-    cc = os.environ.get("CC", "gcc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not found)")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cc.encode()
-                         + _cpu_key().encode()).hexdigest()[:16]
-    dirs = [Path(os.environ["XCONV_CACHE_DIR"])] if os.environ.get("XCONV_CACHE_DIR") else []
-    dirs += [Path.home() / ".cache" / "xconv", Path(tempfile.gettempdir()) / f"xconv-cache-{os.getuid()}"]
-    last = None
-    for d in dirs:
-        try:
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _check_private(d)
-            out = d / f"direct_conv-{key}.so"
-            if out.exists():
-                _check_private(out)
-            if not out.exists():
-                fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-                os.close(fd)
-                r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-                if r.returncode != 0:
-                    os.unlink(tmp)
-                    raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:500]}")
-                os.replace(tmp, out)                     # atomic: concurrent builders agree
-            lib = ctypes.CDLL(str(out))
-            break
-        except OSError as e:                             # not writable, not ours, not loadable: the next
-            last = e
-    else:
-        raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
-    p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.xconv_dx_rows.argtypes = [p, i, i, p, i, i, p, i, i, i, p, i, i, i, p, p, i, i, i, i]
-    lib.xconv_dx_rows.restype = None
-    lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i]
-    lib.xconv_dw_rows.restype = None
-    lib.xconv_x_to_grid.argtypes = [p, i, i, i, i, i, p, i, i, p, i, p]
-    lib.xconv_x_to_grid.restype = None
-    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, i, i, p, p]
-    lib.xconv_dy_to_grid.restype = None
-    return lib
-
-
-_LIB = Lazy(_build, "XCONV_NUMPY_C")
+_LIB = Lazy(native.load, "XCONV_NUMPY_C")
 
 
 def available() -> bool:
-    """Whether the compiled loops can run (built or buildable, not disabled by XCONV_NUMPY_C=0)."""
+    """Whether the compiled loops can run (built at install, not disabled by XCONV_NUMPY_C=0)."""
     return _LIB.available()
 
 
 def build_error() -> str | None:
-    """Why the loops could not be built (None if they were, or were not tried)."""
+    """Why the loops could not be loaded (None if they were, or were not tried)."""
     return _LIB.error
 
 
