@@ -227,12 +227,36 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     return f
 
 
+def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
+    """dx += the terms dy[n, co, o] * w[co, c, t] of the weights where ``which`` is True, for the (o, t) pairs the
+    convolution defines only (an infinite weight never meets the dy grid's zeros: as on the exact path)."""
+    g = p.groups
+    Cg, Cog = p.input_shape[1] // g, p.output_shape[1] // g
+    S, O = p.input_shape[2:], p.output_shape[2:]
+    for co, ci, *t in np.argwhere(which):
+        c = co // Cog * Cg + ci
+        src, dst = [slice(None), co], [slice(None), c]
+        for tk, s, d, (pre, _), n_in, n_out in zip(t, p.stride, p.dilation, p.padding, S, O):
+            lo = max(0, -(-(pre - tk * d) // s))                   # outputs o with 0 <= o*s + t*d - pre < n_in
+            hi = min(n_out - 1, (n_in - 1 + pre - tk * d) // s)
+            if hi < lo:
+                break
+            src.append(slice(lo, hi + 1))
+            dst.append(slice(lo * s + tk * d - pre, hi * s + tk * d - pre + 1, s))
+        else:
+            dx[tuple(dst)] += dy[tuple(src)] * w[(co, ci, *t)]
+
+
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease):
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
     lib = _LIB.get()
     f = _plan(p, need_dx, need_dw, budget)
+    w_given, finite = w, None
+    if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:
+        finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
+        w = np.where(finite, w, 0).astype(w.dtype)       # are added after (see _add_taps)
     g, nd, N, C, Co, Cg, Cog, K, S, O = f.g, f.nd, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S, f.O
     M, ldy, Yn, Xn, Sn, nb = f.M, f.ldy, f.Yn, f.Xn, f.Sn, f.nb
     f32 = np.dtype(np.float32)
@@ -253,7 +277,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         i = n - n0
         dyn = dy[n]
         nrows = len(f.dy_rows)
-        if dyn.dtype == f32 and dyn.flags.c_contiguous:
+        if dyn.dtype == f32 and dyn.flags.c_contiguous and dyn.flags.aligned:
             r0, r1 = even_ranges(nrows, f.copy_parts)[part]
             lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, nrows, f.Y[-1], O[-1],
                                  M, ldy, r0, r1, dyG[i].ctypes.data, db_parts[n, part].ctypes.data if need_db else None)
@@ -269,7 +293,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                 db_parts[n, 1:] = 0
         if need_dw:
             xn = x[n]
-            if xn.dtype == f32 and xn.flags.c_contiguous:
+            if xn.dtype == f32 and xn.flags.c_contiguous and xn.flags.aligned:
                 u0, u1 = even_ranges(Sn, f.copy_parts)[part]
                 lib.xconv_x_to_grid(xn.ctypes.data, Sn, 0, C, Cg, Xn * Cg, f.x_pos.ctypes.data, u0, u1,
                                     f.x_pad.ctypes.data, len(f.x_pad) if part == 0 else 0, xG[i].ctypes.data)
@@ -360,4 +384,6 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             else:
                 dw_acc += dw_part
     dw, db = out["dw"], out["db"]
+    if finite is not None:
+        _add_taps(dx, dy, w_given, ~finite, p)
     return (dx if need_dx else None), dw, db
