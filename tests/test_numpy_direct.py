@@ -19,7 +19,7 @@ from test_numpy_fast import DTYPE_NAMES, compare, random_arrays  # noqa: E402
 
 from xconv_numpy import direct  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not direct.available(), reason=f"Numba unavailable: {direct.import_error()}")
+pytestmark = pytest.mark.skipif(not direct.available(), reason=f"compiled loops not built: {direct.import_error()}")
 
 CASES = {
     # name: input, weight, kwargs

@@ -77,3 +77,15 @@ def load() -> ctypes.CDLL:
 def isa(lib: ctypes.CDLL) -> str:
     """The instruction set of a loaded build."""
     return lib.xconv_build_isa().decode()
+
+
+def describe() -> str:
+    """Which paths of the backend run compiled loops, and which build (for ``xconv backends``)."""
+    from . import compiled, direct
+
+    parts = [name for name, part in (("depthwise", direct), ("dense C loops", compiled)) if part.available()]
+    if parts:
+        lib = compiled._LIB.get() or direct._KERNELS.get()
+        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}"
+    why = compiled.build_error() or direct.import_error() or "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
+    return f"compiled loops: none, NumPy paths only ({why})"
