@@ -162,7 +162,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     N, C = plan.in4[:2]
     dy4 = dy.reshape(plan.out4)
     x4 = x.reshape(plan.in4) if need_dw else None
-    w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K))
+    w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)) if need_dx else None
     dx = np.empty(plan.in4, out_dt) if need_dx else None
     dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros(1, cdt)
     dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros(1, cdt)
@@ -180,7 +180,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         geo = plan.geo(need_dx, need_dw, need_db, xs, _elem_strides(dyb, plan.out4))
         Co = plan.out4[1]
         # the C loop indexes samples from its block's start: offset the partials' pointers to the block
-        args = (dyb.ctypes.data, xb.ctypes.data if need_dw else None, w2.ctypes.data,
+        args = (dyb.ctypes.data, xb.ctypes.data if need_dw else None, w2.ctypes.data if need_dx else None,
                 dxb.ctypes.data if need_dx else None,
                 dwb_all + n0 * Co * plan.K * cdt.itemsize if need_dw else None,
                 dbb_all + n0 * Co * cdt.itemsize if need_db else None,
