@@ -77,33 +77,43 @@ class _Plan:
         H, W = self.in4[2:]
         self.Lh = -(-(H + ph0 + ph1) // sh)
         self.Lw = -(-(W + pw0 + pw1) // sw)
-        # per dim: each tap's offset q and phase slot, and per input position its phase's slot (-1: no tap
-        # reads that phase) and index a within the phase; slots of the 2-D phases: row slot * nRw + column slot
-        qh, th_slot, nRh, rows = _dim(kh, dh, sh, ph0, H)
-        qw, tw_slot, self.nRw, cols = _dim(kw, dw, sw, pw0, W)
-        self.nslots = nRh * self.nRw
-        self.tab = np.concatenate(rows + cols)
+        # per dim: each tap's offset q and phase slot (phases some tap reads, in order); per input row its row
+        # phase's slot (-1: no tap reads it) and index in the phase; per column slot its run of input columns
+        qh, th_slot, used_h = _dim(kh, dh, sh)
+        qw, tw_slot, used_w = _dim(kw, dw, sw)
+        self.nRw, self.sw = len(used_w), sw
+        self.nslots = len(used_h) * self.nRw
+        a, rp = np.divmod(np.arange(H, dtype=np.int64) + ph0, sh)
+        where = np.minimum(np.searchsorted(used_h, rp), len(used_h) - 1)
+        rows = np.where(used_h[where] == rp, where, -1)
+        runs = []
+        for r in used_w.tolist():                        # columns z with (z + pw0) % sw == r: z0, z0 + sw, ...
+            z0 = (r - pw0) % sw
+            cnt = 0 if z0 >= W else (W - 1 - z0) // sw + 1
+            runs += [min(z0, W), (z0 + pw0) // sw, cnt]
+        self.tab = np.array(np.concatenate([rows, a, np.array(runs, np.int64)]), np.int64)
         th, tw = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
         taps = np.stack([(th * kw + tw).ravel(), qh[th].ravel(), qw[tw].ravel(),
                          (th_slot[th] * self.nRw + tw_slot[tw]).ravel()], axis=1)
         self.taps = np.ascontiguousarray(taps[np.lexsort((taps[:, 0], taps[:, 3]))], np.int64)
+        self.F = int((self.taps[:, 1] * self.Lw + self.taps[:, 2]).max())      # the largest flat tap offset
         self.m = p.output_shape[1] // p.input_shape[1]
         self.K = kh * kw
         for a in (self.tab, self.taps):
             a.flags.writeable = False
 
-    def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds) -> np.ndarray:
+    def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds, finite_w: bool = True) -> np.ndarray:
         """The C loops' geometry vector (see csrc/depthwise.c) with element strides xs of x and ds of dy."""
         C, H, W = self.in4[1], self.in4[2], self.in4[3]
         OH, OW = self.out4[2:]
         return np.array([C, self.m, H, W, OH, OW, self.Lh, self.Lw, self.K, self.nRw, self.nslots,
-                         need_dx, need_dw, need_db, *xs, *ds], np.int64)
+                         need_dx, need_dw, need_db, *xs, *ds, self.sw, finite_w, self.F], np.int64)
 
-    def scratch(self, dtype, need_g: bool):
-        """One worker's scratch: (g, xph, acc) (g: a dy plane, xph and acc: the phases kept)."""
-        size = self.nslots * self.Lh * self.Lw
-        g = np.empty(math.prod(self.out4[2:]) if need_g else 1, dtype)
-        return g, np.empty(size, dtype), np.empty(size, dtype)
+    def scratch(self, dtype, need_acc: bool = True):
+        """One worker's scratch: (g, xph, acc): dy (or y) on the grid behind F zeros, the phases kept of x and dx."""
+        size = self.nslots * (self.Lh + 1) * self.Lw
+        return (np.empty(self.F + (self.Lh + 1) * self.Lw, dtype), np.empty(size, dtype),
+                np.empty(size if need_acc else 1, dtype))
 
     def sample_blocks(self, per_sample_bytes: int, io_bytes: int):
         """[n0, n1) blocks of samples whose converted copies fit the block budget (one sample at least)."""
@@ -117,15 +127,11 @@ class _Plan:
         return [(a + u, a + v) for u, v in even_ranges(b - a, max(1, min((b - a) // 8, 4 * workers)))]
 
 
-def _dim(k: int, d: int, s: int, pre: int, n: int):
-    """One dim of the polyphase plan: per tap its offset q and its phase's slot (phases some tap reads, in
-    order), the number of such phases, and per input position (slot or -1, index in the phase)."""
+def _dim(k: int, d: int, s: int):
+    """One dim of the polyphase plan: per tap its offset q and its phase's slot, and the phases some tap reads."""
     q, r = np.divmod(np.arange(k, dtype=np.int64) * d, s)
     used = np.unique(r)
-    a, rp = np.divmod(np.arange(n, dtype=np.int64) + pre, s)
-    where = np.minimum(np.searchsorted(used, rp), len(used) - 1)
-    slot = np.where(used[where] == rp, where, -1).astype(np.int64)
-    return q, np.searchsorted(used, r).astype(np.int64), len(used), [slot, a.astype(np.int64)]
+    return q, np.searchsorted(used, r).astype(np.int64), used
 
 
 @functools.lru_cache(maxsize=64)
@@ -163,6 +169,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     dy4 = dy.reshape(plan.out4)
     x4 = x.reshape(plan.in4) if need_dw else None
     w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)) if need_dx else None
+    finite_w = bool(np.isfinite(w2).all()) if need_dx else True
     dx = np.empty(plan.in4, out_dt) if need_dx else None
     dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros(1, cdt)
     dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros(1, cdt)
@@ -177,7 +184,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         xb = (x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)) if need_dw else None
         dxb = (dx[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.in4[1:], cdt)) if need_dx else None
         xs = _elem_strides(xb, plan.in4) if need_dw else (0, 0, 0, 0)
-        geo = plan.geo(need_dx, need_dw, need_db, xs, _elem_strides(dyb, plan.out4))
+        geo = plan.geo(need_dx, need_dw, need_db, xs, _elem_strides(dyb, plan.out4), finite_w)
         Co = plan.out4[1]
         # the C loop indexes samples from its block's start: offset the partials' pointers to the block
         args = (dyb.ctypes.data, xb.ctypes.data if need_dw else None, w2.ctypes.data if need_dx else None,
@@ -190,7 +197,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             g, xph, acc = ws
             fn(*args, g.ctypes.data, xph.ctypes.data, acc.ctypes.data, a - n0 * C, b - n0 * C)
 
-        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, True), workers)
+        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, need_dx), workers)
         if need_dx and out_dt != cdt:
             dx[n0:n1] = dxb
     rdx = dx.reshape(p.input_shape) if need_dx else None
@@ -226,7 +233,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
                 plan.tab.ctypes.data)
 
         def task(ws, _i, a, b_, args=args, n0=n0):
-            fn(*args, ws[1].ctypes.data, a - n0 * C, b_ - n0 * C)
+            fn(*args, ws[0].ctypes.data, ws[1].ctypes.data, a - n0 * C, b_ - n0 * C)
 
         run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, False), workers)
         if b is not None:

@@ -45,7 +45,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     }
     for suf in ("f32", "f64"):
         sigs[f"xconv_depthwise_backward_{suf}"] = [p] * 12 + [i, i]
-        sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 7 + [i, i]
+        sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 8 + [i, i]
     for name, args in sigs.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None

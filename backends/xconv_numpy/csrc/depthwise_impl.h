@@ -30,14 +30,18 @@ static T DW_NAME(sum_)(const T *g, int64_t n) {
     return DW_NAME(hsum_)(acc) + tail;
 }
 
-/* out[k] = sum over oh < OH, ow < OW of g[oh * OW + ow] * src[k][oh * Lw + ow], k < CNT (only valid positions:
- * nothing outside the OH x OW box is read). */
+/* out[k] = sum over oh < OH, ow < OW of g[oh * Lw + ow] * src[k][oh * Lw + ow], k < CNT (only positions of the
+ * OH x OW box are read). */
 static inline __attribute__((always_inline)) void DW_NAME(dots_)(const T *g, int64_t OH, int64_t OW,
                                                                  const T *const *src, int64_t Lw, int CNT, T *out) {
-    DW_V acc[4] = {{0}, {0}, {0}, {0}};
-    T tail[4] = {0, 0, 0, 0};
+    DW_V acc[8];
+    T tail[8];
+    for (int k = 0; k < CNT; k++) {
+        acc[k] = (DW_V){0};
+        tail[k] = 0;
+    }
     for (int64_t oh = 0; oh < OH; oh++) {
-        const T *gr = g + oh * OW;
+        const T *gr = g + oh * Lw;
         int64_t ow = 0;
         for (; ow + DW_VL <= OW; ow += DW_VL) {
             DW_V gv = DW_NAME(vload_)(gr + ow);
@@ -52,6 +56,10 @@ static inline __attribute__((always_inline)) void DW_NAME(dots_)(const T *g, int
 static void DW_NAME(dots_any_)(const T *g, int64_t OH, int64_t OW, const T *const *src, int64_t Lw, int cnt,
                                T *out) {
     switch (cnt) {
+    case 8: DW_NAME(dots_)(g, OH, OW, src, Lw, 8, out); break;
+    case 7: DW_NAME(dots_)(g, OH, OW, src, Lw, 7, out); break;
+    case 6: DW_NAME(dots_)(g, OH, OW, src, Lw, 6, out); break;
+    case 5: DW_NAME(dots_)(g, OH, OW, src, Lw, 5, out); break;
     case 4: DW_NAME(dots_)(g, OH, OW, src, Lw, 4, out); break;
     case 3: DW_NAME(dots_)(g, OH, OW, src, Lw, 3, out); break;
     case 2: DW_NAME(dots_)(g, OH, OW, src, Lw, 2, out); break;
@@ -62,19 +70,34 @@ static void DW_NAME(dots_any_)(const T *g, int64_t OH, int64_t OW, const T *cons
 /* dst[i] += a[0] * s[0][i] + ... + a[CNT-1] * s[CNT-1][i] for i < n (terms in order). */
 static inline __attribute__((always_inline)) void DW_NAME(axpys_)(T *restrict dst, const T *const *s, const T *a,
                                                                   int64_t n, int CNT) {
-    const T *s0 = s[0], *s1 = s[CNT > 1 ? 1 : 0], *s2 = s[CNT > 2 ? 2 : 0], *s3 = s[CNT > 3 ? 3 : 0];
-    T a0 = a[0], a1 = CNT > 1 ? a[1] : 0, a2 = CNT > 2 ? a[2] : 0, a3 = CNT > 3 ? a[3] : 0;
-    if (CNT == 4)
-        for (int64_t i = 0; i < n; i++) dst[i] += a0 * s0[i] + a1 * s1[i] + a2 * s2[i] + a3 * s3[i];
-    else if (CNT == 3)
-        for (int64_t i = 0; i < n; i++) dst[i] += a0 * s0[i] + a1 * s1[i] + a2 * s2[i];
-    else if (CNT == 2)
-        for (int64_t i = 0; i < n; i++) dst[i] += a0 * s0[i] + a1 * s1[i];
-    else
-        for (int64_t i = 0; i < n; i++) dst[i] += a0 * s0[i];
+    const T *restrict p[8];
+    T c[8];
+    for (int k = 0; k < CNT; k++) {
+        p[k] = s[k];
+        c[k] = a[k];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        T t = c[0] * p[0][i];
+        for (int k = 1; k < CNT; k++) t += c[k] * p[k][i];
+        dst[i] += t;
+    }
 }
 
-/* A chunk of cnt (1..4) taps adding into dst (a row of the phase grid): tap k reads src[k][b - lo[k]] for
+/* axpys_ with a count known at run time (1..8). */
+static void DW_NAME(axpys_any_)(T *dst, const T *const *s, const T *a, int64_t n, int cnt) {
+    switch (cnt) {
+    case 8: DW_NAME(axpys_)(dst, s, a, n, 8); break;
+    case 7: DW_NAME(axpys_)(dst, s, a, n, 7); break;
+    case 6: DW_NAME(axpys_)(dst, s, a, n, 6); break;
+    case 5: DW_NAME(axpys_)(dst, s, a, n, 5); break;
+    case 4: DW_NAME(axpys_)(dst, s, a, n, 4); break;
+    case 3: DW_NAME(axpys_)(dst, s, a, n, 3); break;
+    case 2: DW_NAME(axpys_)(dst, s, a, n, 2); break;
+    default: DW_NAME(axpys_)(dst, s, a, n, 1); break;
+    }
+}
+
+/* A chunk of cnt (1..8) taps adding into dst (a row of the phase grid): tap k reads src[k][b - lo[k]] for
  * lo[k] <= b < lo[k] + len and nothing elsewhere (no term for positions a tap does not reach: no Inf meets a
  * zero). Columns every tap reaches run vectorized, the edges one by one with the terms in the same order. */
 static void DW_NAME(chunk_)(T *dst, const T *const *src, const int64_t *lo, const T *a, int cnt, int64_t len) {
@@ -88,14 +111,9 @@ static void DW_NAME(chunk_)(T *dst, const T *const *src, const int64_t *lo, cons
     int64_t e_end = l1 + len;                            /* columns some tap reaches: [l0, e_end) */
     for (int64_t b = l0; b < e_end; b++) {
         if (b == in0 && in1 > in0) {
-            const T *s[4];
+            const T *s[8];
             for (int k = 0; k < cnt; k++) s[k] = src[k] + (in0 - lo[k]);
-            switch (cnt) {
-            case 4: DW_NAME(axpys_)(dst + in0, s, a, in1 - in0, 4); break;
-            case 3: DW_NAME(axpys_)(dst + in0, s, a, in1 - in0, 3); break;
-            case 2: DW_NAME(axpys_)(dst + in0, s, a, in1 - in0, 2); break;
-            default: DW_NAME(axpys_)(dst + in0, s, a, in1 - in0, 1); break;
-            }
+            DW_NAME(axpys_any_)(dst + in0, s, a, in1 - in0, cnt);
             b = in1 - 1;
             continue;
         }
@@ -110,136 +128,195 @@ static void DW_NAME(chunk_)(T *dst, const T *const *src, const int64_t *lo, cons
     }
 }
 
-/* x plane (H, W; element strides sh_, sw_) into the phases of its zero-padded grid: phase slot s at xph + s * LL
- * (LL = Lh * Lw), input (y, z) at row rowa[y], column colb[z] of slot rows[y] * nRw + cols[z] (skipped where a
- * table holds -1: no tap reads that phase). */
-static void DW_NAME(to_phases_)(const T *x, int64_t sy, int64_t sz, int64_t H, int64_t W, const int64_t *tab,
-                                int64_t nRw, int64_t nslots, int64_t LL, int64_t Lw, T *xph) {
-    const int64_t *rows = tab, *rowa = tab + H, *cols = tab + 2 * H, *colb = tab + 2 * H + W;
-    memset(xph, 0, nslots * LL * sizeof(T));
+/* x plane (H, W; element strides sy, sz) into the phases of its zero-padded grid: phase slot s at xph + s * LP
+ * (LP >= Lh * Lw). Input row y lies in row rowa[y] of row slot rows[y] (-1: no tap reads that row phase); column
+ * slot j holds the columns z = z0 + k * sw (k < cnt) at b0 + k, (z0, b0, cnt) = runs[3j..3j+2]. Returns whether
+ * every value copied is finite. */
+static int DW_NAME(to_phases_)(const T *x, int64_t sy, int64_t sz, int64_t H, const int64_t *tab,
+                               const int64_t *runs, int64_t sw, int64_t nRw, int64_t nslots, int64_t LP,
+                               int64_t Lw, T *xph) {
+    const int64_t *rows = tab, *rowa = tab + H;
+    DW_V chk = {0};
+    T tchk = 0;
+    memset(xph, 0, nslots * LP * sizeof(T));
     for (int64_t y = 0; y < H; y++) {
         if (rows[y] < 0) continue;
-        T *base = xph + rows[y] * nRw * LL + rowa[y] * Lw;
+        T *base = xph + rows[y] * nRw * LP + rowa[y] * Lw;
         const T *xr = x + y * sy;
-        for (int64_t z = 0; z < W; z++)
-            if (cols[z] >= 0) base[cols[z] * LL + colb[z]] = xr[z * sz];
+        for (int64_t j = 0; j < nRw; j++) {
+            const int64_t *r = runs + 3 * j;
+            T *d = base + j * LP + r[1];
+            const T *src = xr + r[0] * sz;
+            int64_t step = sw * sz, k = 0;
+            if (step == 1)                                  /* v * 0 is NaN exactly when v is not finite */
+                for (; k + DW_VL <= r[2]; k += DW_VL) {
+                    DW_V v = DW_NAME(vload_)(src + k);
+                    memcpy(d + k, &v, sizeof v);
+                    chk += v * 0;
+                }
+            for (; k < r[2]; k++) {
+                d[k] = src[k * step];
+                tchk += d[k] * 0;
+            }
+        }
     }
+    return DW_NAME(hsum_)(chk) + tchk == 0;
 }
 
-/* The inverse of to_phases_ into a C-contiguous (H, W) plane: zeros for phases no tap reaches. */
-static void DW_NAME(from_phases_)(const T *acc, const int64_t *tab, int64_t H, int64_t W, int64_t nRw, int64_t LL,
-                                  int64_t Lw, T *dx) {
-    const int64_t *rows = tab, *rowa = tab + H, *cols = tab + 2 * H, *colb = tab + 2 * H + W;
+/* The inverse of to_phases_ into a C-contiguous (H, W) plane: zeros where no tap reaches. */
+static void DW_NAME(from_phases_)(const T *acc, const int64_t *tab, const int64_t *runs, int64_t sw, int64_t H,
+                                  int64_t W, int64_t nRw, int64_t LP, int64_t Lw, T *dx) {
+    const int64_t *rows = tab, *rowa = tab + H;
+    int64_t covered = 0;
+    for (int64_t j = 0; j < nRw; j++) covered += runs[3 * j + 2];
     for (int64_t y = 0; y < H; y++) {
         T *d = dx + y * W;
-        if (rows[y] < 0) {
-            memset(d, 0, W * sizeof(T));
-            continue;
+        if (rows[y] < 0 || covered < W) memset(d, 0, W * sizeof(T));
+        if (rows[y] < 0) continue;
+        const T *base = acc + rows[y] * nRw * LP + rowa[y] * Lw;
+        for (int64_t j = 0; j < nRw; j++) {
+            const int64_t *r = runs + 3 * j;
+            const T *src = base + j * LP + r[1];
+            if (sw == 1)
+                memcpy(d + r[0], src, r[2] * sizeof(T));
+            else
+                for (int64_t k = 0; k < r[2]; k++) d[r[0] + k * sw] = src[k];
         }
-        const T *base = acc + rows[y] * nRw * LL + rowa[y] * Lw;
-        for (int64_t z = 0; z < W; z++) d[z] = cols[z] >= 0 ? base[cols[z] * LL + colb[z]] : 0;
     }
 }
 
 /* Planes [p0, p1) (flat n * C + c over input channels) of a depthwise backward. dy (N, C*m, OH, OW) and x (N, C,
  * H, W) at any element strides (geo); w (C*m, K) and dx (N, C, H, W) C-contiguous; dwp (N, C*m, K) receives each
  * sample's weight-gradient partial, dbp (N, C*m) each sample's bias-gradient partial. taps (K rows of tap, qh, qw,
- * slot: tap t of the kernel reads row a = oh + qh, column b = ow + qw of phase slot), sorted by slot; tab the
- * phase tables of to_phases_. Scratch: g (OH*OW), xph and acc (nslots * Lh * Lw each). */
+ * slot: tap t of the kernel reads row a = oh + qh, column b = ow + qw of phase slot, flat offset
+ * off = qh * Lw + qw), sorted by slot; tab the phase tables of to_phases_. Scratch: g (F + (Lh + 1) * Lw, F the
+ * largest offset), xph and acc (nslots * (Lh + 1) * Lw each).
+ *
+ * Two forms of the same sums. Flat: over the phase grid's rows of Lw (dy placed on it, zeros around), one long
+ * vector loop per group of taps; its extra terms multiply grid zeros, which is exact for finite factors: used for
+ * dx when the weights are finite (geo flag) and for dw when the x plane is. Otherwise by rows, with only the
+ * (tap, position) pairs that exist. */
 void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *dx, T *dwp, T *dbp,
                                         const int64_t *geo, const int64_t *taps, const int64_t *tab, T *g, T *xph,
                                         T *acc, int64_t p0, int64_t p1) {
     int64_t C = geo[G_C], m = geo[G_M], H = geo[G_H], W = geo[G_W], OH = geo[G_OH], OW = geo[G_OW];
-    int64_t Lh = geo[G_LH], Lw = geo[G_LW], K = geo[G_K], nRw = geo[G_NRW], nslots = geo[G_NSLOTS], LL = Lh * Lw;
+    int64_t Lh = geo[G_LH], Lw = geo[G_LW], K = geo[G_K], nRw = geo[G_NRW], nslots = geo[G_NSLOTS];
+    int64_t LP = (Lh + 1) * Lw, F = geo[G_F];
     int need_dx = (int)geo[G_DX], need_dw = (int)geo[G_DW], need_db = (int)geo[G_DB];
-    const int64_t *xs = geo + G_XS, *ds = geo + G_DYS;
-    int64_t Co = C * m;
+    int flat_dx = need_dx && geo[G_FLATDX];
+    const int64_t *xs = geo + G_XS, *ds = geo + G_DYS, *runs = tab + 2 * H;
+    int64_t Co = C * m, sw = geo[G_SW];
+    T *gpad = g + F;                                        /* dy on the grid, F zeros before it */
     for (int64_t pi = p0; pi < p1; pi++) {
         int64_t n = pi / C, c = pi - n * C;
-        if (need_dw) DW_NAME(to_phases_)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, W, tab, nRw, nslots, LL, Lw, xph);
-        if (need_dx) memset(acc, 0, nslots * LL * sizeof(T));
+        int flat_dw = 0;
+        if (need_dw)
+            flat_dw = DW_NAME(to_phases_)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, tab, runs, sw, nRw, nslots,
+                                          LP, Lw, xph);
+        if (need_dx) memset(acc, 0, nslots * LP * sizeof(T));
         for (int64_t mo = 0; mo < m; mo++) {
             int64_t co = c * m + mo;
             const T *dyp = dy + n * ds[0] + co * ds[1];
-            for (int64_t oh = 0; oh < OH; oh++)
-                for (int64_t ow = 0; ow < OW; ow++) g[oh * OW + ow] = dyp[oh * ds[2] + ow * ds[3]];
-            if (need_db) dbp[n * Co + co] = DW_NAME(sum_)(g, OH * OW);
+            memset(g, 0, (F + LP) * sizeof(T));
+            for (int64_t oh = 0; oh < OH; oh++) {
+                T *d = gpad + oh * Lw;
+                if (ds[3] == 1)
+                    memcpy(d, dyp + oh * ds[2], OW * sizeof(T));
+                else
+                    for (int64_t ow = 0; ow < OW; ow++) d[ow] = dyp[oh * ds[2] + ow * ds[3]];
+            }
+            if (need_db) dbp[n * Co + co] = DW_NAME(sum_)(gpad, OH * Lw);   /* the grid's zeros add nothing */
             if (need_dw) {
-                for (int64_t k0 = 0; k0 < K; k0 += 4) {
-                    int cnt = K - k0 < 4 ? (int)(K - k0) : 4;
-                    const T *src[4];
-                    T out[4];
+                for (int64_t k0 = 0; k0 < K; k0 += 8) {
+                    int cnt = K - k0 < 8 ? (int)(K - k0) : 8;
+                    const T *src[8];
+                    T out[8];
                     for (int k = 0; k < cnt; k++) {
                         const int64_t *tp = taps + 4 * (k0 + k);
-                        src[k] = xph + tp[3] * LL + tp[1] * Lw + tp[2];
+                        src[k] = xph + tp[3] * LP + tp[1] * Lw + tp[2];
                     }
-                    DW_NAME(dots_any_)(g, OH, OW, src, Lw, cnt, out);
+                    if (flat_dw)
+                        DW_NAME(dots_any_)(gpad, 1, OH * Lw, src, 0, cnt, out);
+                    else
+                        DW_NAME(dots_any_)(gpad, OH, OW, src, Lw, cnt, out);
                     for (int k = 0; k < cnt; k++) dwp[(n * Co + co) * K + taps[4 * (k0 + k)]] = out[k];
                 }
             }
             if (need_dx) {
-                /* per phase slot and row of it: the taps of that slot reaching the row, in chunks of 4 */
+                /* per phase slot: its taps, in chunks of 8 over the whole phase (flat) or per row of it */
                 for (int64_t k0 = 0; k0 < K;) {
                     int64_t slot = taps[4 * k0 + 3], k1 = k0;
                     while (k1 < K && taps[4 * k1 + 3] == slot) k1++;
+                    if (flat_dx) {
+                        for (int64_t kc = k0; kc < k1; kc += 8) {
+                            int cnt = k1 - kc < 8 ? (int)(k1 - kc) : 8;
+                            const T *src[8];
+                            T wt[8];
+                            for (int k = 0; k < cnt; k++) {
+                                const int64_t *tp = taps + 4 * (kc + k);
+                                src[k] = gpad - (tp[1] * Lw + tp[2]);
+                                wt[k] = w[co * K + tp[0]];
+                            }
+                            DW_NAME(axpys_any_)(acc + slot * LP, src, wt, Lh * Lw, cnt);
+                        }
+                        k0 = k1;
+                        continue;
+                    }
                     for (int64_t a = 0; a < Lh; a++) {
-                        const T *src[4];
-                        int64_t lo[4];
-                        T wt[4];
+                        const T *src[8];
+                        int64_t lo[8];
+                        T wt[8];
                         int cnt = 0;
                         for (int64_t k = k0; k < k1; k++) {
                             const int64_t *tp = taps + 4 * k;
                             int64_t oh = a - tp[1];
                             if (oh < 0 || oh >= OH) continue;
-                            src[cnt] = g + oh * OW;
+                            src[cnt] = gpad + oh * Lw;
                             lo[cnt] = tp[2];
                             wt[cnt] = w[co * K + tp[0]];
-                            if (++cnt == 4) {
-                                DW_NAME(chunk_)(acc + slot * LL + a * Lw, src, lo, wt, cnt, OW);
+                            if (++cnt == 8) {
+                                DW_NAME(chunk_)(acc + slot * LP + a * Lw, src, lo, wt, cnt, OW);
                                 cnt = 0;
                             }
                         }
-                        if (cnt) DW_NAME(chunk_)(acc + slot * LL + a * Lw, src, lo, wt, cnt, OW);
+                        if (cnt) DW_NAME(chunk_)(acc + slot * LP + a * Lw, src, lo, wt, cnt, OW);
                     }
                     k0 = k1;
                 }
             }
         }
-        if (need_dx) DW_NAME(from_phases_)(acc, tab, H, W, nRw, LL, Lw, dx + (n * C + c) * H * W);
+        if (need_dx) DW_NAME(from_phases_)(acc, tab, runs, sw, H, W, nRw, LP, Lw, dx + (n * C + c) * H * W);
     }
 }
 
 /* Planes [p0, p1) of a depthwise forward into y (N, C*m, OH, OW), C-contiguous; x at any element strides (geo);
- * scratch xph as for the backward. y[oh, ow] = sum over taps (in the order of taps) of w * x_phase. */
+ * scratch g and xph as for the backward. y on the grid (rows of Lw: the extra columns are dropped) = sum over
+ * taps (in the order of taps, groups of 8) of w * the phase at the tap's offset. */
 void DW_NAME(xconv_depthwise_fprop_)(const T *x, const T *w, T *y, const int64_t *geo, const int64_t *taps,
-                                     const int64_t *tab, T *xph, int64_t p0, int64_t p1) {
-    int64_t C = geo[G_C], m = geo[G_M], H = geo[G_H], W = geo[G_W], OH = geo[G_OH], OW = geo[G_OW];
-    int64_t Lw = geo[G_LW], K = geo[G_K], nRw = geo[G_NRW], nslots = geo[G_NSLOTS], LL = geo[G_LH] * Lw;
-    const int64_t *xs = geo + G_XS;
+                                     const int64_t *tab, T *g, T *xph, int64_t p0, int64_t p1) {
+    int64_t C = geo[G_C], m = geo[G_M], H = geo[G_H], OH = geo[G_OH], OW = geo[G_OW];
+    int64_t Lw = geo[G_LW], K = geo[G_K], nRw = geo[G_NRW], nslots = geo[G_NSLOTS], LP = (geo[G_LH] + 1) * Lw;
+    const int64_t *xs = geo + G_XS, *runs = tab + 2 * H;
+    int64_t sw = geo[G_SW];
     for (int64_t pi = p0; pi < p1; pi++) {
         int64_t n = pi / C, c = pi - n * C;
-        DW_NAME(to_phases_)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, W, tab, nRw, nslots, LL, Lw, xph);
+        DW_NAME(to_phases_)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, tab, runs, sw, nRw, nslots, LP, Lw, xph);
         for (int64_t mo = 0; mo < m; mo++) {
             int64_t co = c * m + mo;
-            T *yp = y + (n * C * m + co) * OH * OW;
-            memset(yp, 0, OH * OW * sizeof(T));
-            for (int64_t oh = 0; oh < OH; oh++)
-                for (int64_t k0 = 0; k0 < K; k0 += 4) {
-                    int cnt = K - k0 < 4 ? (int)(K - k0) : 4;
-                    const T *src[4];
-                    T wt[4];
-                    for (int k = 0; k < cnt; k++) {
-                        const int64_t *tp = taps + 4 * (k0 + k);
-                        src[k] = xph + tp[3] * LL + (oh + tp[1]) * Lw + tp[2];
-                        wt[k] = w[co * K + tp[0]];
-                    }
-                    switch (cnt) {
-                    case 4: DW_NAME(axpys_)(yp + oh * OW, src, wt, OW, 4); break;
-                    case 3: DW_NAME(axpys_)(yp + oh * OW, src, wt, OW, 3); break;
-                    case 2: DW_NAME(axpys_)(yp + oh * OW, src, wt, OW, 2); break;
-                    default: DW_NAME(axpys_)(yp + oh * OW, src, wt, OW, 1); break;
-                    }
+            memset(g, 0, OH * Lw * sizeof(T));
+            for (int64_t k0 = 0; k0 < K; k0 += 8) {
+                int cnt = K - k0 < 8 ? (int)(K - k0) : 8;
+                const T *src[8];
+                T wt[8];
+                for (int k = 0; k < cnt; k++) {
+                    const int64_t *tp = taps + 4 * (k0 + k);
+                    src[k] = xph + tp[3] * LP + tp[1] * Lw + tp[2];
+                    wt[k] = w[co * K + tp[0]];
                 }
+                DW_NAME(axpys_any_)(g, src, wt, OH * Lw, cnt);
+            }
+            T *yp = y + (n * C * m + co) * OH * OW;
+            for (int64_t oh = 0; oh < OH; oh++) memcpy(yp + oh * OW, g + oh * Lw, OW * sizeof(T));
         }
     }
 }
