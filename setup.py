@@ -11,7 +11,7 @@ import sys
 from setuptools import Extension, setup
 
 CSRC = "backends/xconv_numpy/csrc/"
-FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=gnu11"]
+FLAGS = ["-O3", "-ffp-contract=fast", "-fno-math-errno", "-std=gnu11", "-Wno-psabi"]
 X86 = {
     "baseline": [],
     "avx2": ["-mavx2", "-mfma"],

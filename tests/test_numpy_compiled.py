@@ -193,8 +193,9 @@ def test_builds_load_from_the_package_by_absolute_path_and_never_through_a_link(
 
 @pytest.mark.parametrize("isa", ["baseline", "avx2"])
 def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
-    """The lower instruction-set builds (XCONV_NUMPY_ISA) compute the same convolutions within tolerance."""
-    from xconv_numpy import native
+    """The lower instruction-set builds (XCONV_NUMPY_ISA) compute the same convolutions within tolerance: the
+    depthwise loops, and the dense loops when called (the backend routes dense shapes to BLAS on these builds)."""
+    from xconv_numpy import direct, native
 
     if native.library_path(isa) is None:
         pytest.skip(f"no {isa} build on this platform")
@@ -203,14 +204,17 @@ def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
     if native.isa(lib) != isa:
         pytest.skip(f"this CPU does not run the {isa} build")
     monkeypatch.setattr(compiled._LIB, "_value", lib)
-    from xconv_numpy import direct
     monkeypatch.setattr(direct._KERNELS, "_value", lib)
-    for c in (dict(input=[2, 32, 7, 6], weight=[32, 32, 3, 3], stride=[1, 1], padding=[(1, 1), (1, 1)],
-                   dilation=[1, 1], groups=1, transposed=False, output_padding=[0, 0], dtype="float32"),
-              dict(input=[2, 4, 9, 8], weight=[8, 1, 3, 3], stride=[2, 1], padding=[(1, 1), (1, 1)],
-                   dilation=[1, 1], groups=4, transposed=False, output_padding=[0, 0], dtype="float64")):
+    dense = dict(input=[2, 32, 7, 6], weight=[32, 32, 3, 3], stride=[1, 1], padding=[(1, 1), (1, 1)],
+                 dilation=[1, 1], groups=1, transposed=False, output_padding=[0, 0], dtype="float32")
+    assert not compiled.available() and isa in compiled.build_error()
+    monkeypatch.setattr(compiled, "DENSE_ISAS", (isa,))
+    calls = count_calls(monkeypatch, compiled, "backward")
+    for c in (dense, dict(input=[2, 4, 9, 8], weight=[8, 1, 3, 3], stride=[2, 1], padding=[(1, 1), (1, 1)],
+                          dilation=[1, 1], groups=4, transposed=False, output_padding=[0, 0], dtype="float64")):
         x, w, dy = random_arrays(np.random.default_rng(3), c)
         compare(c, x, w, dy, (True, True, True))
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

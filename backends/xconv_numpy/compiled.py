@@ -54,13 +54,22 @@ BLOCK_SHARE = 1.0
 _LIB = Lazy(native.load, "XCONV_NUMPY_C")
 
 
+#: Builds whose dense loops are used. The loops work on 16-float vectors (GCC vector extensions): one AVX-512
+#: register; the AVX2 and baseline builds emulate them and ran 30-60x slower than the BLAS path (measured on the
+#: suite's 3x3 cases), so there these shapes take the BLAS path.
+DENSE_ISAS = ("avx512",)
+
+
 def available() -> bool:
-    """Whether the compiled loops can run (built at install, not disabled by XCONV_NUMPY_C=0)."""
-    return _LIB.available()
+    """Whether the compiled loops can run (built at install, an AVX-512 build loaded, not disabled by
+    XCONV_NUMPY_C=0)."""
+    return _LIB.available() and native.isa(_LIB.get()) in DENSE_ISAS
 
 
 def build_error() -> str | None:
-    """Why the loops could not be loaded (None if they were, or were not tried)."""
+    """Why the loops could not be loaded or are not used (None if they are, or were not tried)."""
+    if _LIB.error is None and _LIB.get() is not None and native.isa(_LIB.get()) not in DENSE_ISAS:
+        return f"the {native.isa(_LIB.get())} build emulates the loops' 512-bit vectors: BLAS path instead"
     return _LIB.error
 
 

@@ -86,6 +86,7 @@ def describe() -> str:
     parts = [name for name, part in (("depthwise", direct), ("dense C loops", compiled)) if part.available()]
     if parts:
         lib = compiled._LIB.get() or direct._KERNELS.get()
-        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}"
+        off = "" if compiled.available() or not direct.available() else f"; dense C loops off: {compiled.build_error()}"
+        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}{off}"
     why = compiled.build_error() or direct.import_error() or "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
     return f"compiled loops: none, NumPy paths only ({why})"
