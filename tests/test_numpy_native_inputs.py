@@ -174,3 +174,14 @@ def test_depthwise_plan_of_a_huge_kernel_is_not_built():
     p = make_params((1, 1, 1, 1), (1, 1, 10**5, 10**5), padding=50000)
     assert not direct.serves(p)
     assert direct.serves(make_params((1, 1, 70, 70), (1, 1, 64, 64)))
+
+
+def test_depthwise_stride_beyond_int64():
+    """stride 2**70 (one output per dim): the plan's arithmetic stays in int64 and the result is the exact one."""
+    f = np.float32
+    got = xconv.convolution_backward(np.full((1, 1, 1, 1), 2, f), np.ones((1, 1, 8, 8), f), np.ones((1, 1, 3, 3), f),
+                                     stride=2**70)
+    want = np.zeros((8, 8), f)
+    want[:3, :3] = 2
+    np.testing.assert_array_equal(got[0][0, 0], want)
+    np.testing.assert_array_equal(got[1], np.full((1, 1, 3, 3), 2, f))

@@ -57,9 +57,12 @@ def import_error() -> str | None:
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether these loops compute ``p``: one input channel per group, 1-D or 2-D, at most MAX_TAPS taps, built."""
+    """Whether these loops compute ``p``: one input channel per group, 1-D or 2-D, at most MAX_TAPS taps,
+    paddings and dilated kernel extents below 2**40 (int64 grid arithmetic), built."""
     return (p.nd in (1, 2) and p.input_shape[1] == p.groups and min(p.input_shape) > 0
-            and math.prod(p.kernel) <= MAX_TAPS and available())
+            and math.prod(p.kernel) <= MAX_TAPS
+            and all(a + b < 1 << 40 for a, b in p.padding)
+            and all((k - 1) * d < 1 << 40 for k, d in zip(p.kernel, p.dilation)) and available())
 
 
 class _Plan:
@@ -75,6 +78,9 @@ class _Plan:
         dh, dw = two(p.dilation)
         (ph0, ph1), (pw0, pw1) = ((0, 0),) * lift + tuple(p.padding)
         H, W = self.in4[2:]
+        # a stride past the padded input gives one output and one phase per tap: the padded size serves as well
+        # (and keeps every value of the plan within int64, for a stride of 2**70)
+        sh, sw = min(sh, H + ph0 + ph1), min(sw, W + pw0 + pw1)
         self.Lh = -(-(H + ph0 + ph1) // sh)
         self.Lw = -(-(W + pw0 + pw1) // sw)
         # per dim: each tap's offset q and phase slot (phases some tap reads, in order); per input row its row
