@@ -276,20 +276,22 @@ def solo(lib: str, cases: list, threads: int, reps: int, pause: float) -> None:
 
 
 def own_process_times(cases: list, threads: int, reps: int, pause: float) -> dict:
-    """lib -> {case name: seconds}, each library timed in a fresh process of its own (torch's with the OpenMP
-    wait policy the user set, or its default)."""
+    """lib -> {case name: seconds}, each library timed alone in a fresh process of its own, one process per case
+    and library, the two alternating in order from case to case (so that a change of machine load falls on both);
+    torch's process with the OpenMP wait policy the user set, or its default."""
     import subprocess
     env = dict(os.environ)
     if _USER_OMP_WAIT_POLICY is None:
         env.pop("OMP_WAIT_POLICY", None)
-    out = {}
-    for lib in ("xconv", "torch"):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--solo", lib, "--threads", str(threads),
-               "--reps", str(reps), "--pause", str(pause), "--cases", *[c["name"] for c in cases]]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"the {lib} process failed:\n{proc.stderr}")
-        out[lib] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {"xconv": {}, "torch": {}}
+    for i, case in enumerate(cases):
+        for lib in (("xconv", "torch") if i % 2 == 0 else ("torch", "xconv")):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--solo", lib, "--threads", str(threads),
+                   "--reps", str(reps), "--pause", str(pause), "--cases", case["name"]]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"the {lib} process failed:\n{proc.stderr}")
+            out[lib].update(json.loads(proc.stdout.strip().splitlines()[-1]))
     return out
 
 
