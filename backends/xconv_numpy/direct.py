@@ -40,6 +40,9 @@ from .workers import even_ranges, run
 #: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
 #: most this many bytes, and at most half the bytes of the call's inputs and outputs.
 BLOCK_BYTES = 8 << 20
+#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone: handing work to the
+#: pool costs about 30 us, the time of this much work.
+SMALL_WORK = 1 << 18
 #: Kernels with more taps than this go to the BLAS path (whose work does not grow with the tap count alone).
 MAX_TAPS = 4096
 
@@ -127,10 +130,13 @@ class _Plan:
         return [(n, min(n + nb, self.in4[0])) for n in range(0, self.in4[0], nb)]
 
     def chunks(self, n0: int, n1: int, workers: int):
-        """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least. Results do not depend on them."""
+        """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least; one (run on the calling
+        thread, no hand-off) when the work is below SMALL_WORK multiply-adds. Results do not depend on them."""
         C = self.in4[1]
         a, b = n0 * C, n1 * C
-        return [(a + u, a + v) for u, v in even_ranges(b - a, max(1, min((b - a) // 8, 4 * workers)))]
+        work = (b - a) * self.m * self.K * math.prod(self.out4[2:])
+        parts = 1 if work < SMALL_WORK else max(1, min((b - a) // 8, 4 * workers))
+        return [(a + u, a + v) for u, v in even_ranges(b - a, parts)]
 
 
 def _dim(k: int, d: int, s: int):
