@@ -74,9 +74,10 @@ def build_error() -> str | None:
 
 
 def computes(p: ConvParams) -> bool:
-    """Whether these loops compute ``p``'s backward: not float64, not empty, a kernel of more than one
-    tap, and channels per group that are multiples of 16 (any stride, dilation, padding)."""
-    if p.dtype == "float64" or min(p.input_shape) == 0:
+    """Whether these loops compute ``p``'s backward: not float64, not empty, a kernel of 2 to 4096 taps, at most
+    64 stride phases (the plan lists taps and phases one by one), and channels per group that are multiples of
+    16 (any dilation, padding)."""
+    if p.dtype == "float64" or min(p.input_shape) == 0 or math.prod(p.kernel) > 4096 or math.prod(p.stride) > 64:
         return False
     Cg, Cog = p.input_shape[1] // p.groups, p.output_shape[1] // p.groups
     return Cg % 16 == 0 and Cog % 16 == 0 and math.prod(p.kernel) > 1
