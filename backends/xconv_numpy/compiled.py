@@ -48,6 +48,9 @@ ENABLED = None
 TASKS_PER_WORKER = 2
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
 DW_SEGMENT_BYTES = 256 << 10
+#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone (a hand-off to the pool
+#: costs about as much as this much work).
+SMALL_WORK = 1 << 21
 #: Share of the working-set budget that one block of samples (its grids) may take.
 BLOCK_SHARE = 1.0
 
@@ -262,6 +265,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
     lib = _LIB.get()
+    if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < SMALL_WORK:
+        workers = 1                                      # too small to share: no hand-off to the pool
     f = _plan(p, need_dx, need_dw, budget)
     w_given, finite = w, None
     if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:
