@@ -104,7 +104,8 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
     assert not compiled.computes(make_params(x.shape, (16, 32, 1, 1)))
 
 
-def test_compiled_bitwise_independent_of_workers():
+def test_compiled_bitwise_independent_of_workers(monkeypatch):
+    monkeypatch.setattr(compiled, "SMALL_WORK", 0)          # this small call would otherwise run on one thread
     rng = np.random.default_rng(5)
     p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
     x = rng.standard_normal(p.input_shape).astype(np.float32)
@@ -286,10 +287,12 @@ def test_failed_copy_releases_the_waiting_computations(monkeypatch):
     assert Failing.calls == 4                       # 2 samples x 2 copy tasks each: the last one failed
 
 
-def test_concurrent_calls_match_sequential_ones():
+def test_concurrent_calls_match_sequential_ones(monkeypatch):
     """Calls from several user threads at once share the worker pool and the scratch arena: each gives the
     bits it gives alone, and none waits forever on another call's tasks."""
     import threading
+
+    monkeypatch.setattr(compiled, "SMALL_WORK", 0)          # these small calls would otherwise not use the pool
 
     rng = np.random.default_rng(8)
     shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),
