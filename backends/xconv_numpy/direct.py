@@ -40,9 +40,10 @@ from .workers import even_ranges, run
 #: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
 #: most this many bytes, and at most half the bytes of the call's inputs and outputs.
 BLOCK_BYTES = 8 << 20
-#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone: handing work to the
-#: pool costs about 30 us, the time of this much work.
-SMALL_WORK = 1 << 18
+#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone: a hand-off to the pool
+#: costs 30-100 us (measured, same process: 590k multiply-adds, 8x32x16x16 3x3 backward, 253 us alone against
+#: 350 us on two workers; 295k, 32x1x8x8 to 16 channels, 133 against 222 us; on a loaded 2-core machine).
+SMALL_WORK = 1 << 20
 #: Kernels with more taps than this go to the BLAS path (whose work does not grow with the tap count alone).
 MAX_TAPS = 4096
 
