@@ -10,7 +10,6 @@ fallback to the BLAS path, bitwise independence from the worker count, and a fai
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
