@@ -40,13 +40,6 @@ FAMILIES = {  # name: (x shape, w shape, kwargs, dtypes)
 }
 
 # Paths whose failures live in another engineer's files (reported there; these marks come off once fixed).
-XFAIL = {
-    ("numpy", "depthwise"): "fixed by i17: the Numba depthwise kernels (direct_kernels.py) are typed for "
-                            "writable arrays and refuse read-only inputs (read-only, memmap r, frombuffer, "
-                            "broadcast_to)",
-}
-
-
 class Maker:
     """Arrays of each kind holding given values; memory maps live in ``tmpdir``."""
 
@@ -148,10 +141,7 @@ BACKENDS = ["numpy", "numpy-exact", "ascend"]
 def _cases():
     for backend in BACKENDS:
         for family in FAMILIES:
-            marks = []
-            if (backend, family) in XFAIL:
-                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[backend, family]))
-            yield pytest.param(backend, family, id=f"{backend}-{family}", marks=marks)
+            yield pytest.param(backend, family, id=f"{backend}-{family}")
 
 
 @pytest.mark.parametrize("backend, family", list(_cases()))
@@ -223,13 +213,8 @@ ONNX_CONV = {
 }
 
 
-I17_READONLY = ("fixed by i17: one input channel per group runs on the Numba depthwise kernels "
-                "(direct_kernels.py), typed for writable arrays: read-only inputs raise there")
-
-
 @pytest.mark.parametrize("case", sorted(ONNX_CONV))
-@pytest.mark.parametrize("backend", [pytest.param("numpy", marks=pytest.mark.xfail(strict=True, reason=I17_READONLY)),
-                                     "numpy-exact"])
+@pytest.mark.parametrize("backend", ["numpy", "numpy-exact"])
 def test_onnx_conv_node_cases(case, backend):
     x, w, kw, want = ONNX_CONV[case]
     y = xconv.conv_fprop(_ro(x), _ro(w), backend=backend, **kw)
@@ -282,9 +267,7 @@ ONNX_TORCH = {  # ONNX node cases (ConvTranspose, and the pytorch-converted Conv
 def _onnx_torch_cases():
     for case in sorted(ONNX_TORCH):
         x, w, b, kw, transposed = ONNX_TORCH[case]
-        depthwise = not transposed and np.shape(x)[1] == kw.get("groups", 1)
-        marks = [pytest.mark.xfail(strict=True, reason=I17_READONLY)] if depthwise else []
-        yield pytest.param(case, marks=marks, id=case)
+        yield pytest.param(case, id=case)
 
 
 @pytest.mark.parametrize("case", list(_onnx_torch_cases()))

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from .arrays import array_family
-from .dtypes import bfloat16
+from . import dtypes
 from .errors import BackendUnavailableError, ShapeError, UnsupportedError, XconvError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
@@ -74,7 +74,7 @@ def _from_dlpack(array, family: str):
             raise UnsupportedError("bfloat16 CUDA tensors cannot cross into xconv: CuPy has no bfloat16 dtype "
                                    "(convert to float16 or float32, or use a CPU tensor)")
         import torch
-        return native.from_dlpack(array.view(torch.int16)).view(bfloat16)
+        return native.from_dlpack(array.view(torch.int16)).view(dtypes.DTYPES["bfloat16"])
     return native.from_dlpack(array)
 
 
@@ -104,7 +104,7 @@ def to_family(result, family: str):
     if result is None or family in NATIVE_FAMILIES or array_family(result) == family:
         return result
     module = importlib.import_module(family)
-    if family == "torch" and result.dtype == bfloat16:
+    if family == "torch" and dtypes.dtype_name(result.dtype) == "bfloat16":
         return module.from_dlpack(result.view(np.int16)).view(module.bfloat16)
     from_dlpack = getattr(module, "from_dlpack", None) or importlib.import_module(f"{family}.dlpack").from_dlpack
     return from_dlpack(result)

@@ -10,7 +10,7 @@ import xconv
 from xconv import Backend, Capabilities
 from xconv.dtypes import accumulation_dtype
 
-from . import fast, reference
+from . import fast, native, reference
 from .blas import single_threaded_blas
 
 
@@ -41,7 +41,8 @@ class NumpyBackend(Backend):
         self.priority = -1 if exact else 0  # selection by array family picks the fast one
 
     def version(self) -> str:
-        return f"xconv {xconv.__version__}, numpy {np.__version__}"
+        base = f"xconv {xconv.__version__}, numpy {np.__version__}"
+        return base if self.exact else f"{base}, {native.describe()}"
 
     def devices(self) -> tuple[str, ...]:
         return ("cpu",)

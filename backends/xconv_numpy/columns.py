@@ -57,11 +57,10 @@ def _pointwise(p: ConvParams) -> bool:
     return math.prod(p.kernel) == 1 and set(p.stride) == {1} and all(a == b == 0 for a, b in p.padding)
 
 
-def serves_backward(p: ConvParams, dy, x, w) -> bool:
-    """Whether a backward call runs here: by geometry, or because dy, x or w (None: not read) hold a NaN
-    or an infinity. The check is one summing pass over each (about 3% of a backward call)."""
-    if serves(p):
-        return True
+def has_nonfinite(p: ConvParams, dy, x, w) -> bool:
+    """Whether a grid-path backward call must run here instead because dy, x or w (None: not read) hold a
+    NaN or an infinity (the grid multiplies zeros the definition never multiplies). The check is one
+    summing pass over each (about 3% of a backward call); the pointwise path multiplies only real terms."""
     if _pointwise(p):
         return False
     cdt = accumulation_dtype(p.dtype)

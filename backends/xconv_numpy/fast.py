@@ -542,7 +542,9 @@ def backward(dy, x, w, p: ConvParams, mask):
     need_dx, need_dw, need_db = mask
     dx = dw = None
     if need_dx or need_dw:
-        if columns.serves_backward(p, dy, x if need_dw else None, w if need_dx else None):
+        compiled_loops = direct.serves(p) or compiled.serves(p)   # they keep NaN/Inf where the reference does
+        if columns.serves(p) or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
+                                                                               w if need_dx else None)):
             dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
             return dx, dw, (bgrad(dy, p) if need_db else None)
         if direct.serves(p):
