@@ -176,12 +176,17 @@ def test_depthwise_plan_of_a_huge_kernel_is_not_built():
     assert direct.serves(make_params((1, 1, 70, 70), (1, 1, 64, 64)))
 
 
-def test_depthwise_stride_beyond_int64():
-    """stride 2**70 (one output per dim): the plan's arithmetic stays in int64 and the result is the exact one."""
+def test_depthwise_stride_near_and_beyond_int64():
+    """A depthwise call with stride 2**62 (one output per dim): planning stays in int64, the result is the exact one;
+    stride 2**70 does not fit int64 and the core refuses it by name before any work (as aten does)."""
     f = np.float32
-    got = xconv.convolution_backward(np.full((1, 1, 1, 1), 2, f), np.ones((1, 1, 8, 8), f), np.ones((1, 1, 3, 3), f),
-                                     stride=2**70)
+    args = (np.full((1, 1, 1, 1), 2, f), np.ones((1, 1, 8, 8), f), np.ones((1, 1, 3, 3), f))
+    got = xconv.convolution_backward(*args, stride=2**62)
     want = np.zeros((8, 8), f)
     want[:3, :3] = 2
     np.testing.assert_array_equal(got[0][0, 0], want)
     np.testing.assert_array_equal(got[1], np.full((1, 1, 3, 3), 2, f))
+    with pytest.raises(xconv.ShapeError, match="stride.*64-bit"):
+        xconv.convolution_backward(*args, stride=2**70)
+
+

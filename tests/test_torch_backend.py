@@ -143,9 +143,15 @@ def test_float16_on_the_cpu_is_accumulated_in_float32():
 
 
 def test_tensors_on_another_device_are_refused_by_name():
+    """The backend refuses tensors on a device it does not run; through the public call, meta tensors are
+    shape-only (xconv's torch operators propagate shapes on them, as torch's own operators do)."""
+    from xconv.params import make_params
+
     x, w = torch.empty(1, 2, 5, 5, device="meta"), torch.empty(3, 2, 3, 3, device="meta")
     with pytest.raises(xconv.UnsupportedError, match="torch-cpu.*meta"):
-        xconv.conv_fprop(x, w, backend="torch-cpu")
+        xconv.get_backend("torch-cpu").fprop(x, w, None, make_params(x.shape, w.shape, dtype="float32"))
+    y = xconv.conv_fprop(x, w, backend="torch-cpu")
+    assert y.device.type == "meta" and tuple(y.shape) == (1, 3, 3, 3)
 
 
 def test_scoped_settings_are_restored_and_do_not_leak_between_threads():

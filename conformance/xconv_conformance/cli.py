@@ -70,9 +70,17 @@ _WARM_UP = (((1, 32, 6, 6), (32, 32, 3, 3), dict(padding=1)),
             ((2, 4, 9), (8, 4, 3), dict(stride=2)))
 
 
-def prepare(name: str, quiet: bool = False) -> None:
-    """Run the warm-up convolutions on backend ``name`` (errors ignored: the cases report them)."""
+def prepare(name: str, quiet: bool = False, isolate: bool = True) -> None:
+    """Run the warm-up convolutions on backend ``name`` in this process (errors ignored: the cases report
+    them). Not when the cases run in worker processes: a backend that crashes must not take this
+    process down before its first case, and the workers load their own kernels (one line says so)."""
     import numpy as np
+
+    if isolate:
+        if not quiet:
+            print(f"xconv conformance: backend {name} runs in worker processes (the first case starts one)",
+                  file=sys.stderr, flush=True)
+        return
 
     from .families import family
     try:
@@ -246,7 +254,7 @@ def cmd_check(args) -> int:
     avail = {n: availability(n) for n in names}
     runnable = [n for n in names if avail[n][0]]
     for n in runnable:
-        prepare(n, quiet=args.no_progress)
+        prepare(n, quiet=args.no_progress, isolate=not args.no_isolate)
     progress = Progress(len(cases) * len(runnable), False if args.no_progress else None)
     results, seconds, notes = {}, {}, []
     from .runner import Outcome
@@ -322,7 +330,7 @@ def cmd_run(args, argv) -> int:
     if not ok:
         print(f"xconv conformance: backend {args.backend!r} is unavailable: {reason}", file=sys.stderr)
         return 2
-    prepare(args.backend, quiet=args.no_progress)
+    prepare(args.backend, quiet=args.no_progress, isolate=not args.no_isolate)
     progress = Progress(len(cases), False if args.no_progress else None)
     start = time.perf_counter()
     notes = []
