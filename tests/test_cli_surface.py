@@ -82,6 +82,18 @@ def test_usage_errors_exit_2_with_one_message(args, message, capsys):
     assert message in err
 
 
+@pytest.mark.parametrize("args, usage", [
+    (("run", "--bogus"), "usage: xconv run "),
+    (("backends", "--bogus"), "usage: xconv backends "),
+    (("conformance", "run", "--backend", "numpy", "--out", "x.xcr", "--bogus"), "usage: xconv conformance run "),
+    (("conformance", "compare", "--bogus", "a.xcr"), "usage: xconv conformance compare "),
+])
+def test_an_unknown_option_shows_its_subcommands_usage(args, usage, capsys):
+    assert cli.main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "unrecognized arguments: --bogus" in err
+
+
 def test_usage_errors_as_commands():
     for args in (("run", "--groups", "3"), ("conformance", "--bogus")):
         out = run(*args)

@@ -270,9 +270,12 @@ def test_the_memory_limit_is_overridable(monkeypatch):
         xconv.conv_fprop(x, w)
     monkeypatch.setenv("XCONV_MEMORY_LIMIT", "1M")
     assert xconv.conv_fprop(x, w).shape == (1, 4, 14, 14)
-    monkeypatch.setenv("XCONV_MEMORY_LIMIT", "lots")
-    with pytest.raises(xconv.ShapeError, match="XCONV_MEMORY_LIMIT"):
-        xconv.conv_fprop(x, w)
+    monkeypatch.setenv("XCONV_MEMORY_LIMIT", "1GiB")
+    assert xconv.conv_fprop(x, w).shape == (1, 4, 14, 14)
+    for bad in ("lots", "-5", "inf", "1X"):
+        monkeypatch.setenv("XCONV_MEMORY_LIMIT", bad)
+        with pytest.raises(xconv.ShapeError, match="XCONV_MEMORY_LIMIT"):
+            xconv.conv_fprop(x, w)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -207,3 +207,22 @@ def test_ops_are_registered_with_their_schemas():
     assert "bool[] output_mask" in schema and "-> (Tensor, Tensor, Tensor)" in schema
     for name in ("fprop", "dgrad", "wgrad"):
         assert hasattr(torch.ops.xconv, name)
+
+
+@pytest.mark.parametrize("call, blamed", [
+    (lambda dy, x, w: xconv.conv_dgrad(dy, w, (2, -4, 8, 8), padding=1), "input_shape"),
+    (lambda dy, x, w: xconv.conv_dgrad(dy, w, (2, 5, 8, 8), padding=1), "input_shape"),
+    (lambda dy, x, w: xconv.conv_wgrad(x, dy, (6, 5, 3, 3), padding=1), "weight_shape"),
+    (lambda dy, x, w: xconv.conv_wgrad(x, dy, (6, 4, 3), padding=1), "weight_shape"),
+    (lambda dy, x, w: xconv.conv_wgrad(x, dy, (6, 4, 5, 5), padding=1), "weight_shape"),
+])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_torch_tensors_blame_the_argument_the_user_spelled(call, blamed, requires_grad):
+    """Torch tensors are validated as NumPy arrays are: an explicit shape that disagrees is named."""
+    x, dy, w = (torch.ones(s, requires_grad=requires_grad) for s in ((2, 4, 8, 8), (2, 6, 8, 8), (6, 4, 3, 3)))
+    with pytest.raises(xconv.ShapeError) as info:
+        call(dy, x, w)
+    assert info.value.argument == blamed
+    with pytest.raises(xconv.ShapeError) as same:
+        call(dy.detach().numpy(), x.detach().numpy(), w.detach().numpy())
+    assert str(same.value) == str(info.value)

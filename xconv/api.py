@@ -34,14 +34,7 @@ def _prepare(tensors: dict, backend, outputs, *, input_shape=None, weight_shape=
     """
     shapes = {name: tensor_shape(a, name) for name, a in tensors.items()}
     arrays = dict(tensors, bias=bias)
-    dtype = common_dtype(arrays)
-    explicit_input, explicit_weight = input_shape is not None, weight_shape is not None
-    in_shape = shape_arg(input_shape, "input_shape") if explicit_input else shapes["input"]
-    w_shape = shape_arg(weight_shape, "weight_shape") if explicit_weight else shapes["weight"]
-    p = make_params(in_shape, w_shape, dtype=dtype, input_name="input_shape" if explicit_input else "input",
-                    weight_name="weight_shape" if explicit_weight else "weight", **conv)
-    if "grad_output" in shapes:
-        check_grad_output(p, shapes["grad_output"], blame=_blame(explicit_input, explicit_weight))
+    p = params_for(shapes, common_dtype(arrays), input_shape, weight_shape, **conv)
     if bias is not None and tuple(getattr(bias, "shape", ())) != (p.bias_size,):
         raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,),
                          given=tuple(getattr(bias, "shape", ())))
@@ -52,6 +45,21 @@ def _prepare(tensors: dict, backend, outputs, *, input_shape=None, weight_shape=
     if family == "numpy":
         _guard_memory(b, p, outputs, arrays)
     return b, p
+
+
+def params_for(shapes: dict, dtype: str, input_shape=None, weight_shape=None, **conv):
+    """The validated ConvParams of a call whose tensors have ``shapes`` (name -> shape), with the input and
+    weight shapes taken from ``shapes["input"]``/``shapes["weight"]`` or from the explicit ``input_shape``/
+    ``weight_shape`` arguments (conv_dgrad, conv_wgrad), which are then the arguments blamed for a
+    disagreement with the tensors. Every front end (NumPy and the torch operators) validates through it."""
+    explicit_input, explicit_weight = input_shape is not None, weight_shape is not None
+    in_shape = shape_arg(input_shape, "input_shape") if explicit_input else shapes["input"]
+    w_shape = shape_arg(weight_shape, "weight_shape") if explicit_weight else shapes["weight"]
+    p = make_params(in_shape, w_shape, dtype=dtype, input_name="input_shape" if explicit_input else "input",
+                    weight_name="weight_shape" if explicit_weight else "weight", **conv)
+    if "grad_output" in shapes:
+        check_grad_output(p, shapes["grad_output"], blame=_blame(explicit_input, explicit_weight))
+    return p
 
 
 def _resolve(value, shapes: dict, name: str) -> tuple[int, ...]:

@@ -212,7 +212,9 @@ def _argv_with_defaults(argv: list[str]) -> list[str]:
 def _run(argv: list[str]) -> int:
     parser = build_parser(with_kit=argv[:1] == ["conformance"])
     argv = _argv_with_defaults(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand that was given them, with its own usage line
+        _deepest(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "conformance":
         if args.kit is None:
             print(f"xconv conformance: the conformance kit is not installed ({args.kit_error})", file=sys.stderr)
@@ -226,6 +228,17 @@ def _run(argv: list[str]) -> int:
     except XconvError as exc:
         print(f"xconv {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+
+
+def _deepest(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The (sub)parser of the innermost subcommand named in ``args``."""
+    for dest in ("command", "subcommand"):
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, dest, None)
+        if not actions or chosen not in actions[0].choices:
+            break
+        parser = actions[0].choices[chosen]
+    return parser
 
 
 def guarded(function, *args) -> int:

@@ -67,4 +67,4 @@ def hint(*extras: str) -> str:
 
 def torch_hint() -> str:
     """How to get PyTorch's CPU build, which the torch bridge and the cross-checks need."""
-    return f"pip install torch --index-url {TORCH_CPU_INDEX} (the CPU build; docs/torch.md)"
+    return f"pip install torch==2.13.0 --index-url {TORCH_CPU_INDEX} (the CPU build; docs/torch.md)"

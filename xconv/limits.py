@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 from .errors import ResourceError, ShapeError
 
@@ -27,16 +28,12 @@ def memory_limit() -> int | None:
     """The bytes one call may allocate: $XCONV_MEMORY_LIMIT, else the available memory, else None (unknown)."""
     text = os.environ.get(ENV, "").strip()
     if text:
-        unit = text[-1].upper() if text[-1].isalpha() else ""
-        number = text[:-1] if unit else text
-        if unit.endswith("B"):
-            unit = ""
-        try:
-            value = int(float(number) * _SUFFIXES[unit])
-        except (KeyError, ValueError):
-            raise ShapeError(ENV, "must be a number of bytes, optionally with a K, M, G or T suffix",
-                             expected="e.g. 8G or 8589934592", given=repr(text)) from None
-        return max(value, 0)
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]?)(?:i?B)?", text, flags=re.IGNORECASE)
+        value = float(m.group(1)) * _SUFFIXES[m.group(2).upper()] if m else math.nan
+        if not math.isfinite(value):
+            raise ShapeError(ENV, "must be a non-negative number of bytes, optionally with a K, M, G or T suffix",
+                             expected="e.g. 8G, 8GiB or 8589934592", given=repr(text))
+        return int(value)
     return available_memory()
 
 

@@ -336,13 +336,21 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
     if weight_shape[0] % groups:
         raise ShapeError("groups", f"must divide {weight_name}'s dim 0", expected=f"a divisor of {weight_shape[0]}",
                          given=groups)
+    blame_input = input_name.endswith("_shape") and not weight_name.endswith("_shape")  # the one the user spelled
     if transposed:
         if weight_shape[0] != c_in:
+            if blame_input:
+                raise ShapeError(input_name, f"dim 1 (C_in) must equal {weight_name}'s dim 0 for transposed=True "
+                                             "(weight is (C_in, C_out/groups, *k))", expected=weight_shape[0], given=c_in)
             raise ShapeError(weight_name, f"dim 0 must equal {input_name}'s channels for transposed=True "
                                           "(weight is (C_in, C_out/groups, *k))", expected=c_in, given=weight_shape[0])
         c_out = weight_shape[1] * groups
     else:
         if weight_shape[1] * groups != c_in:
+            if blame_input:
+                raise ShapeError(input_name, f"dim 1 (C_in) must be {weight_name}'s dim 1 times groups "
+                                             "(weight is (C_out, C_in/groups, *k))",
+                                 expected=weight_shape[1] * groups, given=c_in)
             raise ShapeError(weight_name, "dim 1 must be C_in / groups (weight is (C_out, C_in/groups, *k))",
                              expected=c_in // groups, given=weight_shape[1])
         c_out = weight_shape[0]

@@ -20,8 +20,13 @@ format torch's convolution would return (channels-last in, channels-last out).
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as exc:  # say what to install, not only what is missing
+    from .install import torch_hint
+
+    raise ImportError(f"xconv.torch needs PyTorch, which is not importable here ({exc}): {torch_hint()}") from exc
 
 from . import torch_ops
 from .params import check_flag, check_math

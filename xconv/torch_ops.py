@@ -361,18 +361,16 @@ def _validate(metas: tuple, input_shape, weight_shape, conv: tuple, backend: Opt
     ``metas`` holds (name, shape, dtype name) per tensor; returns (op arguments, input shape,
     weight shape, bias length).
     """
-    from xconv.api import _resolve
+    from xconv.api import params_for
 
     tensors = {name: _Meta(shape, dtype) for name, shape, dtype in metas}
     shapes = {name: tensor_shape(t, name) for name, t in tensors.items() if name != "bias"}
     conv = dict(conv)
-    p = make_params(_resolve(input_shape, shapes, "input_shape"), _resolve(weight_shape, shapes, "weight_shape"),
-                    dtype=common_dtype(tensors), **conv)
+    p = params_for(shapes, common_dtype(tensors), None if input_shape == "input" else input_shape,
+                   None if weight_shape == "weight" else weight_shape, **conv)
     if "bias" in tensors and tuple(tensors["bias"].shape) != (p.bias_size,):
         raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,),
                          given=tuple(tensors["bias"].shape))
-    if "grad_output" in shapes and "input" in shapes:
-        check_grad_output(p, shapes["grad_output"])
     check_bias_sizes(p, list(bias_sizes) if isinstance(bias_sizes, tuple) else bias_sizes)
     conf = Conf.from_params(p, conv["deterministic"], conv["math"], backend)
     return conf.args(), list(p.input_shape), list(p.weight_shape), p.bias_size
