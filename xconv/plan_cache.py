@@ -85,7 +85,7 @@ def _key(tensors: dict, backend, outputs, args: dict, bias):
         backend_key = ("object", id(backend))
     return (tuple((name, _array_key(a)) for name, a in tensors.items()), _array_key(bias), tuple(outputs),
             tuple((name, _value_key(v)) for name, v in args.items() if name != "bias"), backend_key,
-            os.environ.get("XCONV_BACKEND"), os.environ.get(limits.ENV), registry.generation())
+            os.environ.get("XCONV_BACKEND"), os.environ.get(limits.ENV), limits.UNCHECKED_BYTES, registry.generation())
 
 
 def _static_guard(p, outputs, tensors: dict, bias) -> bool:
@@ -118,6 +118,7 @@ def prepared(tensors: dict, backend, outputs, args: dict, validate, guard_memory
     if plan is None:
         b, p = validate(tensors, backend, outputs, **args)
         family = _family(tensors, bias)
+        key = _key(tensors, backend, outputs, args, bias)       # validation may have loaded the registry
         _store(key, Plan(b, p, not _static_guard(p, outputs, tensors, bias), family))
         return b, p
     b, p = plan.backend, plan.params
