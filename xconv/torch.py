@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import torch_ops
+from . import torch_fast, torch_ops
 from .params import check_flag, check_math
 
 __all__ = ["XConv1d", "XConv2d", "XConv3d", "XConvTranspose1d", "XConvTranspose2d", "XConvTranspose3d",
@@ -68,7 +68,7 @@ class _XConvMixin:
                               tuple(output_padding) if self.transposed else (0,) * nd,
                               check_flag(self.deterministic, "deterministic"), check_math(self.math),
                               torch_ops.backend_token(self.backend))
-        out = torch_ops.fprop_op(input, weight, bias, *conf.args())
+        out = torch_fast.fprop(input, weight, bias, conf.args())      # the xconv::fprop operator, or its eager fast path
         return out.squeeze(0) if unbatched else out
 
     def extra_repr(self):
