@@ -120,19 +120,116 @@ def _from_channel_major(a: np.ndarray, N: int, shape, dt) -> np.ndarray:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Stride 1: the columns as one strided copy of a zero-padded grid (long contiguous runs), not a gather
+
+
+class _Grid:
+    """A zero-padded channel-major grid ``(C, (N + 1) * size)`` of one tensor, and its tap windows.
+
+    Per sample the grid holds ``dims`` (per dim: the tensor at ``at``, zeros around it), flattened;
+    one more sample of zeros follows (the windows of the last sample read into it). A stride-1
+    correlation with kernel ``k`` and dilation ``d`` reads tap t at flat offset sum t_i d_i gs_i, so
+    its columns for ``rows`` positions per sample, from offset ``base``, are one strided view.
+    """
+
+    def __init__(self, dims, at, k, d, base_at, rows_first: int):
+        self.dims, self.at = tuple(dims), tuple(at)
+        self.gs = [math.prod(self.dims[i + 1:]) for i in range(len(self.dims))]
+        self.size = math.prod(self.dims)
+        self.tap = [dd * g for dd, g in zip(d, self.gs)]
+        self.k = tuple(k)
+        self.base = sum(b * g for b, g in zip(base_at, self.gs))
+        self.rows = rows_first * self.gs[0]                 # positions per sample (first dim, whole rows)
+
+    def fill(self, t: np.ndarray, N: int, C: int, keep, cdt) -> np.ndarray:
+        buf = np.zeros((C, (N + 1) * self.size), cdt)
+        view = buf[:, :N * self.size].reshape((C, N) + self.dims)
+        view[(slice(None), slice(None)) + tuple(slice(a, a + n) for a, n in zip(self.at, keep))] = \
+            t[(slice(None), slice(None)) + tuple(slice(0, n) for n in keep)].swapaxes(0, 1)
+        return buf
+
+    def columns(self, buf: np.ndarray, N: int, g: int) -> np.ndarray:
+        """(g, C/g * K, N * rows): channel-major, then tap, then sample and position."""
+        C, it = buf.shape[0], buf.itemsize
+        view = np.lib.stride_tricks.as_strided(buf[:, self.base:], shape=(C,) + self.k + (N, self.rows),
+                                               strides=(buf.strides[0],) + tuple(o * it for o in self.tap)
+                                               + (self.size * it, it), writeable=False)
+        cols = np.empty(view.shape, buf.dtype)
+        np.copyto(cols, view)
+        return cols.reshape(g, (C // g) * math.prod(self.k), N * self.rows)
+
+    def crop(self, a: np.ndarray, N: int, shape, dt) -> np.ndarray:
+        """(g, C/g, N * rows) positions of this grid as an (N, C, *spatial) array (spatial = shape[2:])."""
+        C = shape[1]
+        grid = a.reshape((C, N, self.rows // self.gs[0]) + self.dims[1:])
+        out = np.empty(shape, dt)
+        out[...] = grid[(slice(None), slice(None)) + tuple(slice(0, n) for n in shape[2:])].swapaxes(0, 1)
+        return out
+
+
+def _unit_stride(p: ConvParams) -> bool:
+    return all(s == 1 for s in p.stride)
+
+
+@functools.lru_cache(maxsize=64)
+def _grids(p: ConvParams):
+    """(x grid, dy grid for dx) of a stride-1 convolution (see _Grid)."""
+    S, O, k, d = p.input_shape[2:], p.output_shape[2:], p.kernel, p.dilation
+    pre = [a for a, _ in p.padding]
+    xg = _Grid([n + a + b for n, (a, b) in zip(S, p.padding)], pre, k, d, [0] * len(S), O[0])
+    # dx[i] = sum_t dyp[B + i + t*d] w[k-1-t], dy at A in dyp: A = max(0, (k-1)d - pre), B = pre + A - (k-1)d
+    A = [max(0, (kk - 1) * dd - a) for kk, dd, a in zip(k, d, pre)]
+    B = [a + aa - (kk - 1) * dd for a, aa, kk, dd in zip(pre, A, k, d)]
+    dims = [b + n + (kk - 1) * dd for b, n, kk, dd in zip(B, S, k, d)]
+    dyg = _Grid(dims, A, k, d, B, S[0])
+    keep = [min(o, L - a) for o, L, a in zip(O, dims, A)]        # dy beyond: reads only padding, adds nothing
+    return xg, dyg, keep
+
+
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias."""
     f, cdt = _plan(p), accumulation_dtype(p.dtype)
-    cols = _columns(_channel_major(x, f.N, f.C, f.P, cdt), f.fidx, f.g)
+    if _unit_stride(p):
+        xg, _, _ = _grids(p)
+        cols = xg.columns(xg.fill(x, f.N, f.C, p.input_shape[2:], cdt), f.N, f.g)
+    else:
+        cols = _columns(_channel_major(x, f.N, f.C, f.P, cdt), f.fidx, f.g)
     wm = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     y = np.matmul(wm, cols)                                        # (g, Cog, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
+    if _unit_stride(p):
+        return xg.crop(y, f.N, p.output_shape, DTYPES[p.dtype])
     return _from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
+
+
+def _backward_unit_stride(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
+    f, cdt = _plan(p), accumulation_dtype(p.dtype)
+    out_dt = DTYPES[p.dtype]
+    xg, dyg, keep = _grids(p)
+    dx = dw = None
+    if need_dw:
+        cols = xg.columns(xg.fill(x, f.N, f.C, p.input_shape[2:], cdt), f.N, f.g)     # (g, Cg*K, N*R)
+        # dy on the x grid's output positions (zeros at the others): (Co, N, O_1, *Sp[1:])
+        dz = np.zeros((f.Co, f.N, xg.rows), cdt)
+        dz.reshape((f.Co, f.N, p.output_shape[2]) + xg.dims[1:])[
+            (slice(None), slice(None)) + tuple(slice(0, o) for o in p.output_shape[2:])] = dy.swapaxes(0, 1)
+        dw = np.matmul(dz.reshape(f.g, f.Cog, f.N * xg.rows), cols.transpose(0, 2, 1))
+        dw = dw.reshape(p.weight_shape).astype(out_dt, copy=False)
+    if need_dx:
+        cols = dyg.columns(dyg.fill(dy, f.N, f.Co, keep, cdt), f.N, f.g)               # (g, Cog*K, N*R')
+        nd = p.nd
+        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[(Ellipsis,) + (slice(None, None, -1),) * nd]
+        wt = np.ascontiguousarray(wf.swapaxes(1, 2)).reshape(f.g, f.Cg, f.Cog * f.K)
+        dx = dyg.crop(np.matmul(wt, cols), f.N, p.input_shape, out_dt)
+    return dx, dw
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
     """(dx, dw), None where not needed."""
+    if _unit_stride(p):
+        return _backward_unit_stride(dy, x, w, p, need_dx, need_dw)
     f, cdt = _plan(p), accumulation_dtype(p.dtype)
     out_dt = DTYPES[p.dtype]
     dyc = _channel_major(dy, f.N, f.Co, f.Q, cdt)                  # (Co, N*Q + 1)
