@@ -18,6 +18,9 @@ in short:
 - Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
+- Small calls (:mod:`.small`, at most ``small.MAX_ELEMENTS`` elements of columns): one gather (or, at
+  stride 1, one strided copy of a zero-padded grid) and one matrix product per gradient on the
+  calling thread, from index tables planned once per configuration; after the compiled loops.
 - Columns (:mod:`.columns`): geometries the grid serves badly, and backward calls whose inputs hold
   a NaN or infinity, run on the reference's chunked im2col in the compute dtype instead.
 - Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
