@@ -10,7 +10,8 @@ A call that fails validation is never stored: a bad argument is refused with the
 whether or not a good call with the same shapes came before it.
 
 What can change without changing the key is re-checked on every hit: the backend's
-availability and what it declares it runs (:func:`xconv.legalize.check_supported`), and the
+availability (an unavailable one sends the call through validation again, which selects anew or
+says why nothing can run) and what it declares it runs (:func:`xconv.legalize.check_supported`), and the
 memory guard unless the call is too small to be checked (see :data:`xconv.limits.UNCHECKED_BYTES`).
 Parameter values of types other than ``int``, ``bool``, ``str``, ``float``, ``None``, NumPy
 scalars and tuples or lists of them (a NumPy array as ``padding``, say) make a call uncacheable:
@@ -32,7 +33,6 @@ import numpy as np
 from . import legalize, limits, registry
 from .backend import availability_of
 from .dtypes import DTYPES
-from .errors import BackendUnavailableError
 
 #: Plans kept (the oldest inserted evicted first).
 MAX_PLANS = 256
@@ -124,9 +124,8 @@ def prepared(tensors: dict, backend, outputs, args: dict, validate, guard_memory
     b, p = plan.backend, plan.params
     if backend is not None and type(backend) is not str and backend is not b:
         return validate(tensors, backend, outputs, **args)  # an id reused by another object
-    available, reason = availability_of(b)
-    if not available:
-        raise BackendUnavailableError(b.name, reason)
+    if not availability_of(b)[0]:
+        return validate(tensors, backend, outputs, **args)   # selects again, or says why nothing can run
     legalize.check_supported(b, p)
     if plan.guard_each_call and plan.family == "numpy":
         guard_memory(b, p, outputs, dict(tensors, bias=bias))

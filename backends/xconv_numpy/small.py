@@ -52,36 +52,46 @@ def _elements(p: ConvParams, need_dx: bool) -> int:
 
 
 class _Plan:
-    """The index tables of one configuration (read only once built)."""
+    """The sizes of one configuration, and its index tables (built on first use, read only; the stride-1
+    grid columns need none)."""
 
     def __init__(self, p: ConvParams):
         N, C = p.input_shape[:2]
         Co = p.output_shape[1]
-        S, O, k = p.input_shape[2:], p.output_shape[2:], p.kernel
+        self.p = p
         self.g = g = p.groups
         self.N, self.C, self.Co, self.Cg, self.Cog = N, C, Co, C // g, Co // g
-        self.K = K = math.prod(k)
-        self.P, self.Q = P, Q = math.prod(S), math.prod(O)
-        taps = np.array(list(np.ndindex(*k)), np.int64).reshape(K, len(k))          # (K, nd)
+        self.K = math.prod(p.kernel)
+        self.P, self.Q = math.prod(p.input_shape[2:]), math.prod(p.output_shape[2:])
+
+    def _geometry(self):
+        p = self.p
+        k = p.kernel
+        taps = np.array(list(np.ndindex(*k)), np.int64).reshape(self.K, len(k))        # (K, nd)
         pre = np.array([a for a, _ in p.padding], np.int64)
-        st, dl = np.array(p.stride, np.int64), np.array(p.dilation, np.int64)
-        S_, O_ = np.array(S, np.int64), np.array(O, np.int64)
-        # fprop / dW: per tap and output position, the input position read (or P: the zero)
-        opos = np.array(list(np.ndindex(*O)), np.int64).reshape(Q, len(O))          # (Q, nd)
-        ipos = opos[None] * st + taps[:, None] * dl - pre                            # (K, Q, nd)
-        inside = np.all((ipos >= 0) & (ipos < S_), axis=2)
-        flat_i = np.ravel_multi_index(tuple(np.clip(ipos, 0, S_ - 1).transpose(2, 0, 1)), S) if S else 0
-        fidx = np.where(inside, flat_i, -1)
-        self.fidx = _per_sample(fidx, N, P)                                          # (K, N*Q)
-        # dx: per tap and input position, the output position whose tap reads it (or Q: the zero)
-        ip = np.array(list(np.ndindex(*S)), np.int64).reshape(P, len(S))
-        num = ip[None] + pre - taps[:, None] * dl                                    # (K, P, nd) = o * stride
-        o, rem = np.divmod(num, st)
-        ok = np.all((rem == 0) & (o >= 0) & (o < O_), axis=2)
-        flat_o = np.ravel_multi_index(tuple(np.clip(o, 0, O_ - 1).transpose(2, 0, 1)), O)
-        self.bidx = _per_sample(np.where(ok, flat_o, -1), N, Q)                      # (K, N*P)
-        for a in (self.fidx, self.bidx):
-            a.flags.writeable = False
+        return taps, pre, np.array(p.stride, np.int64), np.array(p.dilation, np.int64)
+
+    @functools.cached_property
+    def fidx(self) -> np.ndarray:
+        """fprop / dW: per tap and output position (all samples), the input position read, or N*P (the zero)."""
+        taps, pre, st, dl = self._geometry()
+        S, O = self.p.input_shape[2:], self.p.output_shape[2:]
+        opos = np.array(list(np.ndindex(*O)), np.int64).reshape(self.Q, len(O))
+        ipos = opos[None] * st + taps[:, None] * dl - pre                               # (K, Q, nd)
+        inside = np.all((ipos >= 0) & (ipos < np.array(S)), axis=2)
+        flat = np.ravel_multi_index(tuple(np.clip(ipos, 0, np.array(S) - 1).transpose(2, 0, 1)), S)
+        return _per_sample(np.where(inside, flat, -1), self.N, self.P)
+
+    @functools.cached_property
+    def bidx(self) -> np.ndarray:
+        """dx: per tap and input position (all samples), the output position whose tap reads it, or N*Q."""
+        taps, pre, st, dl = self._geometry()
+        S, O = self.p.input_shape[2:], self.p.output_shape[2:]
+        ip = np.array(list(np.ndindex(*S)), np.int64).reshape(self.P, len(S))
+        o, rem = np.divmod(ip[None] + pre - taps[:, None] * dl, st)                    # (K, P, nd)
+        ok = np.all((rem == 0) & (o >= 0) & (o < np.array(O)), axis=2)
+        flat = np.ravel_multi_index(tuple(np.clip(o, 0, np.array(O) - 1).transpose(2, 0, 1)), O)
+        return _per_sample(np.where(ok, flat, -1), self.N, self.Q)
 
 
 def _per_sample(idx: np.ndarray, N: int, n: int) -> np.ndarray:
@@ -90,10 +100,12 @@ def _per_sample(idx: np.ndarray, N: int, n: int) -> np.ndarray:
     K, M = idx.shape
     flat = idx[:, None, :] + (np.arange(N, dtype=np.int64) * n)[None, :, None]
     flat = np.where(idx[:, None, :] < 0, N * n, flat)
-    return np.ascontiguousarray(flat.reshape(K, N * M).astype(np.intp))
+    out = np.ascontiguousarray(flat.reshape(K, N * M).astype(np.intp))
+    out.flags.writeable = False
+    return out
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)         # index tables: up to 8 bytes per column of a call (< 16 MiB each)
 def _plan(p: ConvParams) -> _Plan:
     return _Plan(p)
 
@@ -220,7 +232,8 @@ def _backward_unit_stride(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool)
     if need_dx:
         cols = dyg.columns(dyg.fill(dy, f.N, f.Co, keep, cdt), f.N, f.g)               # (g, Cog*K, N*R')
         nd = p.nd
-        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[(Ellipsis,) + (slice(None, None, -1),) * nd]
+        flip = (Ellipsis,) + (slice(None, None, -1),) * nd                                  # taps reversed
+        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
         wt = np.ascontiguousarray(wf.swapaxes(1, 2)).reshape(f.g, f.Cg, f.Cog * f.K)
         dx = dyg.crop(np.matmul(wt, cols), f.N, p.input_shape, out_dt)
     return dx, dw
