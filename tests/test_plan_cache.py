@@ -192,3 +192,20 @@ def test_threads_share_plans():
     for t in threads:
         t.join()
     assert not errors and len(out) == 80 and all(o == ref for o in out)
+
+
+def test_a_backend_that_becomes_unavailable_is_selected_anew():
+    x, w, dy = _data()
+    spy = SpyBackend("spy-flaky")
+    spy.priority = 100
+    state = {"up": True}
+    spy.availability = lambda: (state["up"], "" if state["up"] else "unplugged")
+    with registered(spy):
+        xconv.convolution_backward(dy, x, w, **KW)
+        assert len(spy.calls) == 3
+        state["up"] = False
+        ref = _bytes(xconv.convolution_backward(dy, x, w, backend="numpy", **KW))
+        assert _bytes(xconv.convolution_backward(dy, x, w, **KW)) == ref      # the next by priority: numpy
+        assert len(spy.calls) == 3
+        with pytest.raises(XconvError, match="unplugged"):
+            xconv.convolution_backward(dy, x, w, backend="spy-flaky", **KW)
