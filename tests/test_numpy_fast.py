@@ -27,7 +27,7 @@ import xconv
 from xconv.dtypes import DTYPES, UNIT_ROUNDOFF
 
 xconv_numpy = pytest.importorskip("xconv_numpy")
-from xconv_numpy import fast  # noqa: E402
+from xconv_numpy import fast, small  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -198,6 +198,7 @@ def compare_on_poisoned_scratch(monkeypatch, conv, seed):
         return buf
 
     monkeypatch.setattr(fast._Arena, "take", poisoned)
+    monkeypatch.setattr(small, "ENABLED", False)          # the grid path (the one with scratch from the arena)
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     with warnings.catch_warnings():
@@ -214,6 +215,7 @@ def test_chunked_matches_exact(conv, seed, budget, strategy):
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(small, "ENABLED", False)                   # the grid path, whatever the size
         if budget is not None:
             mp.setattr(fast, "MAX_CHUNK_BYTES", budget)
             mp.setattr(fast, "MIN_CHUNK_BYTES", 1)

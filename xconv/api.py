@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import guard, interop, legalize, limits
+from . import guard, interop, legalize, limits, plan_cache
 from .arrays import common_family, copies_needed, host_ready
 from .dtypes import DTYPES
 from .errors import ShapeError
@@ -23,9 +23,18 @@ def _torch_route(family: str) -> object | None:
     return None if torch_ops.inside_kernel() else torch_ops
 
 
-def _prepare(tensors: dict, backend, outputs, *, input_shape=None, weight_shape=None, bias=None, bias_sizes=None,
-             **conv):
+def _prepare(tensors: dict, backend, outputs, **args):
     """Validate the tensors and parameters, guard the call's memory, pick the backend; return (backend, params).
+
+    A call identical in everything validation reads to one that passed before takes that one's
+    result from its plan (see :mod:`xconv.plan_cache`); any other is validated by :func:`_validate`.
+    """
+    return plan_cache.prepared(tensors, backend, outputs, args, _validate, _guard_memory)
+
+
+def _validate(tensors: dict, backend, outputs, *, input_shape=None, weight_shape=None, bias=None, bias_sizes=None,
+              **conv):
+    """The checks of :func:`_prepare`, in full.
 
     The convolution's input and weight shapes come from ``tensors["input"]``/``tensors["weight"]``,
     or from the explicit ``input_shape``/``weight_shape`` arguments (conv_dgrad, conv_wgrad), which
@@ -100,6 +109,8 @@ def _guard_memory(backend, p, outputs, arrays) -> None:
 def _native(backend, family: str, **named):
     """Each named argument as the call's backend takes it: as it is when that backend declares its foreign
     ``family`` (a torch backend taking torch tensors), else native (a zero-copy DLPack view)."""
+    if family in interop.NATIVE_FAMILIES:
+        return list(named.values())              # to_native passes native arrays (and non-arrays) unchanged
     return interop.to_native_for(backend, family, named)
 
 

@@ -20,6 +20,17 @@ from .errors import BackendUnavailableError, ShapeError, UnknownBackendError
 _lock = threading.RLock()
 _backends: dict[str, Backend] | None = None
 _broken: dict[str, str] = {}  # entry-point name -> why its plugin could not be loaded
+_generation = 0  # bumped whenever the set of backends changes (keys of xconv.plan_cache)
+
+
+def generation() -> int:
+    """A number that changes whenever a backend is registered or unregistered."""
+    return _generation
+
+
+def _changed() -> None:
+    global _generation
+    _generation += 1
 
 
 def plugin_manager() -> pluggy.PluginManager:
@@ -45,6 +56,7 @@ def _registry() -> dict[str, Backend]:
                 for backend in result or ():
                     found.setdefault(backend.name, backend)
             _backends = found
+            _changed()
         return _backends
 
 
@@ -55,11 +67,13 @@ def register_backend(backend: Backend, *, replace: bool = False) -> None:
         if backend.name in registry and not replace:
             raise ValueError(f"a backend named {backend.name!r} is already registered")
         registry[backend.name] = backend
+        _changed()
 
 
 def unregister_backend(name: str) -> None:
     with _lock:
         _registry().pop(name, None)
+        _changed()
 
 
 def list_backends() -> list[BackendInfo]:

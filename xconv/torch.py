@@ -28,7 +28,7 @@ except ImportError as exc:  # say what to install, not only what is missing
 
     raise ImportError(f"xconv.torch needs PyTorch, which is not importable here ({exc}): {torch_hint()}") from exc
 
-from . import torch_ops
+from . import torch_fast, torch_ops
 from .params import check_flag, check_math
 
 __all__ = ["XConv1d", "XConv2d", "XConv3d", "XConvTranspose1d", "XConvTranspose2d", "XConvTranspose3d",
@@ -73,7 +73,7 @@ class _XConvMixin:
                               tuple(output_padding) if self.transposed else (0,) * nd,
                               check_flag(self.deterministic, "deterministic"), check_math(self.math),
                               torch_ops.backend_token(self.backend))
-        out = torch_ops.fprop_op(input, weight, bias, *conf.args())
+        out = torch_fast.fprop(input, weight, bias, conf.args())      # the xconv::fprop operator, or its eager fast path
         return out.squeeze(0) if unbatched else out
 
     def extra_repr(self):

@@ -18,6 +18,9 @@ in short:
 - Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
+- Small calls (:mod:`.small`, at most ``small.MAX_ELEMENTS`` elements of columns): one gather (or, at
+  stride 1, one strided copy of a zero-padded grid) and one matrix product per gradient on the
+  calling thread, from index tables planned once per configuration; after the compiled loops.
 - Columns (:mod:`.columns`): geometries the grid serves badly, and backward calls whose inputs hold
   a NaN or infinity, run on the reference's chunked im2col in the compute dtype instead.
 - Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
@@ -41,7 +44,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import columns, compiled, direct
+from . import columns, compiled, direct, small
 from .blas import MAX_WORKERS, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
@@ -550,6 +553,10 @@ def backward(dy, x, w, p: ConvParams, mask):
         if direct.serves(p):
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
+        if not compiled_loops and small.serves(p, need_dx):      # the compiled loops, where they run, first
+            with single_threaded_blas():
+                dx, dw = small.backward(dy, x, w, p, need_dx, need_dw)
+            return dx, dw, (bgrad(dy, p) if need_db else None)
         geo = _geom(p)
         with single_threaded_blas() as workers, _Lease() as lease:
             if compiled.serves(p):                       # db from its copy of dy
@@ -953,6 +960,9 @@ def fprop(x, w, bias, p: ConvParams):
     if direct.serves(p):
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
+    if small.serves(p):
+        with single_threaded_blas():
+            return small.fprop(x, w, bias, p)
     geo = _geom(p)
     cdt = compute_dtype(p)
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K

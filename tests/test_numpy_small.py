@@ -1,0 +1,76 @@
+"""The NumPy backend's small-call path (xconv_numpy.small): one gather or one strided copy and one matrix product
+per gradient. Checked against the exact float64 path over the whole parameter space, at the digits sizes it is
+chosen for, with non-finite inputs, and bitwise run to run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xconv
+from core_helpers import count_calls
+from test_numpy_fast import compare, convolutions, random_arrays
+
+from xconv_numpy import small  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), gather=st.booleans())
+def test_small_path_matches_exact(conv, seed, gather):
+    """Forced on for every convolution it can compute (both the gather and, at stride 1, the padded-grid columns)."""
+    c, mask, layout = conv
+    x, w, dy = random_arrays(np.random.default_rng(seed), c)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(small, "ENABLED", True)
+        if gather:
+            mp.setattr(small, "_unit_stride", lambda p: False)
+        compare(c, x, w, dy, mask, layout)
+
+
+DIGITS = [
+    ((1, 4, 8, 8), (4, 4, 3, 3), dict(padding=1)),
+    ((32, 16, 8, 8), (32, 4, 3, 3), dict(padding=1, groups=4)),
+    ((16, 8, 64), (8, 8, 3), dict(padding=1)),
+    ((32, 16, 4, 4), (16, 16, 1, 1), {}),
+    ((16, 8, 8, 8), (16, 8, 3, 3), dict(stride=2, padding=1)),
+    ((4, 3, 7, 6), (5, 3, 3, 2), dict(padding=((2, 0), (1, 1)), dilation=(1, 2))),
+]
+
+
+@pytest.mark.parametrize("xs, ws, kw", DIGITS)
+def test_digits_layers_take_the_small_path(xs, ws, kw, monkeypatch):
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    bwd, fwd = count_calls(monkeypatch, small, "backward"), count_calls(monkeypatch, small, "fprop")
+    got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
+    y2 = xconv.conv_fprop(x, w, backend="numpy", **kw)
+    assert len(bwd) == 1 and len(fwd) == 1
+    again = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, again)) and y.tobytes() == y2.tobytes()
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      backend="numpy-exact", **kw)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-5 * np.abs(e).max())
+    np.testing.assert_allclose(y, xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64),
+                                                   backend="numpy-exact", **kw), rtol=2e-5, atol=1e-4)
+
+
+def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
+    """The small path multiplies padding zeros; calls with an infinity go to the column path (no NaN from 0 * inf)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    w[1, 2, 0, 0] = np.inf
+    x[0, 1, 2, 2] = -np.inf
+    calls = count_calls(monkeypatch, small, "backward")
+    got = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
+    want = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy-exact")
+    assert calls == []
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(e))

@@ -1,0 +1,85 @@
+"""xconv.torch_fast: the converted modules' eager fast path gives the operators' bits, and steps aside where the
+operators' machinery is needed (double backward, fake tensors, functorch transforms)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core_helpers import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+import torch.nn as nn  # noqa: E402
+
+import xconv.torch as xt  # noqa: E402
+from xconv import torch_fast, torch_ops  # noqa: E402
+
+MODULES = [
+    (nn.Conv2d(3, 8, 3, padding=1, groups=1), (4, 3, 7, 6)),
+    (nn.Conv2d(8, 8, 3, stride=2, padding=(1, 0), groups=4, bias=False), (2, 8, 9, 9)),
+    (nn.Conv1d(4, 6, 5, padding=2, dilation=1), (3, 4, 11)),
+    (nn.ConvTranspose2d(8, 2, 4, stride=2, padding=1), (2, 8, 4, 4)),
+    (nn.Conv3d(2, 4, 2), (1, 2, 4, 4, 3)),
+]
+
+
+def _run(module, x, fast: bool, monkeypatch):
+    with monkeypatch.context() as mp:
+        if not fast:
+            mp.setattr(torch_fast, "usable", lambda *t: False)
+        ops = []
+        real = torch_ops.fprop_op
+        mp.setattr(torch_fast.torch_ops, "fprop_op", lambda *a: ops.append(1) or real(*a))
+        module.zero_grad(set_to_none=True)
+        x = x.detach().requires_grad_(True)
+        y = module(x)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        grads = [x.grad] + [p.grad for p in module.parameters()]
+        return y.detach(), grads, len(ops)
+
+
+@pytest.mark.parametrize("index", range(len(MODULES)))
+def test_fast_path_gives_the_operators_bits(index, monkeypatch):
+    torch.manual_seed(index)
+    module, shape = MODULES[index]
+    xmod = xt.convert(module, backend="numpy")
+    x = torch.randn(shape)
+    y_fast, g_fast, ops_fast = _run(xmod, x, True, monkeypatch)
+    y_op, g_op, ops_op = _run(xmod, x, False, monkeypatch)
+    assert ops_fast == 0 and ops_op == 1                 # each path really ran
+    assert torch.equal(y_fast, y_op)
+    for a, b in zip(g_fast, g_op):
+        assert torch.equal(a, b)
+    ref = module(x)                                      # and both are torch's convolution, to rounding
+    torch.testing.assert_close(y_fast, ref.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_double_backward_through_the_fast_path():
+    torch.manual_seed(0)
+    module = nn.Conv2d(2, 3, 3, padding=1).double()
+    xmod = xt.convert(module, backend="numpy")
+    x = torch.randn(2, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    assert torch_fast.usable(x, xmod.weight)
+    torch.autograd.gradgradcheck(lambda inp, w: xmod._xconv_apply(inp, w, None, ((1, 1), (1, 1))),
+                                 (x, xmod.weight))
+    g_x, = torch.autograd.grad(xmod(x).pow(2).sum(), x, create_graph=True)
+    g_ref, = torch.autograd.grad(module(x).pow(2).sum(), x, create_graph=True)
+    torch.testing.assert_close(g_x, g_ref)
+    hx, = torch.autograd.grad(g_x.sum(), x)
+    href, = torch.autograd.grad(g_ref.sum(), x)
+    torch.testing.assert_close(hx, href)
+
+
+def test_steps_aside_for_fake_tensors_and_transforms():
+    x = torch.randn(1, 2, 4, 4)
+    assert torch_fast.usable(x, None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert not torch_fast.usable(torch.empty(1, 2, 4, 4))
+    assert not torch_fast.usable(x.to("meta"))
+    seen = []
+    torch.func.vmap(lambda t: seen.append(torch_fast.usable(t)) or t)(torch.randn(3, 2))
+    assert seen == [False]
+    xmod = xt.convert(nn.Conv2d(2, 3, 3), backend="numpy")
+    batch = torch.randn(4, 1, 2, 5, 5)
+    out = torch.func.vmap(xmod)(batch)                    # vmap over the module: the operator's path
+    torch.testing.assert_close(out, torch.stack([xmod(b) for b in batch]))

@@ -1,0 +1,156 @@
+"""Per-configuration plans of the public calls, cached like cuDNN's: a repeated call skips re-validation.
+
+A call's validation (:func:`xconv.api._prepare`: shapes, dtypes, every parameter, the backend
+choice, the memory guard) is a pure function of what it reads: each tensor's type, shape and
+dtype, the value and type of every parameter, the ``backend=`` argument, ``$XCONV_BACKEND``,
+``$XCONV_MEMORY_LIMIT`` and the registry's contents. :func:`prepared` keys a plan on exactly
+those and keeps the validated result (backend, :class:`~xconv.params.ConvParams`) of each call
+that passed, so a call with the same key gets the same result without running the checks again.
+A call that fails validation is never stored: a bad argument is refused with the same error
+whether or not a good call with the same shapes came before it.
+
+What can change without changing the key is re-checked on every hit: the backend's
+availability (an unavailable one sends the call through validation again, which selects anew or
+says why nothing can run) and what it declares it runs (:func:`xconv.legalize.check_supported`), and the
+memory guard unless the call is too small to be checked (see :data:`xconv.limits.UNCHECKED_BYTES`).
+Parameter values of types other than ``int``, ``bool``, ``str``, ``float``, ``None``, NumPy
+scalars and tuples or lists of them (a NumPy array as ``padding``, say) make a call uncacheable:
+it is validated in full, as before.
+
+Thread safety: lookups are plain dict reads; inserts and evictions take a lock. At most
+:data:`MAX_PLANS` plans are kept, the oldest inserted evicted first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from . import legalize, limits, registry
+from .backend import availability_of
+from .dtypes import DTYPES
+
+#: Plans kept (the oldest inserted evicted first).
+MAX_PLANS = 256
+
+_plans: dict = {}
+_lock = threading.Lock()
+_SCALARS = frozenset({int, bool, str, float, type(None), np.bool_, np.int8, np.int16, np.int32, np.int64,
+                      np.uint8, np.uint16, np.uint32, np.uint64})
+
+
+class Plan(NamedTuple):
+    """A validated call: its backend (the object the backend argument resolved to) and params, and
+    whether the memory guard must run again on each call (False: too small to be checked)."""
+
+    backend: object
+    params: object
+    guard_each_call: bool
+    family: str | None
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _value_key(v):
+    """``v`` as a hashable key that tells apart every value validation tells apart (type included)."""
+    t = type(v)
+    if t in _SCALARS:
+        return t, v
+    if t is tuple or t is list:
+        return t, tuple(_value_key(e) for e in v)
+    raise _Uncacheable
+
+
+def _array_key(a):
+    if a is None:
+        return None
+    try:
+        key = (type(a), tuple(a.shape), a.dtype)
+        hash(key)
+    except (AttributeError, TypeError):
+        raise _Uncacheable from None
+    return key
+
+
+def _key(tensors: dict, backend, outputs, args: dict, bias):
+    if backend is None or type(backend) is str:
+        backend_key = backend
+    else:
+        backend_key = ("object", id(backend))
+    return (tuple((name, _array_key(a)) for name, a in tensors.items()), _array_key(bias), tuple(outputs),
+            tuple((name, _value_key(v)) for name, v in args.items() if name != "bias"), backend_key,
+            os.environ.get("XCONV_BACKEND"), os.environ.get(limits.ENV), limits.UNCHECKED_BYTES, registry.generation())
+
+
+def _static_guard(p, outputs, tensors: dict, bias) -> bool:
+    """Whether the memory guard can never refuse this call (no $XCONV_MEMORY_LIMIT, and even with every
+    input copied and the padded input or output materialized it stays below UNCHECKED_BYTES)."""
+    if os.environ.get(limits.ENV):
+        return False
+    shapes = {"input": p.input_shape, "weight": p.weight_shape, "bias": (p.bias_size,), "output": p.output_shape}
+    grown = p.output_shape if p.transposed else p.input_shape
+    padded = math.prod(grown[:2]) * math.prod(n + a + b for n, (a, b) in zip(grown[2:], p.padding))
+    elements = (sum(math.prod(shapes[o]) for o in outputs) + padded
+                + sum(math.prod(a.shape) for a in (*tensors.values(), bias) if a is not None))
+    itemsize = max(DTYPES[p.dtype].itemsize if p.dtype in DTYPES else 8, 8)
+    return elements * itemsize < limits.UNCHECKED_BYTES
+
+
+def prepared(tensors: dict, backend, outputs, args: dict, validate, guard_memory):
+    """(backend, params) of a call: from its plan when an identical call passed before, else from
+    ``validate(tensors, backend, outputs, **args)`` (stored when it passes).
+
+    ``guard_memory(backend, params, outputs, arrays)`` is the memory guard :func:`validate` runs
+    for NumPy arrays; a hit runs it again unless the plan says it cannot refuse.
+    """
+    bias = args.get("bias")
+    try:
+        key = _key(tensors, backend, outputs, args, bias)
+    except _Uncacheable:
+        return validate(tensors, backend, outputs, **args)
+    plan = _plans.get(key)
+    if plan is None:
+        b, p = validate(tensors, backend, outputs, **args)
+        family = _family(tensors, bias)
+        key = _key(tensors, backend, outputs, args, bias)       # validation may have loaded the registry
+        _store(key, Plan(b, p, not _static_guard(p, outputs, tensors, bias), family))
+        return b, p
+    b, p = plan.backend, plan.params
+    if backend is not None and type(backend) is not str and backend is not b:
+        return validate(tensors, backend, outputs, **args)  # an id reused by another object
+    if not availability_of(b)[0]:
+        return validate(tensors, backend, outputs, **args)   # selects again, or says why nothing can run
+    legalize.check_supported(b, p)
+    if plan.guard_each_call and plan.family == "numpy":
+        guard_memory(b, p, outputs, dict(tensors, bias=bias))
+    return b, p
+
+
+def _family(tensors: dict, bias):
+    from .arrays import common_family
+
+    return common_family(dict(tensors, bias=bias))
+
+
+def _store(key, plan: Plan) -> None:
+    with _lock:
+        _plans[key] = plan
+        while len(_plans) > MAX_PLANS:
+            del _plans[next(iter(_plans))]
+
+
+def clear() -> None:
+    """Forget every plan (the next call of each configuration is validated in full)."""
+    with _lock:
+        _plans.clear()
+
+
+def size() -> int:
+    """The number of plans kept."""
+    return len(_plans)

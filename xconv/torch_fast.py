@@ -1,0 +1,79 @@
+"""The eager fast path of xconv's torch modules: one ``autograd.Function`` per call, not the operator chain.
+
+A converted module's forward normally calls the ``xconv::fprop`` custom operator (:mod:`.torch_ops`),
+whose Python dispatch (autograd wrapper, redispatch, the compile-disable wrapper, the kernel) costs
+about 100-150 µs per call on CPU, several times a digits-sized convolution. In plain eager mode the
+same kernels run here through one ``torch.autograd.Function``: forward runs the body of
+``xconv::fprop``, backward the body of ``xconv::backward`` (the same public xconv calls, so the same
+bits). Whenever the operators' machinery matters the operators run instead:
+
+- under ``torch.compile`` / ``torch.export`` tracing, any torch function or dispatch mode (fake tensors,
+  meta tensors, FX proxies), functorch transforms (vmap, grad), tensor subclasses, non-CPU devices;
+- double backward: a backward run with ``create_graph=True`` calls the ``xconv::backward`` operator,
+  which is itself differentiable.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from . import torch_ops
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def usable(*tensors) -> bool:
+    """Whether a call on ``tensors`` (None entries skipped) may take the fast path (see the module docstring)."""
+    if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+            or _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active()):
+        return False
+    return all(t is None or (type(t) in _PLAIN and t.device.type == "cpu") for t in tensors)
+
+
+def fprop(input, weight, bias, conf_args: tuple):
+    """``xconv::fprop(input, weight, bias, *conf_args)``: by the fast path when :func:`usable`, else the operator."""
+    if usable(input, weight, bias):
+        return _Fprop.apply(input, weight, bias, conf_args)
+    return torch_ops.fprop_op(input, weight, bias, *conf_args)
+
+
+def _fprop_kernel(input, weight, bias, conf_args):
+    conf = torch_ops.Conf.from_args(*conf_args)
+    with torch_ops._plain(input.device):
+        y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
+    return torch_ops._as(y, torch_ops.memory_format(input, weight))
+
+
+def _backward_kernel(grad_output, input, weight, mask, conf_args):
+    conf = torch_ops.Conf.from_args(*conf_args)
+    groups, transposed = conf_args[3], conf_args[4]
+    c_out = weight.shape[1] * groups if transposed else weight.shape[0]
+    with torch_ops._plain(input.device):
+        results = torch_ops.xconv.convolution_backward(grad_output, input, weight,
+                                                       bias_sizes=[c_out] if mask[2] else None,
+                                                       output_mask=tuple(mask), **conf.kwargs())
+    fmt = torch_ops.memory_format(input, weight)
+    return tuple(None if r is None else (torch_ops._as(r, fmt) if i < 2 else r) for i, r in enumerate(results))
+
+
+class _Fprop(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, conf_args):
+        ctx.save_for_backward(input, weight)
+        ctx.conf_args = conf_args
+        ctx.has_bias = bias is not None
+        return _fprop_kernel(input, weight, bias, conf_args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        mask = [bool(need[0]), bool(need[1]), ctx.has_bias and bool(need[2])]
+        if not any(mask):
+            return None, None, None, None
+        if torch.is_grad_enabled() or not usable(grad, input, weight):   # create_graph: differentiable operator
+            gx, gw, gb = torch_ops.backward_op(grad, input, weight, mask, *ctx.conf_args)
+        else:
+            gx, gw, gb = _backward_kernel(grad, input, weight, mask, ctx.conf_args)
+        return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None, None)
