@@ -36,8 +36,9 @@ import threading
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
+from xconv.workspace import check_request
 
 from . import compiled, direct
 from .blas import MAX_WORKERS, single_threaded_blas
@@ -223,15 +224,21 @@ def release_memory() -> None:
 
 
 class _Lease:
-    """The scratch buffers of one call, handed back to the arena when the call ends."""
+    """The scratch buffers of one call, handed back to the arena when the call ends; their total is the
+    call's workspace (reported to the trace record, and kept within ``limit`` bytes or UnsupportedError)."""
 
-    def __init__(self):
+    def __init__(self, limit: int | None = None):
         self.bufs = []
+        self.limit = limit
+        self.sizes = []                             # bytes of each buffer taken (list.append: thread-safe)
 
     def empty(self, shape, dtype) -> np.ndarray:
         """An uninitialized array starting on a 64-byte boundary (a cache line: vector loads never split)."""
         dtype = np.dtype(dtype)
         n = math.prod(shape) * dtype.itemsize
+        self.sizes.append(n + 64)
+        if self.limit is not None:
+            check_request("numpy", sum(self.sizes), self.limit, "scratch (its smallest chunking)")
         raw = _ARENA.take(n + 64)
         self.bufs.append(raw)
         a = -raw.ctypes.data % 64
@@ -243,6 +250,7 @@ class _Lease:
     def __exit__(self, *exc):
         _ARENA.give(self.bufs)
         self.bufs = []
+        tracing.workspace(sum(self.sizes))
 
 
 class _GridBuf:
@@ -362,9 +370,15 @@ def _n_slots(io_bytes: int, w_bytes: int) -> int:
 # Chunk planning
 
 
-def _budget(nbytes: int) -> int:
-    """Working-set budget of one call: all chunks in flight together stay within it."""
-    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, BUDGET_FRACTION * nbytes)))
+def _budget(nbytes: int, p: ConvParams | None = None) -> int:
+    """Working-set budget of one call: all chunks in flight together stay within it. Under ``p.workspace_limit``
+    it is the limit less a reserve for the weight-sized scratch (layouts, accumulator slots: at most
+    3 + 2 * MAX_WORKERS weights in the compute dtype)."""
+    budget = int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, BUDGET_FRACTION * nbytes)))
+    if p is not None and p.workspace_limit is not None:
+        reserve = (3 + 2 * MAX_WORKERS) * math.prod(p.weight_shape) * compute_dtype(p).itemsize
+        budget = max(1, min(budget, p.workspace_limit - reserve))
+    return budget
 
 
 def _split(total: int, most: int):
@@ -516,17 +530,21 @@ def backward(dy, x, w, p: ConvParams, mask):
     dx = dw = None
     if need_dx or need_dw:
         if direct.serves(p):
+            tracing.note("depthwise compiled loops")
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
         geo = _geom(p)
-        with single_threaded_blas() as workers, _Lease() as lease:
+        with single_threaded_blas() as workers, _Lease(p.workspace_limit) as lease:
             if compiled.serves(p):                       # db from its copy of dy
-                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+                tracing.note("C direct loops")
+                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw), p)
                 return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
             if geo.pointwise:                           # db from the samples it reads
+                tracing.note("pointwise per-sample GEMM")
                 return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
                                            lease)
             run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            tracing.note("blas-grid strategy A (dy-columns)" if run is _backward_a else "blas-grid strategy B (x-columns)")
             dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
@@ -542,6 +560,7 @@ def wgrad(x, dy, p: ConvParams):
 def bgrad(dy, p: ConvParams):
     """dy summed over N and the spatial dims: per block of samples (blocks fixed by the shape alone),
     blocks summed on the workers, partial sums added in block order."""
+    tracing.note("bias sum")
     cdt = compute_dtype(p)
     axes = (0,) + tuple(range(2, dy.ndim))
     N = dy.shape[0]
@@ -640,7 +659,7 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     unit_bytes = it * g * max(rest_n[ip] * (col_rows[ip] + (Cg * (1 + implicit[ip]) if need_dx else 0)
                                             + (Cg if need_dw else 0)) for ip in live)
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    budget = _budget(io)
+    budget = _budget(io, p)
     chunks, dy_lines, c_lines = _chunks_compact(geo, lo1, hi1, it * g * Cog * line, unit_bytes, budget, single)
     workers = _cap_workers(workers, budget, dy_lines * it * g * Cog * line + c_lines * unit_bytes)
     U = max(rest_n[ip] * (c_lines + ext[ip]) for ip in live)
@@ -800,7 +819,7 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, need
     sample_bytes = it * g * P * (Cog * copy_dy + Cg * copy_x + Cg * (need_dx and out_dt != cdt)) \
         + (it * g * Cog * Cg if need_dw else 0)
     io = _io_bytes(geo, out_dt.itemsize, need_dx, need_dw)
-    budget = _budget(io)
+    budget = _budget(io, p)
     cap = max(1, budget // 2)
     nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))
     chunks = _split(N, nb)
@@ -862,7 +881,7 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     nph = len(geo.phases)
     line_bytes = cdt.itemsize * line * g * (Cog + K * Cg * (need_dx + need_dw) + nph * Cg * (need_dx + need_dw))
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    budget = _budget(io)
+    budget = _budget(io, p)
     chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, budget)
     workers = _cap_workers(workers, budget, (lines + 2 * h) * line_bytes)
     hf = 0 if aligned else h           # dy lines before the chunk whose col2im reaches into it
@@ -917,6 +936,7 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
     if direct.serves(p):
+        tracing.note("depthwise compiled loops")
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
     geo = _geom(p)
@@ -924,10 +944,11 @@ def fprop(x, w, bias, p: ConvParams):
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
     nph = len(geo.phases)
     line_bytes = cdt.itemsize * line * g * (Cog + K * Cg + nph * Cg)
-    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, False, False, fprop=True))
+    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, False, False, fprop=True), p)
     chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
-    lease = _Lease()
+    lease = _Lease(p.workspace_limit)
+    tracing.note("blas-grid x-columns")
     chunk_bytes = (lines + h) * line_bytes
     wm = _weight_layout(w, geo, cdt, "gokc", lease).reshape(g, Cog, K * Cg)
     b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)
