@@ -1,0 +1,140 @@
+"""xconv.trace(): each record field checked against what really ran (spied on the code paths themselves)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import xconv
+from core_helpers import SpyBackend, count_calls
+from xconv import legalize, tracing
+from xconv_numpy import compiled, direct, fast
+
+
+def _conv(rng, xs, ws, dtype=np.float32, **kw):
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(dtype)
+    return x, w, dy
+
+
+def test_no_trace_no_record():
+    assert not tracing.active() and tracing.current() is None
+    x, w, _ = _conv(np.random.default_rng(0), (1, 2, 5, 5), (3, 2, 3, 3))
+    xconv.conv_fprop(x, w)
+    with xconv.trace() as t:
+        pass
+    assert t.records == []
+
+
+def test_pointwise_backward_reports_pointwise(monkeypatch):
+    ran = count_calls(monkeypatch, fast, "_backward_pointwise")
+    x, w, dy = _conv(np.random.default_rng(0), (2, 8, 6, 6), (4, 8, 1, 1))
+    with xconv.trace() as t:
+        xconv.convolution_backward(dy, x, w, math="allow_tf32")
+    (r,) = t.records
+    assert len(ran) == 1
+    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise per-sample GEMM")
+    assert r.math == "keep_dtype"                          # effective: numpy never uses TF32
+    assert r.deterministic == "run_to_run" and r.plan_cache is None and r.legalized == [] and r.error is None
+    assert r.workspace_bytes > 0 and r.seconds > 0
+    assert r.shapes == dict(input=[2, 8, 6, 6], weight=[4, 8, 1, 1], output=[2, 4, 6, 6])
+
+
+@pytest.mark.parametrize("strategy, fn", [("a", "_backward_a"), ("b", "_backward_b")])
+def test_blas_strategy_reported(monkeypatch, strategy, fn):
+    monkeypatch.setattr(fast, "STRATEGY", strategy)
+    ran = count_calls(monkeypatch, fast, fn)
+    x, w, dy = _conv(np.random.default_rng(1), (2, 3, 9, 9), (5, 3, 3, 3), padding=1)
+    with xconv.trace() as t:
+        xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
+    assert len(ran) == 1
+    assert t.records[0].path == f"blas-grid strategy {strategy.upper()} ({'dy' if strategy == 'a' else 'x'}-columns)"
+
+
+def test_compiled_and_depthwise_paths(monkeypatch):
+    rng = np.random.default_rng(2)
+    c_runs = count_calls(monkeypatch, compiled, "backward")
+    d_runs = count_calls(monkeypatch, direct, "backward")
+    x, w, dy = _conv(rng, (2, 32, 8, 8), (32, 32, 3, 3), padding=1)
+    xd, wd, dyd = _conv(rng, (2, 6, 8, 8), (6, 1, 3, 3), padding=1, groups=6)
+    with xconv.trace() as t:
+        xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
+        xconv.convolution_backward(dyd, xd, wd, padding=1, groups=6, output_mask=(True, True, False))
+        xconv.conv_fprop(x, w, padding=1)
+    paths = [r.path for r in t.records]
+    assert paths[0] == ("C direct loops" if c_runs else paths[0]) and (not c_runs or len(c_runs) == 1)
+    assert paths[1] == ("depthwise compiled loops" if d_runs else paths[1])
+    assert compiled.serves(xconv.params.make_params(x.shape, w.shape, padding=1)) == bool(c_runs)
+    assert paths[2] == "blas-grid x-columns"
+
+
+def test_exact_and_batch_invariant():
+    x, w, dy = _conv(np.random.default_rng(3), (3, 2, 6, 6), (4, 2, 3, 3), dtype=np.float64)
+    with xconv.trace() as t:
+        xconv.conv_fprop(x, w, backend="numpy-exact")
+        xconv.conv_dgrad(dy, w, x.shape, deterministic="batch_invariant")
+    exact, inv = t.records
+    assert exact.path == "reference im2col (float64)"
+    assert exact.workspace_bytes == 8 * 3 * 4 * 4 * 2 * 9       # its float64 columns: N*P rows, C_in*K columns
+    assert inv.deterministic == "batch_invariant" and inv.path.startswith("per-sample (batch_invariant)")
+
+
+def test_one_d_lifted_where_not_native():
+    spy = SpyBackend("spy2d", xconv.Capabilities(spatial_dims=frozenset({2, 3})))
+    x, w, dy = _conv(np.random.default_rng(4), (2, 3, 10), (4, 3, 3), dtype=np.float64)
+    with xconv.trace() as t:
+        xconv.convolution_backward(dy, x, w, backend=spy)
+        xconv.convolution_backward(dy, x, w)                        # numpy runs 1-D natively
+    assert [len(p.input_shape) for _, p, _ in spy.calls] == [4, 4, 4]
+    assert t.records[0].legalized == [legalize.LIFT_1D] and t.records[0].backend == "spy2d"
+    assert t.records[1].legalized == []
+
+
+def test_padding_transposed_and_strided_rewrites():
+    spy = SpyBackend("spy-narrow", xconv.Capabilities(asymmetric_padding=frozenset(), strided=False))
+    rng = np.random.default_rng(5)
+    x, w, _ = _conv(rng, (2, 3, 7, 7), (4, 3, 3, 3), dtype=np.float64)
+    xt = np.asfortranarray(x)
+    with xconv.trace() as t:
+        xconv.conv_fprop(x, w, padding=[(0, 1), (1, 1)], backend=spy)
+        xconv.conv_fprop(xt, w, padding=1, backend=spy)
+        xconv.conv_fprop(x, w, padding=1, backend=spy)
+        xconv.conv_fprop(x, w.transpose(1, 0, 2, 3).copy(), transposed=True)       # numpy lacks transposed
+    assert t.records[0].legalized == [legalize.EXPLICIT_PADDING]
+    assert t.records[1].legalized == [legalize.STRIDED_COPIED]
+    assert t.records[2].legalized == []
+    assert t.records[3].legalized == [legalize.TRANSPOSED]
+
+
+def test_empty_batch_not_run():
+    with xconv.trace() as t:
+        xconv.conv_fprop(np.zeros((0, 3, 5, 5)), np.zeros((2, 3, 3, 3)))
+    assert t.records[0].legalized == [legalize.EMPTY] and t.records[0].path is None
+
+
+def test_nested_threads_and_errors():
+    x, w, _ = _conv(np.random.default_rng(6), (1, 2, 5, 5), (3, 2, 3, 3))
+    with xconv.trace() as outer:
+        xconv.conv_fprop(x, w)
+        with xconv.trace() as inner:
+            th = threading.Thread(target=xconv.conv_fprop, args=(x, w))
+            th.start()
+            th.join()
+            with pytest.raises(xconv.UnsupportedError):
+                xconv.conv_fprop(x, w, backend="numpy-exact", workspace_limit=10)
+        xconv.conv_fprop(x, w)
+    assert len(inner.records) == 2 and len(outer.records) == 4
+    assert inner.records[0] is outer.records[1]
+    assert inner.records[1].error.startswith("UnsupportedError") and "workspace_limit=10" in inner.records[1].error
+    assert not tracing.active()
+
+
+def test_record_json_ready():
+    import json
+
+    x, w, _ = _conv(np.random.default_rng(7), (1, 2, 5, 5), (3, 2, 3, 3))
+    with xconv.trace() as t:
+        xconv.conv_fprop(x, w)
+    d = json.loads(json.dumps(t.records[0].as_dict()))
+    assert d["op"] == "fprop" and d["path"] == "blas-grid x-columns" and "seconds=" in t.records[0].summary()
