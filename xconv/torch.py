@@ -121,7 +121,25 @@ class _XConvTransposed(_XConvMixin):
         return self._xconv_apply(input, self.weight, self.bias, _padding_pairs(self), output_padding)
 
 
+def _full_padding(base, args, kwargs):
+    """torch has no padding="full": give the base its explicit ints, dilation*(k-1) per dim (xconv.params)."""
+    args, kwargs = list(args), dict(kwargs)
+    if (args[4] if len(args) > 4 else kwargs.get("padding")) != "full":
+        return args, kwargs
+    nd = int(base.__name__[-2])
+    k = args[2] if len(args) > 2 else kwargs["kernel_size"]
+    d = args[5] if len(args) > 5 else kwargs.get("dilation", 1)
+    k, d = ((v,) * nd if isinstance(v, int) else tuple(v) for v in (k, d))
+    pads = tuple(dd * (kk - 1) for kk, dd in zip(k, d))
+    if len(args) > 4:
+        args[4] = pads
+    else:
+        kwargs["padding"] = pads
+    return args, kwargs
+
+
 def _init(self, base, args, kwargs, backend, deterministic, math):
+    args, kwargs = _full_padding(base, args, kwargs)
     base.__init__(self, *args, **kwargs)
     self._set_xconv(backend, deterministic, math)
 
