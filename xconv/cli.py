@@ -10,10 +10,11 @@ import time
 
 import numpy as np
 
-from . import api, registry
+from . import api, registry, tracing
 from .dtypes import DTYPES
 from .errors import XconvError
 from .params import MATH_MODES, output_shape
+from .workspace import parse_bytes
 
 
 def _ints(text: str) -> list[int]:
@@ -21,7 +22,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _padding(text: str):
-    """"1", "1,2", "1:2,0:1" (pre:post pairs) or "valid" / "same" / "same_lower"."""
+    """"1", "1,2", "1:2,0:1" (pre:post pairs) or "valid" / "same" / "same_lower" / "full"."""
     if text.strip().isalpha() or "_" in text:
         return text.strip()
     parts = [p for p in text.split(",") if p.strip()]
@@ -29,6 +30,12 @@ def _padding(text: str):
         return [tuple(int(v) for v in p.split(":")) for p in parts]
     values = [int(p) for p in parts]
     return values[0] if len(values) == 1 else values
+
+
+def _determinism(text: str):
+    if text in ("batch_invariant", "run_to_run", "true", "1"):
+        return text if text == "batch_invariant" else True
+    raise argparse.ArgumentTypeError(f"--deterministic takes nothing or batch_invariant, not {text!r}")
 
 
 def _mask(text: str) -> tuple[bool, bool, bool]:
@@ -69,7 +76,8 @@ def cmd_run(args) -> int:
     w = rng.standard_normal(args.weight).astype(dtype)
     out_shape = output_shape(args.input, args.weight, **conv)
     dy = rng.standard_normal(out_shape).astype(dtype)
-    common = dict(conv, math=args.math, deterministic=args.deterministic, backend=args.backend)
+    common = dict(conv, math=args.math, deterministic=args.deterministic, backend=args.backend,
+                  workspace_limit=args.workspace_limit)
     if args.op == "fprop":
         call = lambda: (api.conv_fprop(x, w, **common),)  # noqa: E731
         names = ("output",)
@@ -77,7 +85,8 @@ def cmd_run(args) -> int:
         call = lambda: api.convolution_backward(dy, x, w, output_mask=args.mask, **common)  # noqa: E731
         names = ("grad_input", "grad_weight", "grad_bias")
     backend = registry.select_backend(args.backend, "numpy")
-    results = call()
+    with tracing.trace() as first:
+        results = call()
     times = []
     for _ in range(args.repeat):
         start = time.perf_counter()
@@ -88,6 +97,7 @@ def cmd_run(args) -> int:
     print(f"parameters: {conv}, math={args.math}, deterministic={args.deterministic}")
     for name, r in zip(names, results):
         print(f"{name}: {_checksum(r)}")
+    print(f"record: {first.records[-1].summary()}")
     if times:
         print(f"time: median {1e3 * float(np.median(times)):.3f} ms over {len(times)} runs (min {1e3 * min(times):.3f} ms)")
     return 0
@@ -112,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--weight", type=_ints, default=[64, 32, 3, 3], help="weight shape (default 64,32,3,3)")
     run.add_argument("--stride", type=_ints, default=[1])
     run.add_argument("--padding", type=_padding, default=1,
-                     help="int, per-dim ints (1,2), pre:post pairs (1:2,0:1), valid, same, same_lower")
+                     help="int, per-dim ints (1,2), pre:post pairs (1:2,0:1), valid, same, same_lower, full")
     run.add_argument("--dilation", type=_ints, default=[1])
     run.add_argument("--groups", type=int, default=1)
     run.add_argument("--transposed", action="store_true")
@@ -120,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     run.add_argument("--mask", type=_mask, default=(True, True, True), help="three 0/1 digits (default 111)")
     run.add_argument("--math", choices=MATH_MODES, default="keep_dtype")
-    run.add_argument("--deterministic", action="store_true")
+    run.add_argument("--deterministic", nargs="?", const=True, default=False, type=_determinism,
+                     help="run-to-run determinism; --deterministic batch_invariant adds batch invariance")
+    run.add_argument("--workspace-limit", type=lambda t: parse_bytes(t, "--workspace-limit"), default=None,
+                     help="most scratch bytes (4194304, 4MiB, 512k); default $XCONV_WORKSPACE_LIMIT, else none")
     run.add_argument("--backend", default=None, help="backend name (default: $XCONV_BACKEND, else by array family)")
     run.add_argument("--repeat", type=int, default=5, help="timed repetitions after one warm-up call")
     run.add_argument("--seed", type=int, default=0)
