@@ -31,7 +31,7 @@ import xconv
 from xconv import Backend, BackendUnavailableError, ShapeError, UnsupportedError
 from xconv.dtypes import dtype_name
 
-from . import tolerance
+from . import invariance, tolerance
 from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
 
@@ -56,6 +56,7 @@ class Outcome:
     seconds: float = 0.0
     ratio_samples: dict = dataclasses.field(default_factory=dict)  # per output: log10(ratio) histogram data
     live: tuple | None = dataclasses.field(default=None, repr=False)  # the backend's own result objects
+    record: dict | None = None                      # xconv.trace() record of the call: which path/engine ran
 
     @property
     def ok(self) -> bool:
@@ -67,7 +68,7 @@ class Outcome:
                 "ratio": _json_float(self.ratio), "ratios": {k: _json_float(v) for k, v in self.ratios.items()},
                 "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
                 "digests": list(self.digests) if self.digests is not None else None,
-                "seconds": round(self.seconds, 6)}
+                "seconds": round(self.seconds, 6), **({"record": self.record} if self.record else {})}
 
 
 def _json_float(v):
@@ -282,6 +283,15 @@ def _call(case, backend, arrays):
     return xconv.convolution_backward(*arrays, backend=backend, **call_kwargs(case))
 
 
+def _traced_call(case, backend, arrays):
+    """(results, record as a dict or None): the call under xconv.trace() (its record: this thread's call of this
+    case's shapes, the trace being process-wide)."""
+    with xconv.trace() as t:
+        results = _call(case, backend, arrays)
+    mine = [r for r in t.records if r.shapes.get("input") == list(case.input_shape) and r.op == "backward"]
+    return results, (mine[-1].as_dict() if mine else None)
+
+
 def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat: bool) -> Outcome:
     name = b.name
     inputs = inputs_of(case)
@@ -290,7 +300,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
     except FamilyError as exc:
         return Outcome(case.id, name, "refused", f"the kit cannot make these inputs as {fam.name} arrays: {exc}")
     try:
-        results = _call(case, backend, arrays)
+        results, record = _traced_call(case, backend, arrays)
     except UnsupportedError as exc:
         return Outcome(case.id, name, "refused", str(exc))
     except BackendUnavailableError as exc:
@@ -346,11 +356,17 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
                 if digest(second) != digest(first):
                     differ = int(np.count_nonzero(first.view(np.uint8) != second.view(np.uint8)))
                     problems.append(f"{oname}: deterministic=True but a second call differs ({differ} bytes differ)")
+    if case.deterministic == "batch_invariant" and not problems:
+        try:
+            problems += invariance.problems(case, backend, _backend_arrays(case, inputs, fam), outputs[0], fam,
+                                            call_kwargs(case))
+        except UnsupportedError as exc:
+            return Outcome(case.id, name, "refused", f"batch-invariance check: {exc}")
     ratio = max(ratios.values()) if ratios else None
     status = "failed" if problems else "passed"
     return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
                    tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples,
-                   live=(fam, tuple(results)))
+                   live=(fam, tuple(results)), record=record)
 
 
 def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:
