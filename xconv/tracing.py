@@ -4,8 +4,9 @@ Coverage: process-wide. While a trace block is open, every public xconv call (``
 ``conv_dgrad``, ``conv_wgrad``, ``convolution_backward``, and what the torch modules call) that
 *starts* in any thread of the process is recorded into every trace block open at that moment;
 blocks opened in other threads see it too. A block nested in another records into both. A call
-that raises is recorded with ``error`` set. Outside any trace block a call pays one check (is the
-list of open blocks empty?) and nothing more.
+that raises is recorded with ``error`` set. Outside any trace block each hook (the call's start,
+each note by the core or a backend) pays one check (is the list of open blocks empty?) and
+nothing more.
 
 While a call runs, its :class:`Record` is the calling thread's (a context variable); the core and
 the backends fill it through :func:`note`, :func:`legalized` and :func:`workspace`, each of which is

@@ -250,7 +250,8 @@ class _Lease:
     def __exit__(self, *exc):
         _ARENA.give(self.bufs)
         self.bufs = []
-        tracing.workspace(sum(self.sizes))
+        if tracing.active():
+            tracing.workspace(sum(self.sizes))
 
 
 class _GridBuf:
