@@ -138,3 +138,22 @@ def test_record_json_ready():
         xconv.conv_fprop(x, w)
     d = json.loads(json.dumps(t.records[0].as_dict()))
     assert d["op"] == "fprop" and d["path"] == "blas-grid x-columns" and "seconds=" in t.records[0].summary()
+
+
+def test_torch_module_calls_recorded_with_their_time():
+    import time
+
+    import torch
+
+    from xconv.torch import XConv2d
+
+    m = XConv2d(3, 4, 3, padding="full", deterministic="batch_invariant")
+    x = torch.randn(2, 3, 5, 5, requires_grad=True)
+    start = time.perf_counter()
+    with xconv.trace() as t:
+        m(x).sum().backward()
+    elapsed = time.perf_counter() - start
+    assert [r.op for r in t.records] == ["fprop", "backward"]
+    assert all(r.deterministic == "batch_invariant" and r.shapes["output"] == [2, 4, 7, 7] for r in t.records)
+    assert 0 < sum(r.seconds for r in t.records) <= elapsed
+    assert "deterministic='batch_invariant'" in repr(m)

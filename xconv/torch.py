@@ -93,7 +93,7 @@ class _XConvMixin:
         backend = self.backend if self.backend is None or isinstance(self.backend, str) else self.backend.name
         s += f", backend={backend!r}"
         if self.deterministic:
-            s += ", deterministic=True"
+            s += f", deterministic={self.deterministic!r}"
         if self.math != "keep_dtype":
             s += f", math={self.math!r}"
         return s
