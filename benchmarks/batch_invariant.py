@@ -132,7 +132,8 @@ def main(argv=None) -> int:
                 results.setdefault(name, {}).update(row)
     else:
         results = measure(cases, VARIANTS, max(5, args.reps))
-    print(f"{'case':24s} {'op':6s} {'plain ms':>9s} {'inv ms':>9s} {'torch ms':>9s} {'inv/plain':>9s} {'torch/inv':>9s}")
+    print(f"{'case':24s} {'op':6s} {'plain ms':>9s} {'inv ms':>9s} {'torch ms':>9s} {'inv/plain':>9s} "
+          f"{'torch/inv':>9s}")
     ratios = []
     for case in cases:
         row = results[case["name"]]

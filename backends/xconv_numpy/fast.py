@@ -545,7 +545,8 @@ def backward(dy, x, w, p: ConvParams, mask):
                 return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
                                            lease)
             run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
-            tracing.note("blas-grid strategy A (dy-columns)" if run is _backward_a else "blas-grid strategy B (x-columns)")
+            tracing.note("blas-grid strategy A (dy-columns)" if run is _backward_a
+                         else "blas-grid strategy B (x-columns)")
             dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
