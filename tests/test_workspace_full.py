@@ -59,6 +59,19 @@ def test_blas_paths_within_limit(monkeypatch, strategy):
         np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1), rtol=1e-5, atol=1e-4)
 
 
+def test_depthwise_under_a_limit_takes_the_counted_path():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 16, 30, 30)).astype(np.float32)
+    w = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((4, 16, 30, 30)).astype(np.float32)
+    with xconv.trace() as t:
+        free = xconv.convolution_backward(dy, x, w, padding=1, groups=16)
+        got = xconv.convolution_backward(dy, x, w, padding=1, groups=16, workspace_limit=MiB // 2)
+    assert t.records[1].path.startswith("blas-grid") and t.records[1].workspace_bytes <= MiB // 2
+    for a, b in zip(got, free):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+
+
 def test_limit_too_small_refused_by_name():
     x = np.zeros((2, 64, 30, 30), np.float32)
     w = np.zeros((64, 64, 3, 3), np.float32)

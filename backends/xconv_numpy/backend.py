@@ -57,10 +57,11 @@ class NumpyBackend(Backend):
                          else "run_to_run")
             if per_sample and op in ("fprop", "dgrad", "backward"):
                 tracing.note("per-sample (batch_invariant)")
-        if self.exact and op != "bgrad":                # its columns: float64, (N*positions, C_in*taps)
+        if self.exact and op != "bgrad":   # float64 columns (N*positions, C_in*taps) and the padded input
             n = 1 if per_sample and op in ("fprop", "dgrad") else p.input_shape[0]
-            cols = 8 * n * math.prod(p.output_shape[2:]) * p.input_shape[1] * math.prod(p.kernel)
-            check_request(self.name, cols, p.workspace_limit, "column buffer")
+            padded = math.prod(s + a + b for s, (a, b) in zip(p.input_shape[2:], p.padding))
+            cols = 8 * n * p.input_shape[1] * (math.prod(p.output_shape[2:]) * math.prod(p.kernel) + padded)
+            check_request(self.name, cols, p.workspace_limit, "column and padded-input buffers")
             tracing.note("reference im2col (float64)", workspace_bytes=cols)
         return per_sample
 

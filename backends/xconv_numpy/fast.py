@@ -530,7 +530,7 @@ def backward(dy, x, w, p: ConvParams, mask):
     need_dx, need_dw, need_db = mask
     dx = dw = None
     if need_dx or need_dw:
-        if direct.serves(p):
+        if direct.serves(p) and p.workspace_limit is None:  # its scratch is not leased: not under a limit
             tracing.note("depthwise compiled loops")
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
@@ -937,7 +937,7 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
-    if direct.serves(p):
+    if direct.serves(p) and p.workspace_limit is None:      # its scratch is not leased: not under a limit
         tracing.note("depthwise compiled loops")
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
