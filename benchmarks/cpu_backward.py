@@ -4,10 +4,12 @@ Run from the repository root (see benchmarks/README.md)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_backward.py
 
-For each case of the layer suite it checks xconv's result against torch's, then times both in
-the same process (interleaved repetitions, median after warm-up, same thread count) and prints
-the times, GFLOP/s, the ratio torch/xconv and xconv's peak extra memory (tracemalloc), then the
-geometric mean of the ratios and numpy's float32 matrix-product rate on this machine.
+For each case of the layer suite it checks xconv's result against torch's, then times both
+(median after warm-up, same thread count) in two modes: interleaved repetitions in one process
+(the way ``xconv.torch`` runs inside a model) and each library alone in its own process (no torch
+loaded in xconv's). It prints the CPU model, the instruction set of xconv's compiled loops and
+the BLAS kernel, then per case the times, GFLOP/s, the ratio torch/xconv and xconv's peak extra
+memory (tracemalloc), the geometric mean of the ratios and numpy's float32 matrix-product rate.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 # on 2 cores that spinning steals the cores from whatever runs next (measured: xconv's 1x1 case
 # 4.1 ms after a torch call with PASSIVE, 8.0 ms without; torch's own time unchanged). Must be
 # set before torch loads libgomp; an explicit setting is respected.
+_USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,19 +61,28 @@ def load_suite() -> tuple[list[dict], Path]:
 
 
 def compiled_loops_info() -> str:
-    """Which compiled loops the NumPy backend uses here: Numba's (depthwise) and the C ones (stride 1,
-    channels per group in multiples of 16), or why not."""
-    from xconv_numpy import compiled, direct
+    """Which compiled loops the NumPy backend uses here, and which instruction-set build, or why none."""
+    from xconv_numpy import native
 
-    if direct.available():
-        import numba
+    return native.describe()
 
-        depthwise = f"depthwise: numba {numba.__version__}"
-    else:
-        depthwise = f"depthwise: off ({direct.import_error() or 'XCONV_NUMPY_DIRECT=0'})"
-    c_loops = "C direct: built" if compiled.available() else \
-        f"C direct: off ({compiled.build_error() or 'XCONV_NUMPY_C=0'})"
-    return f"{depthwise}; {c_loops}"
+
+def cpu_model() -> str:
+    """The CPU's model name and its vector extensions (from /proc/cpuinfo where there is one)."""
+    import platform
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{name} ({os.cpu_count()} logical CPUs; {' '.join(isa) or 'no AVX2'})"
 
 
 def flops(case: dict, out_spatial) -> float:
@@ -203,6 +215,91 @@ def determinism(threads=(1, 2, 4)) -> int:
     return 0 if same_all else 1
 
 
+def case_data(case: dict):
+    """(x, w, dy, conv kwargs, output shape) of a case: the same data in every process (seeded by its name)."""
+    import zlib
+    rng = np.random.default_rng(zlib.crc32(case["name"].encode()))
+    x = rng.standard_normal(case["input"], dtype=np.float32)
+    w = rng.standard_normal(case["weight"], dtype=np.float32) / math.sqrt(math.prod(case["weight"][1:]))
+    conv = dict(stride=case["stride"], padding=case["padding"], dilation=case["dilation"], groups=case["groups"])
+    out_shape = xconv.output_shape(x.shape, w.shape, **conv)
+    dy = rng.standard_normal(out_shape, dtype=np.float32)
+    return x, w, dy, conv, out_shape
+
+
+def runners(case: dict, x, w, dy, conv, torch=None) -> dict:
+    """name -> a callable running the full-mask backward (torch's only when ``torch`` is given)."""
+    out = {"xconv": lambda: xconv.convolution_backward(dy, x, w, bias_sizes=[w.shape[0]],
+                                                       output_mask=(True, True, True), backend="numpy", **conv)}
+    if torch is not None:
+        tx, tw, tdy = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(dy)
+        nd = len(case["stride"])
+
+        def run_torch():
+            with torch.no_grad():
+                return torch.ops.aten.convolution_backward(
+                    tdy, tx, tw, [w.shape[0]], case["stride"], case["padding"], case["dilation"], False,
+                    [0] * nd, case["groups"], [True, True, True])
+        out["torch"] = run_torch
+    return out
+
+
+def median_times(fns: dict, reps: int, pause: float = 0.0) -> dict:
+    """name -> median seconds of ``reps`` timed calls after one warm-up round; the callables alternate (their
+    order reversed every round)."""
+    times = {k: [] for k in fns}
+    items = list(fns.items())
+    for rep in range(reps + 1):
+        for name, fn in (items if rep % 2 == 0 else items[::-1]):
+            if pause:
+                time.sleep(pause)
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v[1:]) for k, v in times.items()}
+
+
+def solo(lib: str, cases: list, threads: int, reps: int, pause: float) -> None:
+    """Child of the own-process mode: time ``lib`` alone on every case, print {name: seconds} as JSON."""
+    torch = None
+    if lib == "torch":
+        import torch
+        torch.set_num_threads(threads)
+    else:
+        limit_blas_threads(threads)
+    out = {}
+    for case in cases:
+        x, w, dy, conv, _ = case_data(case)
+        fn = runners(case, x, w, dy, conv, torch)[lib]
+        out[case["name"]] = median_times({lib: fn}, reps, pause)[lib]
+    print(json.dumps(out))
+
+
+def own_process_times(cases: list, threads: int, reps: int, pause: float) -> dict:
+    """lib -> {case name: seconds}, each library timed alone in a fresh process of its own, one process per case
+    and library, the two alternating in order from case to case (so that a change of machine load falls on both);
+    torch's process with the OpenMP wait policy the user set, or its default."""
+    import subprocess
+    env = dict(os.environ)
+    if _USER_OMP_WAIT_POLICY is None:
+        env.pop("OMP_WAIT_POLICY", None)
+    out = {"xconv": {}, "torch": {}}
+    for i, case in enumerate(cases):
+        for lib in (("xconv", "torch") if i % 2 == 0 else ("torch", "xconv")):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--solo", lib, "--threads", str(threads),
+                   "--reps", str(reps), "--pause", str(pause), "--cases", case["name"]]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"the {lib} process failed:\n{proc.stderr}")
+            out[lib].update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def gmean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per case (median; >= 5)")
@@ -211,6 +308,9 @@ def main(argv=None) -> int:
                     help="seconds of idle before each timed call (default 0: idling slows both libraries' "
                          "next call)")
     ap.add_argument("--cases", nargs="*", help="only these case names")
+    ap.add_argument("--mode", choices=("both", "interleaved", "own-process"), default="both",
+                    help="interleaved in one process, each library in its own process, or both (default)")
+    ap.add_argument("--solo", choices=("xconv", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--determinism", action="store_true",
                     help="instead of timing: compare the fast path's results bitwise across processes run with "
                          "OPENBLAS_NUM_THREADS=1, 2 and 4 (suite shapes and degenerate ones)")
@@ -218,77 +318,73 @@ def main(argv=None) -> int:
     if args.determinism:
         return determinism()
     reps = max(5, args.reps)
+    cases, suite_path = load_suite()
+    if args.cases:
+        cases = [c for c in cases if c["name"] in args.cases]
+    if args.solo:
+        solo(args.solo, cases, args.threads or os.cpu_count(), reps, args.pause)
+        return 0
 
     import torch
 
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     limiter = limit_blas_threads(threads)
-    cases, suite_path = load_suite()
-    if args.cases:
-        cases = [c for c in cases if c["name"] in args.cases]
 
     print(f"suite: {suite_path}")
-    print(f"numpy {np.__version__}, torch {torch.__version__}, xconv {xconv.__version__}, "
-          f"compiled loops: {compiled_loops_info()}")
+    print(f"CPU: {cpu_model()}")
+    print(f"numpy {np.__version__}, torch {torch.__version__}, xconv {xconv.__version__}, {compiled_loops_info()}")
     print(f"threads: torch {torch.get_num_threads()}, BLAS: {blas_info()}"
           + ("" if limiter is not None else " (threadpoolctl missing: BLAS threads not pinned)"))
     print("env: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}"
                               for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                         "OMP_NUM_THREADS", "OMP_WAIT_POLICY")))
     print()
+    own = own_process_times(cases, threads, reps, args.pause) if args.mode != "interleaved" else None
+    if args.mode == "own-process":
+        header = f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s}"
+        print("each library in its own process\n" + header + "\n" + "-" * len(header))
+        ratios = []
+        for case in cases:
+            t_x, t_t = own["xconv"][case["name"]], own["torch"][case["name"]]
+            ratios.append(t_t / t_x)
+            print(f"{case['name']:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {t_t / t_x:8.2f}")
+        print("-" * len(header))
+        print(f"geometric mean torch/xconv: {gmean(ratios):.3f}   min: {min(ratios):.3f}")
+        return 0
     header = (f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s} {'xc GF/s':>8s} {'pt GF/s':>8s} "
-              f"{'xc extra MiB':>12s} {'/ io':>5s}")
+              f"{'xc extra MiB':>12s} {'/ io':>5s}" + (f" {'own: xc ms':>10s} {'pt ms':>7s} {'torch/xc':>8s}"
+                                                       if own else ""))
+    print("interleaved in one process" + ("; then each library in its own process" if own else ""))
     print(header)
     print("-" * len(header))
-    ratios, rates = [], []
-    rng = np.random.default_rng(1234)
+    ratios, own_ratios, rates = [], [], []
     for case in cases:
         name = case["name"]
-        x = rng.standard_normal(case["input"], dtype=np.float32)
-        w = rng.standard_normal(case["weight"], dtype=np.float32) / math.sqrt(math.prod(case["weight"][1:]))
-        conv = dict(stride=case["stride"], padding=case["padding"], dilation=case["dilation"], groups=case["groups"])
-        out_shape = xconv.output_shape(x.shape, w.shape, **conv)
-        dy = rng.standard_normal(out_shape, dtype=np.float32)
-        tx, tw, tdy = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(dy)
-        nd = len(case["stride"])
-
-        def run_xconv():
-            return xconv.convolution_backward(dy, x, w, bias_sizes=[w.shape[0]], output_mask=(True, True, True),
-                                              backend="numpy", **conv)
-
-        def run_torch():
-            with torch.no_grad():
-                return torch.ops.aten.convolution_backward(
-                    tdy, tx, tw, [w.shape[0]], case["stride"], case["padding"], case["dilation"], False,
-                    [0] * nd, case["groups"], [True, True, True])
-
-        ours, theirs = run_xconv(), run_torch()
+        x, w, dy, conv, out_shape = case_data(case)
+        fns = runners(case, x, w, dy, conv, torch)
+        ours, theirs = fns["xconv"](), fns["torch"]()
         for a, b, what in zip(ours, theirs, ("grad_input", "grad_weight", "grad_bias")):
             check(a, b, name, what)
         del ours, theirs
-        extra, _ = peak_extra(run_xconv)
+        extra, _ = peak_extra(fns["xconv"])
         io_bytes = sum(a.nbytes for a in (dy, x, w)) + x.nbytes + w.nbytes + 4 * w.shape[0]
-        tx_, tt_ = [], []
-        for rep in range(reps + 1):  # the first pair is a warm-up
-            order = (run_xconv, run_torch) if rep % 2 == 0 else (run_torch, run_xconv)
-            for fn in order:
-                if args.pause:
-                    time.sleep(args.pause)
-                t = time.perf_counter()
-                fn()
-                elapsed = time.perf_counter() - t
-                (tx_ if fn is run_xconv else tt_).append(elapsed)
-        t_x, t_t = statistics.median(tx_[1:]), statistics.median(tt_[1:])
+        t = median_times(fns, reps, args.pause)
+        t_x, t_t = t["xconv"], t["torch"]
         f = flops(case, out_shape[2:])
-        ratio = t_t / t_x
-        ratios.append(ratio)
+        ratios.append(t_t / t_x)
         rates.append(f / t_x / 1e9)
-        print(f"{name:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {ratio:8.2f} {f / t_x / 1e9:8.1f} {f / t_t / 1e9:8.1f} "
-              f"{extra / 2**20:12.1f} {extra / io_bytes:5.2f}", flush=True)
-    gmean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        line = (f"{name:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {t_t / t_x:8.2f} {f / t_x / 1e9:8.1f} "
+                f"{f / t_t / 1e9:8.1f} {extra / 2**20:12.1f} {extra / io_bytes:5.2f}")
+        if own:
+            o_x, o_t = own["xconv"][name], own["torch"][name]
+            own_ratios.append(o_t / o_x)
+            line += f" {o_x * 1e3:10.2f} {o_t * 1e3:7.2f} {o_t / o_x:8.2f}"
+        print(line, flush=True)
     print("-" * len(header))
-    print(f"geometric mean torch/xconv: {gmean:.3f}   min: {min(ratios):.3f}")
+    print(f"geometric mean torch/xconv, interleaved: {gmean(ratios):.3f}   min: {min(ratios):.3f}")
+    if own:
+        print(f"geometric mean torch/xconv, own processes: {gmean(own_ratios):.3f}   min: {min(own_ratios):.3f}")
     # measured last: OpenBLAS's threads keep spinning for a while after a threaded product
     rate = matmul_rate()
     print(f"numpy float32 matmul rate (2048^3, {threads} threads): {rate:.1f} GFLOP/s; 70% = {0.7 * rate:.1f}")

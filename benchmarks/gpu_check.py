@@ -15,6 +15,10 @@ and (for the comparison) PyTorch with CUDA already installed; it installs nothin
    ``--benchmark`` autotunes both (``XCONV_CUDNN_BENCHMARK=1``, ``torch.backends.cudnn.benchmark``).
 3. Host overhead: host time per call of a cached tiny convolution (backend primitive, public API,
    and the bare frontend ``execute`` for reference).
+4. Where the ``torch-cuda`` backend (``backends/xconv_torch``) is available too: ``cudnn`` and
+   ``torch-cuda`` held against each other on the same GPU (``benchmarks/backend_pair.py``): the
+   corpus cases within ``--conformance-budget``, pairwise within bound_a + bound_b, and the layer
+   suite's full backward time through both xconv backends.
 
 Progress goes to stderr; one summary table goes to stdout. Targets (H200): every conformance case
 within its bound; geometric mean of torch_time / xconv_time >= 0.95; host overhead of a cached
@@ -278,6 +282,29 @@ def table(rows):
     return "\n".join(lines)
 
 
+def run_torch_cuda_pair(suite_cases, args) -> list:
+    """[(table row, ok)] of cudnn against torch-cuda (benchmarks/backend_pair.py); [] without torch-cuda."""
+    try:
+        available, reason = xconv.get_backend("torch-cuda").availability()
+    except xconv.BackendUnavailableError as exc:
+        available, reason = False, exc.reason
+    if not available:
+        log(f"[4/4] cudnn vs torch-cuda: skipped ({reason})")
+        return []
+    log("[4/4] cudnn vs torch-cuda on the same GPU")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import backend_pair
+
+    cmp, ran, total = backend_pair.agreement("cudnn", "torch-cuda", None, args.conformance_budget)
+    bad = len(cmp.disagreements)
+    rows = [((f"cudnn vs torch-cuda: {ran}/{total} corpus cases", f"{bad} disagreement(s)", "", "",
+              "0 disagreements", "PASS" if bad == 0 else "FAIL"), bad == 0)]
+    for r in backend_pair.speed("cudnn", "torch-cuda", suite_cases, args.batch, args.reps, args.warmup):
+        rows.append(((f"{r['case']} [xconv cudnn vs xconv torch-cuda]", f"{r['cudnn']:.3f} ms",
+                      f"{r['torch-cuda']:.3f} ms", f"{r['ratio']:.3f}", "", ""), True))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=None, help="layer suite JSON (default ../shared/bench/suite.json)")
@@ -339,6 +366,7 @@ def main(argv=None) -> int:
 
     log("[3/3] host overhead")
     overhead = run_overhead(cp, 1000 if args.quick else args.host_calls)
+    pair = run_torch_cuda_pair(cases, args)
 
     # ---- the summary table ------------------------------------------------------------------
     rows = [("check", "xconv", "torch", "torch/xconv", "target", "result")]
@@ -385,6 +413,9 @@ def main(argv=None) -> int:
         if target:
             all_ok &= us < TARGET_HOST_US
         rows.append((f"host/call: {label}", f"{us:.1f} us", "", "", target, result))
+    for row, ok in pair:
+        rows.append(row)
+        all_ok &= ok
     print("\n".join(header))
     print(f"suite: {suite_path}")
     print(table(rows))

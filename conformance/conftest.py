@@ -39,3 +39,8 @@ def pytest_generate_tests(metafunc):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _here(config.pluginmanager):
         _plugin.pytest_terminal_summary(terminalreporter, exitstatus, config)
+
+
+def pytest_unconfigure(config):
+    if _here(config.pluginmanager):
+        _plugin.pytest_unconfigure(config)

@@ -7,6 +7,10 @@ import numpy as np
 import xconv
 from xconv_numpy import NumpyBackend
 
+#: Why a test that needs PyTorch is skipped, and how to get the CPU build (README).
+TORCH_MISSING = ("PyTorch is not installed (CPU build: pip install torch==2.13.0 "
+                 "--index-url https://download.pytorch.org/whl/cpu)")
+
 
 def rand(rng, shape, dtype=np.float64):
     return rng.standard_normal(shape).astype(dtype)

@@ -25,7 +25,7 @@ def P(input_shape, weight_shape, dtype="float32", math="keep_dtype", **kw):
 
 
 @pytest.mark.parametrize("dtype,math,cube", [
-    ("float32", "keep_dtype", 0), ("float32", "allow_tf32", 3), ("float32", "allow_fp16", 1),
+    ("float32", "keep_dtype", 0), ("float32", "allow_tf32", 3), ("float32", "allow_fp16", 2),
     ("float16", "keep_dtype", 0), ("float16", "allow_tf32", 0), ("float16", "allow_fp16", 0),
     ("bfloat16", "keep_dtype", 0), ("bfloat16", "allow_tf32", 0), ("bfloat16", "allow_fp16", 0),
 ])
@@ -128,22 +128,32 @@ VIOLATIONS = [
     ("Ascend910_9391", B, dict(CONV3, stride=(1, 64, 1)), "a2a3-backward-3d-stride-hw-max-63"),
     ("Ascend910B2", B, dict(input_shape=(1, 2, 4, 4), weight_shape=(2, 2, 3, 3), transposed=True, stride=1,
                             dilation=2, output_padding=1), "backward-output-padding-below-stride"),
-    ("Ascend910B2", C, dict(input_shape=(1, 2, 4, 4), weight_shape=(2, 2, 3, 3), transposed=True, stride=1,
+    ("Ascend910B2", C, dict(dtype="float16", input_shape=(1, 2, 4, 4), weight_shape=(2, 2, 3, 3), transposed=True,
+                            stride=1,
                             dilation=2, output_padding=1), None),
     ("Ascend910B2", B, dict(input_shape=(1, 2, 4, 4), weight_shape=(2, 2, 3, 3), transposed=True, stride=2,
                             output_padding=1), None),
     ("Ascend910B2", B, dict(input_shape=(1, 1, 300), weight_shape=(1, 1, 256), transposed=True), None),
-    ("Ascend910B2", C, dict(input_shape=(1, 1, 300), weight_shape=(1, 1, 256), transposed=True),
+    ("Ascend910B2", C, dict(dtype="float16", input_shape=(1, 1, 300), weight_shape=(1, 1, 256), transposed=True),
      "a2a3-convolution-transposed-kernel-hw-max-255"),
     ("Ascend950PR_9599", B, dict(input_shape=(1, 1, 300), weight_shape=(1, 1, 256), transposed=True),
      "ascend950-backward-transposed-kernel-hw-max-255"),
-    ("Ascend910B2", C, dict(input_shape=(1, 1, 4, 600, 4), weight_shape=(1, 1, 1, 512, 1)),
+    ("Ascend910B2", C, dict(dtype="float16", input_shape=(1, 1, 4, 600, 4), weight_shape=(1, 1, 1, 512, 1)),
      "a2a3-convolution-3d-kernel-hw-max-511"),
-    ("Ascend910B2", C, dict(CONV3, stride=(1, 1, 64)), "convolution-3d-stride-hw-max-63"),
-    ("Ascend910B2", C, dict(CONV2, padding=(0, 256)), "convolution-padding-max-255"),
-    ("Ascend910B2", C, dict(input_shape=(1, 2, 4, 4), weight_shape=(2, 2, 3, 3), transposed=True, padding=(0, 1),
+    ("Ascend910B2", C, dict(CONV3, dtype="float16", stride=(1, 1, 64)), "convolution-3d-stride-hw-max-63"),
+    ("Ascend910B2", C, dict(CONV2, dtype="float16", padding=(0, 256)), "convolution-padding-max-255"),
+    ("Ascend910B2", C, dict(dtype="float16", input_shape=(1, 2, 4, 4), weight_shape=(2, 2, 3, 3), transposed=True,
+                            padding=(0, 1),
                             dilation=(1, 256)), "convolution-dilation-max-255"),
-    ("Ascend910B2", C, dict(input_shape=(1, 1, 1_000_001), weight_shape=(1, 1, 1)), "convolution-dims-max-1000000"),
+    ("Ascend910B2", C, dict(dtype="float16", input_shape=(1, 1, 1_000_001), weight_shape=(1, 1, 1)),
+     "convolution-dims-max-1000000"),
+    # float32 KEEP_DTYPE: A2/A3's aclnnConvolution refuses it (op doc), its backward op accepts it: a direct fprop
+    # runs as the transposed data gradient, a transposed one as the core's mapping onto direct ops
+    ("Ascend910B2", C, dict(CONV2), "a2a3-convolution-float32-keep-dtype"),
+    ("Ascend910B2", C, dict(CONV2, transposed=True), "a2a3-convolution-transposed-float32-keep-dtype"),
+    ("Ascend910B2", C, dict(CONV2, math="allow_fp16"), None),
+    ("Ascend910B2", C, dict(CONV2, math="allow_tf32"), None),
+    ("Ascend950PR_9599", C, dict(CONV2), None),
     # what the A2/A3 family allows
     ("Ascend910B2", B, dict(CONV2), None),
     ("Ascend910B2", B, dict(CONV2, dtype="bfloat16"), None),
@@ -171,7 +181,10 @@ def test_capability_table(soc, op, kw, rule):
     assert f"rule {rule!r}" in text and soc in text and "'ascend'" in text
     assert compiler.OP_FUNCTIONS[op] in text
     fallback = compiler.direct_fallback(p, soc, op)
-    assert (fallback is not None) == (rule == "backward-output-padding-below-stride")
+    assert (fallback is not None) == (rule in ("backward-output-padding-below-stride",
+                                               "a2a3-convolution-transposed-float32-keep-dtype"))
+    through_backward = op == C and compiler.backward_fallback(p, soc) is not None
+    assert through_backward == (rule == "a2a3-convolution-float32-keep-dtype")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,13 +228,20 @@ def test_discovery_reasons(tmp_path):
     env = {"XCONV_ASCEND_LIB_DIR": str(missing), "ASCEND_HOME_PATH": str(tmp_path)}
     assert "($XCONV_ASCEND_LIB_DIR)" in _reason(env)
     assert "($ASCEND_HOME_PATH)" in _reason({"ASCEND_HOME_PATH": str(missing), "ASCEND_TOOLKIT_HOME": str(tmp_path)})
-    # a directory without the libraries: nothing is loaded, the first missing one is named
+    # a directory without the libraries: nothing is loaded; what is missing and what was found are named
     (tmp_path / "lib64").mkdir()
-    assert f"libascendcl.so not found in {tmp_path}/lib64 ($ASCEND_HOME_PATH)" in \
+    assert f"not found in {tmp_path}/lib64 ($ASCEND_HOME_PATH): libascendcl.so (or libacl_rt.so), libnnopbase.so, " \
+           "libopapi_*.so (or libopapi.so); found no CANN library" in \
         _reason({"ASCEND_HOME_PATH": str(tmp_path)})
     (tmp_path / "lib64" / "libascendcl.so").write_bytes(b"")
     (tmp_path / "lib64" / "libnnopbase.so").write_bytes(b"")
-    assert "libopapi.so not found" in _reason({"ASCEND_TOOLKIT_HOME": str(tmp_path)})
+    reason = _reason({"ASCEND_TOOLKIT_HOME": str(tmp_path), "ASCEND_OPP_PATH": str(tmp_path)})
+    assert reason.endswith(": libopapi_*.so (or libopapi.so); found libascendcl.so, libnnopbase.so; "
+                           f"ASCEND_OPP_PATH={tmp_path}")
+    (tmp_path / "lib64" / "libascendcl.so").unlink()
+    (tmp_path / "lib64" / "libacl_rt.so").write_bytes(b"")               # the runtime's other name
+    assert "found libacl_rt.so, libnnopbase.so; ASCEND_OPP_PATH='opp' is not an existing absolute directory" in \
+        _reason({"ASCEND_TOOLKIT_HOME": str(tmp_path), "ASCEND_OPP_PATH": "opp"})
 
 
 def test_device_variable_checked(tmp_path):
@@ -268,3 +288,34 @@ def test_unavailable_through_public_api(monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(_clean_env(), XCONV_ASCEND_LIB_DIR="relative/lib"))
     assert "XCONV_ASCEND_LIB_DIR='relative/lib' is not an absolute path" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("family,op,cube,want", [
+    ("atlas-a2-a3", B, 0, "float32"), ("atlas-a2-a3", C, 0, "float32"),     # forward: through the backward op
+    ("atlas-a2-a3", B, 1, "hfloat32"), ("atlas-a2-a3", B, 2, "float16"), ("atlas-a2-a3", B, 3, "hfloat32"),
+    ("ascend950", C, 0, "float32"), ("ascend950", C, 1, "hfloat32"),
+    ("atlas-200i-500-a2", C, 0, "unsupported"), ("atlas-200i-500-a2", C, 3, "hfloat32"),
+    ("atlas-training", B, 0, "unsupported"), ("atlas-training", B, 1, "float16"), ("atlas-training", B, 2, "float16"),
+    ("atlas-inference", C, 3, "unsupported"), (None, B, 2, "unknown"),
+])
+def test_computes_in_follows_the_op_docs(family, op, cube, want):
+    """The cubeMathType rows of aclnnConvolution.md / aclnnConvolutionBackward.md, per product family."""
+    assert compiler.computes_in("float32", cube, family, op) == want
+
+
+def test_allow_fp16_is_use_fp16_and_float16_everywhere():
+    assert compiler.MATH_TO_CUBE["allow_fp16"] == compiler.USE_FP16
+    for fam in compiler.ALL_FAMILIES:
+        assert compiler.computes_in("float32", compiler.USE_FP16, fam, B) == "float16"
+
+
+def test_as_transposed_inverts_as_direct():
+    for kw in (dict(), dict(stride=2, padding=1), dict(stride=3, dilation=2), dict(padding=((2, 0), (1, 3)))):
+        p = P((2, 4, 9, 8), (6, 4, 3, 3), **kw)
+        q = compiler.as_transposed(p)
+        assert q.transposed and q.input_shape == p.output_shape and q.output_shape == p.input_shape
+        assert all(0 <= op < s for op, s in zip(q.output_padding, q.stride))
+        assert xconv.params.make_params(q.input_shape, q.weight_shape, stride=q.stride, padding=list(q.padding),
+                                        dilation=q.dilation, transposed=True,
+                                        output_padding=q.output_padding).output_shape == p.input_shape
+        assert q.as_direct() == p

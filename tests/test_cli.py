@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import xconv
 
 
+# the console script installed next to this interpreter (a bare "xconv" could be another installation's)
+SCRIPT = Path(sys.executable).with_name("xconv")
+
+
 def run(*args, module=False):
-    cmd = [sys.executable, "-m", "xconv", *args] if module else ["xconv", *args]
-    return subprocess.run(cmd, capture_output=True, text=True)
+    if not module and not SCRIPT.exists():
+        pytest.skip(f"no xconv console script next to {sys.executable}")
+    cmd = [sys.executable, "-m", "xconv", *args] if module else [str(SCRIPT), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def test_backends_table():
@@ -49,9 +57,11 @@ def test_run_fprop_transposed():
     assert "output: shape=(1, 3, 10, 10)" in out.stdout
 
 
-def test_run_reports_invalid_arguments_as_errors():
+def test_run_reports_invalid_arguments_as_usage_errors():
     out = run("run", "--groups", "3")
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert "ShapeError: groups: must divide input's channel count" in out.stderr
+    assert "Traceback" not in out.stderr
     out = run("run", "--backend", "nope")
-    assert out.returncode == 1 and "BackendUnavailableError" in out.stderr
+    assert out.returncode == 2
+    assert "no backend named 'nope' is registered (registered: " in out.stderr and "numpy" in out.stderr

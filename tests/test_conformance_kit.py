@@ -588,12 +588,11 @@ def test_progress_bar_draws_on_a_stream():
 
 PLUGIN = textwrap.dedent('''
     """A third-party backend, installed from elsewhere: the NumPy backend under another name."""
-    import sys
+    import os
     import xconv
     from xconv_numpy import NumpyBackend
 
-    FRESH = getattr(sys.modules.get("__main__"), "__spec__", None) is not None and \\
-        sys.modules["__main__"].__spec__.name == "xconv_conformance.worker"
+    FRESH = os.environ.get("XCONV_CONFORMANCE_ROLE") == "digest"   # the fresh process of the determinism check
 
     class ThirdParty(NumpyBackend):
         def __init__(self, name, drift=False):

@@ -1250,3 +1250,62 @@ def test_conformance_corpus_through_the_backend_on_the_fake_frontend():
            if o.status != "passed" and o.case_id not in refused]
     assert not bad, bad[:10]
     assert len(fe.graphs) > 100 and fe.executions
+
+
+def test_extras_pin_validated_frontend_ranges_that_agree_with_the_driver_minimum():
+    """pyproject's cuda12/cuda13/test pins: the ranges validated (docs/cudnn-backend.md), floors = MIN_FRONTEND."""
+    import pathlib  # noqa: PLC0415
+    import tomllib  # noqa: PLC0415
+
+    extras = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    floor = ".".join(map(str, driver.MIN_FRONTEND))
+    assert f"nvidia-cudnn-frontend>={floor},<1.29" in extras["cuda12"]      # 1.29 pulls CUDA 13 bindings
+    assert "nvidia-cudnn-frontend>=1.14,<1.30" in extras["cuda13"]           # 1.30 needs the driver in validate()
+    assert "nvidia-cudnn-frontend==1.14.1" in extras["test"]
+    assert any(r.startswith("nvidia-cudnn-cu12==") for r in extras["test"])
+    assert not any(r.startswith("cupy") for r in extras["test"])            # no GPU package in CI
+
+
+def test_cached_plan_runs_on_any_thread_with_that_threads_handle():
+    """Contract: the plan cache is shared by all threads; a cached graph runs on whichever thread calls, with
+    that thread's own cuDNN handle (one per thread and device, bound to its current stream), never another's."""
+    import threading  # noqa: PLC0415
+
+    backend, fe = fake_backend()
+    seen = []
+
+    class PerThreadHandles(NumpyRuntime):
+        def handle(self, device):
+            return f"handle-{threading.get_ident()}-{device}"
+
+    backend._runtime = PerThreadHandles(fe)
+    real_execute = FakeGraph.execute
+
+    def execute(self, pack, workspace, handle=None):
+        seen.append((threading.get_ident(), handle))
+        return real_execute(self, pack, workspace, handle)
+
+    x = np.ones((1, 2, 5, 5), np.float32)
+    w = np.ones((3, 2, 3, 3), np.float32)
+    FakeGraph.execute = execute
+    try:
+        xconv.conv_fprop(x, w, backend=backend)
+        builds = fe.builds
+        barrier = threading.Barrier(3)    # all alive together: distinct thread idents
+
+        def call():
+            barrier.wait()
+            xconv.conv_fprop(x, w, backend=backend)
+            barrier.wait()
+
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        FakeGraph.execute = real_execute
+    assert fe.builds == builds                      # the plan built on the main thread was reused
+    assert len(seen) == 4 and len({ident for ident, _ in seen}) == 4
+    assert all(handle == f"handle-{ident}-0" for ident, handle in seen)

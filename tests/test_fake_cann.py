@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from core_helpers import fake_cann_build
+from core_helpers import TORCH_MISSING, fake_cann_build
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 F = torch.nn.functional
 
 
@@ -59,6 +59,8 @@ SIGS = {
         "aclrtMemset": (c_int, [P, c_size_t, c_int32, c_size_t]),
         "aclrtCtxSetSysParamOpt": (c_int, [c_int, c_int64]),
         "aclrtCtxGetSysParamOpt": (c_int, [c_int, I64P]),
+        "aclrtSetSysParamOpt": (c_int, [c_int, c_int64]),
+        "aclrtGetSysParamOpt": (c_int, [c_int, I64P]),
         "aclGetRecentErrMsg": (c_char_p, []),
         "aclrtGetSocName": (c_char_p, []),
         **BUILD.CONTROL_SIGNATURES,
@@ -401,6 +403,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_matches_torch(env, case, dtype):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     xs, wsh, p = CASES[case]
     gen = torch.Generator().manual_seed(1)
     x, w = rand(xs, dtype, gen), rand(wsh, dtype, gen)
@@ -478,6 +481,7 @@ def test_null_grad_bias_and_bias_sizes_allowed_when_mask2_false(env):
 
 
 def test_noncontiguous_views_with_offset(env, api):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     gen = torch.Generator().manual_seed(6)
     dtype = torch.float32
     p = params([1, 2], [1, 0], [1, 1])
@@ -670,6 +674,7 @@ def test_invalid_params_are_161002(env, api, name):
 
 
 def test_forward_errors(env, api):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     x = torch.ones(1, 2, 5, 5)
     w = torch.ones(4, 2, 3, 3)
     p = params([1, 1], [1, 1], [1, 1])
@@ -770,6 +775,7 @@ def test_a2_a3_limits(env, api, soc):
 
 # ---------------------------------------------------------- executor life
 def test_executor_consumed_and_workspace_checks(env, api):
+    env.api.fakecann_set_soc_name(b"Ascend950PR_9599")  # FLOAT + KEEP_DTYPE forward: refused on A2/A3
     go, x, w, p = _basic()
     s = env
     assert api.fakecann_live_count(KIND_EXEC) == 0
@@ -854,6 +860,45 @@ def test_injected_failure_consumes_executor(env, api):
     api.aclGetRecentErrMsg()
 
 
+def test_deterministic_option_is_process_level(env, api):
+    """aclnn reads the process-level ACL_OPT_DETERMINISTIC at phase 1 (ops-nn: aclrtGetSysParamOpt);
+    aclrtCtxSetSysParamOpt writes it too (CANN runtime rtCtxSetSysParamOpt); aclrtSetSysParamOpt
+    writes only it, needs no context, and it outlives the contexts."""
+    go, x, w, p = _basic()
+    v = c_int64(-1)
+    assert api.aclrtGetSysParamOpt(0, byref(v)) == 0 and v.value == 0      # default 0, never NOT_SET
+    assert api.aclrtCtxSetSysParamOpt(0, 1) == 0
+    assert api.aclrtGetSysParamOpt(0, byref(v)) == 0 and v.value == 1      # the context call wrote it
+    assert api.aclrtSetSysParamOpt(0, 0) == 0                              # process level only
+    assert api.aclrtCtxGetSysParamOpt(0, byref(v)) == 0 and v.value == 1
+    run_bwd(env, go, x, w, p, cube=0)
+    assert api.fakecann_call_deterministic(0) == 0                         # phase 1 read the process slot
+    # set between phase 1 and phase 2: phase 1's reading counts
+    assert api.aclrtSetSysParamOpt(0, 1) == 0
+    rc, ws, ex, outs = prepare_bwd(env, go, x, w, p)
+    assert rc == 0
+    assert api.aclrtSetSysParamOpt(0, 0) == 0
+    assert env.run(api.aclnnConvolutionBackward, ws, ex) == 0
+    assert api.fakecann_call_deterministic(1) == 1
+    assert api.aclrtSetSysParamOpt(0, 2) == ACL_ERROR_INVALID_PARAM and api.aclrtSetSysParamOpt(-1, 0) != 0
+    assert api.aclrtGetSysParamOpt(0, None) == ACL_ERROR_INVALID_PARAM
+    api.aclGetRecentErrMsg()
+    # no context needed; another thread sees the same process value
+    res = {}
+
+    def worker():
+        res["set"] = api.aclrtSetSysParamOpt(0, 1)
+        got = c_int64(-1)
+        res["get"] = (api.aclrtGetSysParamOpt(0, byref(got)), got.value)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert res == {"set": 0, "get": (0, 1)} and api.fakecann_get_process_deterministic() == 1
+    assert api.aclrtSetSysParamOpt(0, 0) == 0 and api.aclrtCtxSetSysParamOpt(0, 0) == 0
+    api.fakecann_reset()
+
+
 def test_deterministic_flag_record(env, api):
     go, x, w, p = _basic()
     v = c_int64(-1)
@@ -872,10 +917,6 @@ def test_deterministic_flag_record(env, api):
     assert [api.fakecann_call_cube_math(i) for i in range(4)] == [1, 3, 2, 0]
     assert [api.fakecann_call_op(i) for i in range(4)] == [1, 1, 2, 1]
     assert api.fakecann_call_deterministic(4) == -1
-    # the option lives in the context: a full reset of the device drops it
-    assert api.aclrtCtxSetSysParamOpt(0, 1) == 0
-    assert api.aclrtResetDevice(0) == 0 and api.aclrtSetDevice(0) == 0
-    assert api.aclrtCtxGetSysParamOpt(0, byref(v)) == 0 and v.value == 0
     api.fakecann_reset()
     assert api.fakecann_call_count() == 0
 
@@ -944,7 +985,9 @@ def test_no_context_is_107002(api):
     assert api.aclrtMemcpy(p, 64, buf, 64, H2D) == ACL_ERROR_RT_CONTEXT_NULL
     assert api.aclrtCtxSetSysParamOpt(0, 1) == ACL_ERROR_RT_CONTEXT_NULL
     assert "aclrtSetDevice" in api.errmsg()
-    assert api.aclrtFree(p) == 0
+    # the device's only reference was reset: its memory died with the context (freeing needs one too)
+    assert api.aclrtFree(p) == ACL_ERROR_RT_CONTEXT_NULL and "aclrtSetDevice" in api.errmsg()
+    assert api.fakecann_reclaimed_count() == 1 and api.fakecann_live_count(KIND_MEM) == 0
     assert api.aclFinalize() == 0
     assert api.fakecann_live_objects() == 0
 
@@ -953,8 +996,16 @@ def test_phase2_without_context(env, api):
     go, x, w, p = _basic()
     rc, ws, ex, _ = prepare_bwd(env, go, x, w, p)
     wsp = env.malloc(ws)
-    assert api.aclrtResetDevice(0) == 0
-    assert api.aclnnConvolutionBackward(wsp, ws, ex, None) == ACL_ERROR_RT_CONTEXT_NULL
+    res = {}
+
+    def worker():   # a thread with no current context
+        res["rc"] = api.aclnnConvolutionBackward(wsp, ws, ex, None)
+        api.aclGetRecentErrMsg()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert res["rc"] == ACL_ERROR_RT_CONTEXT_NULL
     assert api.fakecann_live_count(KIND_EXEC) == 0
     api.aclGetRecentErrMsg()
 
@@ -1023,3 +1074,16 @@ def test_error_message_queue(env, api):
     msg = api.errmsg()
     assert "aclrtMalloc" in msg and "aclrtFree" in msg and "\n" in msg
     assert api.aclGetRecentErrMsg() is None
+
+
+def test_a2a3_forward_refuses_float_keep_dtype(env, api):
+    """aclnnConvolution.md: on Atlas A2/A3 a FLOAT input with cubeMathType 0 is not supported (the backward
+    op accepts it); 1/2/3 run."""
+    go, x, w, p = _basic()
+    out = tuple(go.shape)
+    api.aclGetRecentErrMsg()
+    run_fwd(env, x, w, None, p, cube=0, out_shape=out, expect=161002)
+    assert "cubeMathType 0 (KEEP_DTYPE) is not supported on Ascend910B2" in env.api.errmsg()
+    for cube in (1, 2, 3):
+        run_fwd(env, x, w, None, p, cube=cube, out_shape=out)
+    run_bwd(env, go, x, w, p, cube=0)

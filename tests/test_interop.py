@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import SpyBackend, registered
+from core_helpers import SpyBackend, TORCH_MISSING, registered
 
-torch = pytest.importorskip("torch", reason="PyTorch CPU is not installed (pip install torch==2.13.0)")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
 
 def test_torch_tensors_in_torch_tensors_out_matching_torch():

@@ -10,7 +10,6 @@ fallback to the BLAS path, bitwise independence from the worker count, and a fai
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +103,8 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
     assert not compiled.computes(make_params(x.shape, (16, 32, 1, 1)))
 
 
-def test_compiled_bitwise_independent_of_workers():
+def test_compiled_bitwise_independent_of_workers(monkeypatch):
+    monkeypatch.setattr(compiled, "SMALL_WORK", 0)          # this small call would otherwise run on one thread
     rng = np.random.default_rng(5)
     p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
     x = rng.standard_normal(p.input_shape).astype(np.float32)
@@ -141,22 +141,80 @@ def test_compiled_against_torch():
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-2)
 
 
-def test_failed_build_falls_back_to_blas(tmp_path):
-    """Without a compiler the loops are unavailable, with the reason, and results come from the BLAS path."""
+def test_missing_build_falls_back_to_numpy_paths(tmp_path):
+    """Installed without a compiler (no library in the package directory): both compiled parts say why they are
+    off, ``xconv backends`` says so, and depthwise, dense and 1-D calls give the exact path's results from the
+    NumPy paths. In a fresh process (the library is loaded once per process)."""
     script = (
         "import sys; sys.path[:0] = {paths!r}\n"
+        "from pathlib import Path\n"
+        "from xconv_numpy import native\n"
+        "native._DIR = Path({empty!r})\n"
         "import numpy as np, xconv\n"
-        "from xconv_numpy import compiled\n"
-        "assert not compiled.available(), 'built without a compiler?'\n"
+        "from xconv_numpy import compiled, direct\n"
+        "assert not compiled.available() and not direct.available()\n"
         "print(compiled.build_error())\n"
-        "x = np.ones((1, 16, 5, 5), np.float32); w = np.ones((16, 16, 3, 3), np.float32)\n"
-        "dx, dw, db = xconv.convolution_backward(np.ones((1, 16, 5, 5), np.float32), x, w, padding=1, backend='numpy')\n"
-        "assert dx[0, 0, 2, 2] == 16 * 9 and dw[0, 0, 1, 1] == 25\n"
-    ).format(paths=[str(ROOT / "backends"), str(ROOT)])
-    env = dict(os.environ, CC="xconv-no-such-compiler", XCONV_CACHE_DIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=str(ROOT))
+        "print(xconv.get_backend('numpy').version())\n"
+        "rng = np.random.default_rng(0)\n"
+        "for xs, ws, kw in [((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1)),\n"
+        "                   ((2, 4, 7, 7), (8, 1, 3, 3), dict(padding=1, groups=4, stride=2)),\n"
+        "                   ((2, 3, 20), (6, 1, 5), dict(padding=2, groups=3))]:\n"
+        "    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)\n"
+        "    dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)\n"
+        "    got = xconv.convolution_backward(dy, x, w, backend='numpy', **kw)\n"
+        "    want = xconv.convolution_backward(dy, x, w, backend='numpy-exact', **kw)\n"
+        "    for g, e in zip(got, want):\n"
+        "        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)\n"
+        "print('fallback ok')\n"
+    ).format(paths=[str(ROOT / "backends"), str(ROOT)], empty=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr
-    assert "no C compiler ('xconv-no-such-compiler' not found)" in out.stdout
+    assert "the compiled loops were not built at install" in out.stdout
+    assert "compiled loops: none, NumPy paths only" in out.stdout
+    assert "fallback ok" in out.stdout
+
+
+def test_builds_load_from_the_package_by_absolute_path_and_never_through_a_link(tmp_path, monkeypatch):
+    """The library is code: it is opened only from the package's own directory, as a regular file (a link
+    planted there is refused), and the build chosen is one the CPU runs."""
+    from xconv_numpy import native
+
+    lib = native.load()
+    assert native.isa(lib) in native.ISAS
+    assert native.ISAS.index(native.isa(lib)) <= lib.xconv_cpu_level()
+    path = native.library_path(native.isa(lib))
+    assert path.is_absolute() and path.parent == Path(compiled.__file__).resolve().parent
+    (tmp_path / "_kernels_baseline.so").symlink_to(path)
+    monkeypatch.setattr(native, "_DIR", tmp_path)
+    monkeypatch.setattr(native.importlib.machinery, "EXTENSION_SUFFIXES", [".so"])
+    with pytest.raises(OSError, match="not a regular file"):
+        native.load()
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2"])
+def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
+    """The lower instruction-set builds (XCONV_NUMPY_ISA) compute the same convolutions within tolerance: the
+    depthwise loops, and the dense loops when called (the backend routes dense shapes to BLAS on these builds)."""
+    from xconv_numpy import direct, native
+
+    if native.library_path(isa) is None:
+        pytest.skip(f"no {isa} build on this platform")
+    monkeypatch.setenv("XCONV_NUMPY_ISA", isa)
+    lib = native.load()
+    if native.isa(lib) != isa:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    monkeypatch.setattr(compiled._LIB, "_value", lib)
+    monkeypatch.setattr(direct._KERNELS, "_value", lib)
+    dense = dict(input=[2, 32, 7, 6], weight=[32, 32, 3, 3], stride=[1, 1], padding=[(1, 1), (1, 1)],
+                 dilation=[1, 1], groups=1, transposed=False, output_padding=[0, 0], dtype="float32")
+    assert not compiled.available() and isa in compiled.build_error()
+    monkeypatch.setattr(compiled, "DENSE_ISAS", (isa,))
+    calls = count_calls(monkeypatch, compiled, "backward")
+    for c in (dense, dict(input=[2, 4, 9, 8], weight=[8, 1, 3, 3], stride=[2, 1], padding=[(1, 1), (1, 1)],
+                          dilation=[1, 1], groups=4, transposed=False, output_padding=[0, 0], dtype="float64")):
+        x, w, dy = random_arrays(np.random.default_rng(3), c)
+        compare(c, x, w, dy, (True, True, True))
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -166,22 +224,6 @@ def test_compiled_layouts_and_dtypes(dtype):
     x, w, dy = random_arrays(np.random.default_rng(9), c)
     for layout in ("transposed", "negative", "sliced"):
         compare(c, x, w, dy, (True, True, True), layout)
-
-
-def test_cache_that_others_can_write_is_refused(tmp_path):
-    """The compiled library is loaded as code: a cache directory or file others could write is not used."""
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
-    with pytest.raises(PermissionError, match="not private"):
-        compiled._check_private(shared)
-    shared.chmod(0o700)
-    compiled._check_private(shared)
-    lib = shared / "lib.so"
-    lib.write_bytes(b"")
-    lib.chmod(0o666)
-    with pytest.raises(PermissionError, match="not private"):
-        compiled._check_private(lib)
 
 
 def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
@@ -233,8 +275,8 @@ def test_failed_copy_releases_the_waiting_computations(monkeypatch):
     def call():
         try:
             xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
-        except RuntimeError as e:
-            outcome.append(str(e))
+        except xconv.errors.BackendFailedError as e:     # the core wraps the backend's exception, chained
+            outcome.append(str(e.__cause__))
 
     t = threading.Thread(target=call, daemon=True)
     t.start()
@@ -244,10 +286,12 @@ def test_failed_copy_releases_the_waiting_computations(monkeypatch):
     assert Failing.calls == 4                       # 2 samples x 2 copy tasks each: the last one failed
 
 
-def test_concurrent_calls_match_sequential_ones():
+def test_concurrent_calls_match_sequential_ones(monkeypatch):
     """Calls from several user threads at once share the worker pool and the scratch arena: each gives the
     bits it gives alone, and none waits forever on another call's tasks."""
     import threading
+
+    monkeypatch.setattr(compiled, "SMALL_WORK", 0)          # these small calls would otherwise not use the pool
 
     rng = np.random.default_rng(8)
     shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),

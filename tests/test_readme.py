@@ -16,3 +16,5 @@ def test_ci_runs_the_readme_test_command():
     assert main_job.startswith("pip install -e .") and "xconv" in main_job
     assert tests.startswith('pip install -e ".[test]"') and "pytest" in tests
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
+    for command in (main_job, tests):           # the outside-plugin torch backends are installed and tested too
+        assert "-e backends/xconv_torch" in command

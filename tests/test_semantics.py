@@ -149,8 +149,12 @@ def test_backend_refuses_foreign_array_family():
 
 
 def test_unknown_backend_names_registered_ones():
-    with pytest.raises(xconv.BackendUnavailableError, match="registered: .*'numpy'"):
+    with pytest.raises(xconv.UnknownBackendError, match="no backend named 'does-not-exist' is registered "
+                                                       r"\(registered: .*numpy") as info:
         xconv.get_backend("does-not-exist")
+    assert isinstance(info.value, KeyError) and "numpy" in info.value.registered
+    with pytest.raises(KeyError):
+        xconv.conv_fprop(np.ones((1, 1, 3)), np.ones((1, 1, 1)), backend="does-not-exist")
 
 
 def test_numpy_result_is_repeatable_bitwise():

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 import xconv
-from core_helpers import SpyBackend, registered
+from core_helpers import SpyBackend, TORCH_MISSING, registered
 
-torch = pytest.importorskip("torch", reason="PyTorch CPU is not installed (pip install torch==2.13.0)")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 import torch.nn as nn  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 

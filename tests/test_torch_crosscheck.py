@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import xconv
-from core_helpers import conv_configs, torch_reference
+from core_helpers import TORCH_MISSING, conv_configs, torch_reference
 from xconv.dtypes import DTYPES
 
-torch = pytest.importorskip("torch", reason="PyTorch CPU is not installed (pip install torch==2.13.0)")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
 
 def _close(got, want, tol):

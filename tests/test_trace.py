@@ -76,7 +76,8 @@ def test_exact_and_batch_invariant():
         xconv.conv_dgrad(dy, w, x.shape, deterministic="batch_invariant")
     exact, inv = t.records
     assert exact.path == "reference im2col (float64)"
-    assert exact.workspace_bytes == 8 * 3 * 2 * (4 * 4 * 9 + 6 * 6)     # float64: N*P x C_in*K columns, padded x
+    # float64: one chunk of columns (4 output lines of 4 positions x C_in*K = 18) plus x and the result
+    assert exact.workspace_bytes == 8 * (4 * 4 * 18 + 3 * 2 * 36 + 3 * 4 * 16)
     assert inv.deterministic == "batch_invariant" and inv.path.startswith("per-sample (batch_invariant)")
 
 
@@ -157,3 +158,17 @@ def test_torch_module_calls_recorded_with_their_time():
     assert all(r.deterministic == "batch_invariant" and r.shapes["output"] == [2, 4, 7, 7] for r in t.records)
     assert 0 < sum(r.seconds for r in t.records) <= elapsed
     assert "deterministic='batch_invariant'" in repr(m)
+
+
+def test_torch_functional_route_keeps_level_and_limit():
+    """Torch tensors run as xconv's torch operators: the determinism level and workspace limit reach the backend."""
+    import torch
+
+    x = torch.randn(2, 16, 12, 12, requires_grad=True)
+    w = torch.randn(16, 16, 3, 3)
+    with xconv.trace() as t:
+        xconv.conv_fprop(x, w, padding=1, deterministic="batch_invariant", workspace_limit=1 << 20).sum().backward()
+    assert [r.deterministic for r in t.records] == ["batch_invariant", "batch_invariant"]
+    assert all(0 < r.workspace_bytes <= 1 << 20 for r in t.records)
+    with pytest.raises(xconv.UnsupportedError, match="workspace_limit=1000"):
+        xconv.conv_fprop(x, w, padding=1, workspace_limit=1000)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch CPU is not installed (pip install torch==2.13.0)")
+from core_helpers import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install scikit-learn)")
 
 from xconv_numpy import NumpyBackend  # noqa: E402

@@ -102,9 +102,9 @@ CASES = [
      ["dtype differs", "expected float32, given float16"]),
     ("dgrad-input-shape", lambda: xconv.conv_dgrad(dy4, w4, (2, 4, "8", 8), backend="spy"), "input_shape",
      ["must be a sequence of ints"]),
-    ("dgrad-grad-output", lambda: xconv.conv_dgrad(dy4, w4, (2, 4, 9, 8), backend="spy"), "grad_output",
-     ["dim 2 (H)", "expected 7, given 6"]),
-    ("wgrad-weight-shape", lambda: xconv.conv_wgrad(x4, dy4, (6, 4, 3), backend="spy"), "weight",
+    ("dgrad-input-shape", lambda: xconv.conv_dgrad(dy4, w4, (2, 4, 9, 8), backend="spy"), "input_shape",
+     ["dim 2 (H)", "grad_output's shape", "expected 6, given 7"]),
+    ("wgrad-weight-shape", lambda: xconv.conv_wgrad(x4, dy4, (6, 4, 3), backend="spy"), "weight_shape",
      ["rank must equal input's rank"]),
 ]
 

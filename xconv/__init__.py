@@ -8,7 +8,8 @@ Backends are plugins (see :mod:`xconv.hookspec`).
 
 from .api import conv_dgrad, conv_fprop, conv_wgrad, convolution_backward
 from .backend import Backend, BackendInfo, Capabilities
-from .errors import BackendError, BackendUnavailableError, ShapeError, UnsupportedError, XconvError
+from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, BackendUnavailableError, DTypeError,
+                     ResourceError, ShapeError, UnknownBackendError, UnsupportedError, XconvError)
 from .hookspec import hookimpl
 from .params import ConvParams, output_shape
 from .registry import get_backend, list_backends, register_backend, unregister_backend
@@ -17,8 +18,9 @@ from .tracing import Record, trace
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BackendError", "BackendInfo", "BackendUnavailableError", "Capabilities", "ConvParams",
-    "Record", "ShapeError", "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad",
-    "convolution_backward", "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend",
-    "trace", "unregister_backend", "__version__",
+    "Backend", "BackendError", "BackendFailedError", "BackendInfo", "BackendOutOfMemoryError",
+    "BackendUnavailableError", "Capabilities", "ConvParams", "DTypeError", "Record", "ResourceError", "ShapeError",
+    "UnknownBackendError", "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad", "convolution_backward",
+    "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend", "trace", "unregister_backend",
+    "__version__",
 ]

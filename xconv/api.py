@@ -2,45 +2,102 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 
-from . import interop, legalize, tracing
-from .arrays import common_family
+from . import guard, interop, legalize, limits, tracing
+from .arrays import common_family, copies_needed, host_ready
+from .dtypes import DTYPES
 from .errors import ShapeError
-from .params import (check_bias_sizes, check_grad_output, check_output_mask, common_dtype, make_params,
+from .params import (check_bias_sizes, check_grad_output, check_output_mask, common_dtype, make_params, shape_arg,
                      tensor_shape)
 from .registry import select_backend
 
 
-def _prepare(tensors: dict, input_shape, weight_shape, backend, bias=None, bias_sizes=None, **conv):
-    """Validate the tensors and parameters, pick the backend; return (backend, params, shapes).
+def _torch_route(family: str) -> object | None:
+    """xconv.torch_ops for torch tensors (their calls run as xconv's torch operators: autograd, autocast,
+    torch's memory format, torch.compile), else None."""
+    if family != "torch":
+        return None
+    from . import torch_ops  # the caller holds torch tensors, so torch is already imported
 
-    ``input_shape``/``weight_shape`` are names of entries in ``tensors`` or explicit shapes.
+    return None if torch_ops.inside_kernel() else torch_ops
+
+
+def _prepare(tensors: dict, backend, outputs, *, input_shape=None, weight_shape=None, bias=None, bias_sizes=None,
+             **conv):
+    """Validate the tensors and parameters, guard the call's memory, pick the backend; return (backend, params).
+
+    The convolution's input and weight shapes come from ``tensors["input"]``/``tensors["weight"]``,
+    or from the explicit ``input_shape``/``weight_shape`` arguments (conv_dgrad, conv_wgrad), which
+    are then the arguments blamed for a disagreement with grad_output. ``outputs`` names the
+    results the call makes ("input", "weight", "bias", "output").
     """
     shapes = {name: tensor_shape(a, name) for name, a in tensors.items()}
     arrays = dict(tensors, bias=bias)
     dtype = common_dtype(arrays)
-    p = make_params(_resolve(input_shape, shapes, "input_shape"), _resolve(weight_shape, shapes, "weight_shape"),
-                    dtype=dtype, **conv)
+    explicit_input, explicit_weight = input_shape is not None, weight_shape is not None
+    in_shape = shape_arg(input_shape, "input_shape") if explicit_input else shapes["input"]
+    w_shape = shape_arg(weight_shape, "weight_shape") if explicit_weight else shapes["weight"]
+    p = make_params(in_shape, w_shape, dtype=dtype, input_name="input_shape" if explicit_input else "input",
+                    weight_name="weight_shape" if explicit_weight else "weight", **conv)
     if "grad_output" in shapes:
-        check_grad_output(p, shapes["grad_output"])
+        check_grad_output(p, shapes["grad_output"], blame=_blame(explicit_input, explicit_weight))
     if bias is not None and tuple(getattr(bias, "shape", ())) != (p.bias_size,):
         raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,),
                          given=tuple(getattr(bias, "shape", ())))
     check_bias_sizes(p, bias_sizes)
-    b = select_backend(backend, common_family(arrays))
+    family = common_family(arrays)
+    b = select_backend(backend, family)
     legalize.check_supported(b, p)
+    if family == "numpy":
+        _guard_memory(b, p, outputs, arrays)
     return b, p
 
 
 def _resolve(value, shapes: dict, name: str) -> tuple[int, ...]:
-    """The shape of the tensor named ``value``, or ``value`` itself checked to be a sequence of ints."""
-    if isinstance(value, str) and value in shapes:
-        return shapes[value]
-    if (not isinstance(value, Sequence) or isinstance(value, str)
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        raise ShapeError(name, "must be a sequence of ints", expected="(N, C, *spatial) ints", given=repr(value))
-    return tuple(value)
+    """For ``name`` "input_shape" or "weight_shape": the shape of the tensor "input" or "weight" when
+    ``value`` names it (internal callers), else ``value`` checked as an explicit shape. Another tensor's
+    name (say "grad_output" as input_shape) is refused, not taken for its shape."""
+    own = name[:-len("_shape")] if name.endswith("_shape") else name
+    if isinstance(value, str) and value == own and own in shapes:
+        return shapes[own]
+    return shape_arg(value, name)
+
+
+def _blame(explicit_input: bool, explicit_weight: bool):
+    """Who is wrong when grad_output disagrees with the output shape: an explicit shape argument where the
+    disagreeing dim follows from it (N and spatial dims from input_shape, C_out from weight_shape)."""
+    def culprit(axis: int) -> str:
+        if explicit_input and axis != 1:
+            return "input_shape"
+        if explicit_weight and axis != 0:
+            return "weight_shape"
+        return "grad_output"
+    return culprit
+
+
+def _guard_memory(backend, p, outputs, arrays) -> None:
+    """Refuse (limits.ResourceError) a call whose results, explicit-padding copies and converted inputs
+    would not fit in memory, before anything is allocated."""
+    itemsize = DTYPES[p.dtype].itemsize
+    shapes = {"input": p.input_shape, "weight": p.weight_shape, "bias": (p.bias_size,), "output": p.output_shape}
+    extra = sum(copies_needed(a) for a in arrays.values())
+    if not p.symmetric and p.nd not in backend.capabilities.asymmetric_padding:
+        # the core pads explicitly: a padded copy of the (direct) input or (transposed) output
+        grown = p.output_shape if p.transposed else p.input_shape
+        extra += math.prod(grown[:2]) * math.prod(n + pre + post for n, (pre, post) in zip(grown[2:], p.padding)) * itemsize
+    limits.check_call(itemsize, [shapes[o] for o in outputs], extra)
+
+
+def _native(backend, family: str, **named):
+    """Each named argument as the call's backend takes it: as it is when that backend declares its foreign
+    ``family`` (a torch backend taking torch tensors), else native (a zero-copy DLPack view)."""
+    return interop.to_native_for(backend, family, named)
+
+
+def _ready(**named):
+    """Each named (validated) array as the backends take it (see arrays.host_ready)."""
+    return [host_ready(a, name) for name, a in named.items()]
 
 
 def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=1, padding=0, dilation=1,
@@ -57,12 +114,20 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     """
     mask = check_output_mask(output_mask)
     family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
-    grad_output, input, weight = map(interop.to_native, (grad_output, input, weight))
-    b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight", backend,
+    if (route := _torch_route(family)) is not None:
+        return route.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes, output_mask=mask,
+                                          stride=stride, padding=padding, dilation=dilation, transposed=transposed,
+                                          output_padding=output_padding, groups=groups, deterministic=deterministic,
+                                          math=math, backend=backend, workspace_limit=workspace_limit)
+    grad_output, input, weight = _native(backend, family, grad_output=grad_output, input=input, weight=weight)
+    outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
+    b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, backend, outputs,
                     bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
                     transposed=transposed, output_padding=output_padding, math=math, deterministic=deterministic,
                     workspace_limit=workspace_limit)
-    results = tracing.run("backward", b, p, lambda: legalize.backward(b, grad_output, input, weight, p, mask))
+    grad_output, input, weight = _ready(grad_output=grad_output, input=input, weight=weight)
+    results = tracing.run("backward", b, p, lambda: guard.call(b, "convolution_backward", legalize.backward, b,
+                                                                grad_output, input, weight, p, mask))
     return tuple(interop.to_family(r, family) for r in results)
 
 
@@ -70,33 +135,54 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                output_padding=0, deterministic=False, math="keep_dtype", backend=None, workspace_limit=None):
     """The convolution of ``input`` with ``weight`` plus ``bias``; transposed=True is PyTorch's conv_transpose."""
     family = common_family({"input": input, "weight": weight, "bias": bias})
-    input, weight, bias = map(interop.to_native, (input, weight, bias))
-    b, p = _prepare({"input": input, "weight": weight}, "input", "weight", backend, bias=bias, stride=stride,
+    if (route := _torch_route(family)) is not None:
+        return route.conv_fprop(input, weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
+                                groups=groups, transposed=transposed, output_padding=output_padding,
+                                deterministic=deterministic, math=math, backend=backend,
+                                workspace_limit=workspace_limit)
+    input, weight, bias = _native(backend, family, input=input, weight=weight, bias=bias)
+    b, p = _prepare({"input": input, "weight": weight}, backend, ["output"], bias=bias, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic,
                     workspace_limit=workspace_limit)
-    return interop.to_family(tracing.run("fprop", b, p, lambda: legalize.fprop(b, input, weight, bias, p)), family)
+    input, weight, bias = _ready(input=input, weight=weight, bias=bias)
+    return interop.to_family(tracing.run("fprop", b, p, lambda: guard.call(b, "conv_fprop", legalize.fprop, b, input,
+                                                                             weight, bias, p)), family)
 
 
 def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
                output_padding=0, deterministic=False, math="keep_dtype", backend=None, workspace_limit=None):
     """grad_input of the convolution whose input has ``input_shape``, given ``grad_output`` and ``weight``."""
     family = common_family({"grad_output": grad_output, "weight": weight})
-    grad_output, weight = map(interop.to_native, (grad_output, weight))
-    b, p = _prepare({"grad_output": grad_output, "weight": weight}, input_shape, "weight", backend, stride=stride,
-                    padding=padding, dilation=dilation, groups=groups, transposed=transposed,
+    if (route := _torch_route(family)) is not None:
+        return route.conv_dgrad(grad_output, weight, input_shape, stride=stride, padding=padding, dilation=dilation,
+                                groups=groups, transposed=transposed, output_padding=output_padding,
+                                deterministic=deterministic, math=math, backend=backend,
+                                workspace_limit=workspace_limit)
+    grad_output, weight = _native(backend, family, grad_output=grad_output, weight=weight)
+    b, p = _prepare({"grad_output": grad_output, "weight": weight}, backend, ["input"], input_shape=input_shape,
+                    stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic,
                     workspace_limit=workspace_limit)
-    return interop.to_family(tracing.run("dgrad", b, p, lambda: legalize.dgrad(b, grad_output, weight, p)), family)
+    grad_output, weight = _ready(grad_output=grad_output, weight=weight)
+    return interop.to_family(tracing.run("dgrad", b, p, lambda: guard.call(b, "conv_dgrad", legalize.dgrad, b,
+                                                                             grad_output, weight, p)), family)
 
 
 def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
                output_padding=0, deterministic=False, math="keep_dtype", backend=None, workspace_limit=None):
     """grad_weight (of ``weight_shape``) of the convolution of ``input``, given ``grad_output``."""
     family = common_family({"input": input, "grad_output": grad_output})
-    input, grad_output = map(interop.to_native, (input, grad_output))
-    b, p = _prepare({"input": input, "grad_output": grad_output}, "input", weight_shape, backend, stride=stride,
-                    padding=padding, dilation=dilation, groups=groups, transposed=transposed,
+    if (route := _torch_route(family)) is not None:
+        return route.conv_wgrad(input, grad_output, weight_shape, stride=stride, padding=padding, dilation=dilation,
+                                groups=groups, transposed=transposed, output_padding=output_padding,
+                                deterministic=deterministic, math=math, backend=backend,
+                                workspace_limit=workspace_limit)
+    input, grad_output = _native(backend, family, input=input, grad_output=grad_output)
+    b, p = _prepare({"input": input, "grad_output": grad_output}, backend, ["weight"], weight_shape=weight_shape,
+                    stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                     output_padding=output_padding, math=math, deterministic=deterministic,
                     workspace_limit=workspace_limit)
-    return interop.to_family(tracing.run("wgrad", b, p, lambda: legalize.wgrad(b, input, grad_output, p)), family)
+    input, grad_output = _ready(input=input, grad_output=grad_output)
+    return interop.to_family(tracing.run("wgrad", b, p, lambda: guard.call(b, "conv_wgrad", legalize.wgrad, b, input,
+                                                                             grad_output, p)), family)

@@ -30,6 +30,38 @@ def common_family(arrays: dict) -> str:
     return first
 
 
+def host_ready(array, name: str):
+    """A NumPy ``array`` as the backends take it: a plain ndarray (a memmap's view), in native byte order
+    and aligned (a converted copy where it is not). Never written to. Other arrays pass unchanged.
+
+    NumPy computes on byte-swapped and unaligned arrays, so xconv does too, by converting them once
+    here; a masked array is refused (its mask has no meaning in a convolution).
+    """
+    import numpy as np
+
+    if array is None or not isinstance(array, np.ndarray):
+        return array
+    if isinstance(array, np.ma.MaskedArray):
+        raise ShapeError(name, "masked arrays are not taken (the mask has no meaning in a convolution)",
+                         expected="a plain array, e.g. .filled(0)", given=type(array).__name__)
+    if type(array) is not np.ndarray:
+        array = array.view(np.ndarray)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not array.flags.aligned:
+        array = np.array(array, copy=True)
+    return array
+
+
+def copies_needed(array) -> int:
+    """The bytes :func:`host_ready` copies for ``array`` (0 when it takes it as it is)."""
+    import numpy as np
+
+    if not isinstance(array, np.ndarray) or (array.dtype.isnative and array.flags.aligned):
+        return 0
+    return int(array.size) * array.dtype.itemsize
+
+
 def array_module(array):
     """The module whose ``zeros``/``ascontiguousarray`` make arrays of ``array``'s family."""
     namespace = getattr(array, "__array_namespace__", None)
@@ -41,12 +73,17 @@ def array_module(array):
 
 
 def zeros(like, shape):
-    """C-contiguous zeros of ``shape`` with ``like``'s dtype and family."""
+    """C-contiguous zeros of ``shape`` with ``like``'s dtype, family (and device, for torch tensors)."""
+    new_zeros = getattr(like, "new_zeros", None)         # torch tensors: same dtype and device
+    if callable(new_zeros):
+        return new_zeros(tuple(shape))
     return array_module(like).zeros(tuple(shape), dtype=like.dtype)
 
 
 def contiguous(array):
     """``array`` itself when C-contiguous, else a C-contiguous copy."""
+    if callable(getattr(array, "is_contiguous", None)):  # torch tensors
+        return array.contiguous()
     return array_module(array).ascontiguousarray(array)
 
 

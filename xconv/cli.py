@@ -1,10 +1,18 @@
-"""The ``xconv`` command line: ``xconv backends``, ``xconv run``, ``xconv conformance``."""
+"""The ``xconv`` command line: ``xconv backends``, ``xconv run``, ``xconv conformance``.
+
+Each subcommand has its own ``--help``. Exit status: 0 on success; 1 when a backend fails at run
+time; 2 on a usage error (a bad option, or arguments xconv refuses: a ShapeError, an unknown or
+unavailable backend, an unsupported configuration); 130 when interrupted (Ctrl-C). A closed
+output pipe (``xconv conformance cases | head``) ends the command quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import importlib
+import os
+import platform
 import sys
 import time
 
@@ -12,13 +20,20 @@ import numpy as np
 
 from . import api, registry, tracing
 from .dtypes import DTYPES
-from .errors import XconvError
+from .errors import BackendError, XconvError
 from .params import MATH_MODES, output_shape
 from .workspace import parse_bytes
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    """"4,32,28,28" or "4x32x28x28": one or more ints."""
+    try:
+        values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected ints separated by ',' or 'x' (such as 4x32x28x28), not {text!r}")
+    return values
 
 
 def _padding(text: str):
@@ -26,9 +41,15 @@ def _padding(text: str):
     if text.strip().isalpha() or "_" in text:
         return text.strip()
     parts = [p for p in text.split(",") if p.strip()]
-    if any(":" in p for p in parts):
-        return [tuple(int(v) for v in p.split(":")) for p in parts]
-    values = [int(p) for p in parts]
+    try:
+        if any(":" in p for p in parts):
+            return [tuple(int(v) for v in p.split(":")) for p in parts]
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected an int, ints (1,2), pre:post pairs (1:2,0:1), valid, same, "
+                                         f"same_lower or full, not {text!r}")
     return values[0] if len(values) == 1 else values
 
 
@@ -64,8 +85,18 @@ def cmd_backends(args) -> int:
     return 0
 
 
+def default_weight(input_shape, groups: int, transposed: bool) -> list[int]:
+    """The weight ``xconv run`` uses without --weight: C_out = 2*C_in, kernel 3 per spatial dim."""
+    c_in, nd = input_shape[1], len(input_shape) - 2
+    if transposed:  # (C_in, C_out/groups, *k)
+        return [c_in, 2 * c_in // max(groups, 1), *([3] * nd)]
+    return [2 * c_in, c_in // max(groups, 1), *([3] * nd)]
+
+
 def cmd_run(args) -> int:
     rng = np.random.default_rng(args.seed)
+    if args.weight is None:
+        args.weight = default_weight(args.input, args.groups, args.transposed)
     dtype = DTYPES[args.dtype]
     conv = dict(stride=args.stride if len(args.stride) > 1 else args.stride[0],
                 padding=args.padding,
@@ -84,9 +115,9 @@ def cmd_run(args) -> int:
     else:
         call = lambda: api.convolution_backward(dy, x, w, output_mask=args.mask, **common)  # noqa: E731
         names = ("grad_input", "grad_weight", "grad_bias")
-    backend = registry.select_backend(args.backend, "numpy")
     with tracing.trace() as first:
         results = call()
+    backend = registry.select_backend(args.backend, "numpy")
     times = []
     for _ in range(args.repeat):
         start = time.perf_counter()
@@ -103,26 +134,59 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_conformance(argv: list[str]) -> int:
+def plain(doc: str) -> str:
+    """A docstring as --help text: without its reStructuredText ``literal`` markup."""
+    return doc.replace("``", "")
+
+
+def versions() -> str:
+    """``xconv --version``: xconv's version, then each registered backend's version and availability."""
+    from . import __version__
+
+    lines = [f"xconv {__version__} (Python {platform.python_version()}, NumPy {np.__version__})"]
     try:
-        kit = importlib.import_module("xconv_conformance.cli")
-    except ImportError as exc:
-        print(f"xconv: the conformance kit is not installed ({exc})", file=sys.stderr)
-        return 2
-    return kit.main(argv)
+        kit = importlib.import_module("xconv_conformance")
+        lines.append(f"conformance kit {kit.__version__}")
+    except ImportError:
+        pass
+    for r in registry.list_backends():
+        state = "available" if r.available else f"unavailable: {r.reason}"
+        lines.append(f"backend {r.name} {r.version or '(no version)'} ({state})")
+    return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xconv", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("backends", help="list registered backends, availability, reason and version")
-    run = sub.add_parser("run", help="run fprop or backward on random data; print shapes, checksums, time")
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())
+        parser.exit()
+
+
+def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
+    """The ``xconv`` parser; ``with_kit=False`` leaves ``conformance``'s own subcommands out (imports less)."""
+    parser = argparse.ArgumentParser(prog="xconv", description=plain(__doc__),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, help="print xconv's version and each backend's, then exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{backends,run,conformance}",
+                                title="subcommands")
+    sub.add_parser("backends", help="list registered backends, availability, reason and version",
+                   description="List the registered backends: availability, version, devices and, when "
+                               "unavailable, the reason (with what to install).")
+    run = sub.add_parser("run", help="run fprop or backward on random data; print shapes, checksums, time",
+                         description="Run one convolution (fprop, or backward with a mask) on random data and "
+                                     "print the shapes, checksums of the results and the time. Only --input is "
+                                     "needed: the weight defaults to C_out = 2*C_in with a 3-wide kernel.")
     run.add_argument("--op", choices=("backward", "fprop"), default="backward")
-    run.add_argument("--input", type=_ints, default=[4, 32, 28, 28], help="N,C,*spatial (default 4,32,28,28)")
-    run.add_argument("--weight", type=_ints, default=[64, 32, 3, 3], help="weight shape (default 64,32,3,3)")
+    run.add_argument("--input", type=_ints, default=[4, 32, 28, 28],
+                     help="N,C,*spatial, such as 4,32,28,28 or 4x32x28x28 (default 4,32,28,28)")
+    run.add_argument("--weight", type=_ints, default=None,
+                     help="weight shape (default: (2*C, C/groups, 3, ...), or (C, 2*C/groups, 3, ...) transposed)")
     run.add_argument("--stride", type=_ints, default=[1])
     run.add_argument("--padding", type=_padding, default=1,
-                     help="int, per-dim ints (1,2), pre:post pairs (1:2,0:1), valid, same, same_lower, full")
+                     help="int, per-dim ints (1,2), pre:post pairs (1:2,0:1), valid, same, same_lower, full "
+                          "(default 1)")
     run.add_argument("--dilation", type=_ints, default=[1])
     run.add_argument("--groups", type=int, default=1)
     run.add_argument("--transposed", action="store_true")
@@ -135,22 +199,72 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace-limit", type=lambda t: parse_bytes(t, "--workspace-limit"), default=None,
                      help="most scratch bytes (4194304, 4MiB, 512k); default $XCONV_WORKSPACE_LIMIT, else none")
     run.add_argument("--backend", default=None, help="backend name (default: $XCONV_BACKEND, else by array family)")
-    run.add_argument("--repeat", type=int, default=5, help="timed repetitions after one warm-up call")
+    run.add_argument("--repeat", type=int, default=5, help="timed repetitions after one warm-up call (default 5)")
     run.add_argument("--seed", type=int, default=0)
-    sub.add_parser("conformance", help="the conformance kit (xconv conformance --help)", add_help=False)
+    conformance = sub.add_parser("conformance", help="the conformance kit: check, run, compare, cases "
+                                                     "(xconv conformance --help)")
+    try:
+        kit = importlib.import_module("xconv_conformance.cli") if with_kit else None
+    except ImportError as exc:
+        conformance.description = f"The conformance kit is not installed here ({exc})."
+        conformance.set_defaults(kit=None, kit_error=str(exc))
+    else:
+        if kit is not None:
+            kit.configure(conformance)
+        conformance.set_defaults(kit=kit, kit_error="")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def _argv_with_defaults(argv: list[str]) -> list[str]:
     if argv[:1] == ["conformance"]:
-        return cmd_conformance(argv[1:])
-    args = build_parser().parse_args(argv)
+        kit = sys.modules.get("xconv_conformance.cli")
+        if kit is not None:
+            return ["conformance", *kit.with_default_subcommand(argv[1:])]
+    return argv
+
+
+def _run(argv: list[str]) -> int:
+    parser = build_parser(with_kit=argv[:1] == ["conformance"])
+    argv = _argv_with_defaults(argv)
+    args = parser.parse_args(argv)
+    if args.command == "conformance":
+        if args.kit is None:
+            print(f"xconv conformance: the conformance kit is not installed ({args.kit_error})", file=sys.stderr)
+            return 2
+        return args.kit.dispatch(args, argv[1:])
     try:
         return {"backends": cmd_backends, "run": cmd_run}[args.command](args)
-    except XconvError as exc:
-        print(f"xconv: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except BackendError as exc:
+        print(f"xconv {args.command}: BackendError: {exc}", file=sys.stderr)
         return 1
+    except XconvError as exc:
+        print(f"xconv {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def guarded(function, *args) -> int:
+    """``function(*args)`` as a command: SystemExit's code, a quiet end on a closed pipe, one line on Ctrl-C."""
+    try:
+        try:
+            code = function(*args)
+        except SystemExit as exc:  # argparse's --help, --version and usage errors
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # the reader went away (``| head``): stop quietly; stdout goes to devnull so the final flush cannot fail
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command ended by a closed pipe
+    except KeyboardInterrupt:
+        print("\nxconv: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return guarded(_run, sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """DLPack interop: any array with ``__dlpack__``/``__dlpack_device__`` goes in, the caller's family comes out.
 
-Backends see only "native" families (NumPy on the CPU, CuPy on CUDA). A foreign array (a
-PyTorch tensor, a JAX array, …) is viewed, without copying, as the native array of its device
-(``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA memory); results are handed
+Backends see only "native" families (NumPy on the CPU, CuPy on CUDA), except that a backend
+named for the call (``backend=`` or ``$XCONV_BACKEND``) that declares a foreign family itself
+(the torch backends declare "torch") gets those arrays as they are (:func:`to_native_for`).
+Otherwise a foreign array (a PyTorch tensor, a JAX array, …) is viewed, without copying, as the
+native array of its device (``numpy.from_dlpack`` for CPU memory, ``cupy.from_dlpack`` for CUDA
+memory); results are handed
 back through the caller's ``from_dlpack``, again without copying.
 
 DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as their 16-bit pattern
@@ -12,12 +15,13 @@ DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as thei
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 
 from .arrays import array_family
-from .dtypes import bfloat16
-from .errors import BackendUnavailableError, UnsupportedError
+from . import dtypes
+from .errors import BackendUnavailableError, ShapeError, UnsupportedError, XconvError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
 
@@ -31,13 +35,30 @@ def is_foreign(array) -> bool:
             and hasattr(array, "__dlpack__") and hasattr(array, "__dlpack_device__"))
 
 
-def to_native(array):
-    """``array`` itself when native or not an array; else a zero-copy NumPy or CuPy view of it."""
+def to_native(array, name: str = "array"):
+    """``array`` itself when native or not an array; else a zero-copy NumPy or CuPy view of it.
+
+    A torch tensor with the conjugate or negative bit set is resolved first (a copy); a foreign array
+    DLPack cannot export is refused as a ShapeError naming ``name``.
+    """
     if not is_foreign(array):
         return array
     family = array_family(array)
     if family == "torch":
         array = array.detach()
+        if array.is_conj():
+            array = array.resolve_conj()
+        if array.is_neg():
+            array = array.resolve_neg()
+    try:
+        return _from_dlpack(array, family)
+    except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+        raise ShapeError(name, f"this {family} array cannot be viewed through DLPack ({type(exc).__name__}: {exc})",
+                         expected="a strided CPU or CUDA array", given=f"{type(array).__name__} of dtype "
+                         f"{getattr(array, 'dtype', '?')}") from exc
+
+
+def _from_dlpack(array, family: str):
     device_type = int(array.__dlpack_device__()[0])
     if device_type in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
         native = np
@@ -53,8 +74,29 @@ def to_native(array):
             raise UnsupportedError("bfloat16 CUDA tensors cannot cross into xconv: CuPy has no bfloat16 dtype "
                                    "(convert to float16 or float32, or use a CPU tensor)")
         import torch
-        return native.from_dlpack(array.view(torch.int16)).view(bfloat16)
+        return native.from_dlpack(array.view(torch.int16)).view(dtypes.DTYPES["bfloat16"])
     return native.from_dlpack(array)
+
+
+def to_native_for(backend, family: str | None, named: dict) -> list:
+    """The arrays of ``named`` (argument name -> array) as the call's backend takes them: as they are
+    when ``backend`` (else ``$XCONV_BACKEND``) names a backend that declares their foreign ``family``
+    itself (a torch backend taking torch tensors on their own device), else each through
+    :func:`to_native`, which names the argument in its errors."""
+    if family is not None and family not in NATIVE_FAMILIES and family in _families_of(backend):
+        return list(named.values())
+    return [to_native(a, name) for name, a in named.items()]
+
+
+def _families_of(backend) -> tuple:
+    chosen = backend if backend is not None else (os.environ.get("XCONV_BACKEND") or None)
+    if isinstance(chosen, str):
+        from .registry import get_backend
+        try:
+            chosen = get_backend(chosen)
+        except XconvError:
+            return ()                       # unknown or broken: reported when the call selects its backend
+    return tuple(getattr(chosen, "array_families", None) or ())
 
 
 def to_family(result, family: str):
@@ -62,7 +104,7 @@ def to_family(result, family: str):
     if result is None or family in NATIVE_FAMILIES or array_family(result) == family:
         return result
     module = importlib.import_module(family)
-    if family == "torch" and result.dtype == bfloat16:
+    if family == "torch" and dtypes.dtype_name(result.dtype) == "bfloat16":
         return module.from_dlpack(result.view(np.int16)).view(module.bfloat16)
     from_dlpack = getattr(module, "from_dlpack", None) or importlib.import_module(f"{family}.dlpack").from_dlpack
     return from_dlpack(result)

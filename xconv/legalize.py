@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math as _math
 
-from . import tracing
+from . import guard, tracing
 from .arrays import contiguous, crop, zero_pad, zeros
 from .backend import Backend
 from .errors import UnsupportedError, XconvError
@@ -30,7 +30,7 @@ def capabilities(b: Backend, p: ConvParams, op: str):
 
     Backends need not subclass Backend: one without ``capabilities_for`` has ``capabilities`` everywhere."""
     narrow = getattr(b, "capabilities_for", None)
-    return b.capabilities if narrow is None else narrow(p, op)
+    return b.capabilities if narrow is None else guard.call(b, f"capabilities_for({op})", narrow, p, op)
 
 
 def check_supported(b: Backend, p: ConvParams) -> None:
@@ -83,7 +83,8 @@ def fprop(b: Backend, x, w, bias, p: ConvParams):
         if p.transposed:  # the symmetric output is larger: crop it
             return crop(fprop(b, x, w, bias, q), [pre for pre, _ in pads], p.output_shape[2:])
         return fprop(b, zero_pad(x, pads), w, bias, q)
-    return _expect(b, b.fprop(*_native(caps, x, w, bias), p), p.output_shape, "fprop output")
+    return _expect(b, guard.call(b, "fprop", b.fprop, *_native(caps, x, w, bias), p), p.output_shape,
+                   "fprop output")
 
 
 def dgrad(b: Backend, dy, w, p: ConvParams):
@@ -104,7 +105,7 @@ def dgrad(b: Backend, dy, w, p: ConvParams):
         if p.transposed:  # grad_output of the larger symmetric output: zeros where p's output was cropped
             return dgrad(b, zero_pad(dy, pads), w, q)
         return crop(dgrad(b, dy, w, q), [pre for pre, _ in pads], p.input_shape[2:])
-    return _expect(b, b.dgrad(*_native(caps, dy, w), p), p.input_shape, "grad_input")
+    return _expect(b, guard.call(b, "dgrad", b.dgrad, *_native(caps, dy, w), p), p.input_shape, "grad_input")
 
 
 def wgrad(b: Backend, x, dy, p: ConvParams):
@@ -125,14 +126,15 @@ def wgrad(b: Backend, x, dy, p: ConvParams):
         if p.transposed:
             return wgrad(b, x, zero_pad(dy, pads), q)
         return wgrad(b, zero_pad(x, pads), dy, q)
-    return _expect(b, b.wgrad(*_native(caps, x, dy), p), p.weight_shape, "grad_weight")
+    return _expect(b, guard.call(b, "wgrad", b.wgrad, *_native(caps, x, dy), p), p.weight_shape, "grad_weight")
 
 
 def bgrad(b: Backend, dy, p: ConvParams):
     """Sum of dy over N and the spatial dims; ``p`` may be transposed (bgrad reads only its dtype and flags)."""
     if _math.prod(dy.shape) == 0:
         return zeros(dy, (p.bias_size,))
-    return _expect(b, b.bgrad(*_native(capabilities(b, p, "bgrad"), dy), p), (p.bias_size,), "grad_bias")
+    return _expect(b, guard.call(b, "bgrad", b.bgrad, *_native(capabilities(b, p, "bgrad"), dy), p),
+                   (p.bias_size,), "grad_bias")
 
 
 def backward(b: Backend, dy, x, w, p: ConvParams, mask):
@@ -159,7 +161,10 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
             return backward(b, zero_pad(dy, pads), x, w, q, mask)
         dx, dw, db = backward(b, dy, zero_pad(x, pads), w, q, mask)
         return (crop(dx, [pre for pre, _ in pads], p.input_shape[2:]) if m_in else None), dw, db
-    results = b.backward(*_native(caps, dy, x, w), p, mask)
+    results = guard.call(b, "backward", b.backward, *_native(caps, dy, x, w), p, mask)
+    if not isinstance(results, (tuple, list)) or len(results) != 3:
+        raise XconvError(f"backend {b.name!r} returned {type(results).__name__} from backward, "
+                         "expected (grad_input, grad_weight, grad_bias)")
     expected = (p.input_shape, p.weight_shape, (p.bias_size,))
     what = ("grad_input", "grad_weight", "grad_bias")
     return tuple(_expect(b, r, shape, name) if bit else _expect_none(b, r, name)
@@ -224,7 +229,8 @@ def _extend(a, shape):
 def _add_bias(y, bias):
     if bias is None:
         return y
-    return contiguous((y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))).astype(y.dtype))
+    z = y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))
+    return contiguous(z if z.dtype == y.dtype else z.astype(y.dtype))
 
 
 def _native(caps, *arrays):

@@ -7,12 +7,15 @@ backend work. Backends receive only ConvParams, already checked and in canonical
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Sequence
 
-from .dtypes import dtype_name
+import numpy as np
+
 from . import workspace
-from .errors import ShapeError
+from .dtypes import DTYPES, dtype_name
+from .errors import DTypeError, ResourceError, ShapeError
 
 MATH_MODES = ("keep_dtype", "allow_tf32", "allow_fp16")
 PADDING_STRINGS = ("valid", "same", "same_lower", "full")
@@ -35,8 +38,36 @@ def _dim_label(axis: int, nd: int, channel: str) -> str:
     return f"dim {axis} ({spatial_names(nd)[axis - 2]})"
 
 
+#: Every size and parameter must fit a signed 64-bit integer (what the vendor libraries take).
+INT64_MAX = 2**63 - 1
+
+
 def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    """A Python or NumPy integer (NumPy 2's np.int64 included), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_bool(v) -> bool:
+    """A Python bool or a NumPy bool (np.True_, np.False_)."""
+    return isinstance(v, (bool, np.bool_))
+
+
+def _fits(name: str, v: int, dim=None) -> int:
+    if not -INT64_MAX <= v <= INT64_MAX:
+        raise ShapeError(name, "must fit in a signed 64-bit integer", dim=dim, expected="|value| <= 2**63-1",
+                         given=v)
+    return v
+
+
+def shape_arg(value, name: str) -> tuple[int, ...]:
+    """An explicit shape argument (``input_shape``, ``weight_shape``): a sequence of ints (or a 1-D integer
+    array), each fitting int64."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = _from_int_array(value)
+    if (not isinstance(value, Sequence) or isinstance(value, (str, bytes))
+            or not all(_is_int(v) for v in value)):
+        raise ShapeError(name, "must be a sequence of ints", expected="(N, C, *spatial) ints", given=repr(value))
+    return tuple(_fits(name, int(v), f"dim {i}") for i, v in enumerate(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +155,16 @@ def transposed_output_size(size: int, kernel: int, stride: int, pad: tuple[int, 
 # Argument parsing
 
 
+def _from_int_array(value):
+    """An integer NumPy array as Python ints (nested lists); anything else unchanged."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return value.tolist()
+    return value
+
+
 def per_dim(value, nd: int, name: str, minimum: int) -> tuple[int, ...]:
-    """An int, or one int per spatial dim, each at least ``minimum``."""
+    """An int, or one int per spatial dim (a sequence or an integer array), each at least ``minimum``."""
+    value = _from_int_array(value)
     if _is_int(value):
         values = (int(value),) * nd
     elif isinstance(value, Sequence) and not isinstance(value, str):
@@ -137,6 +176,7 @@ def per_dim(value, nd: int, name: str, minimum: int) -> tuple[int, ...]:
         raise ShapeError(name, "must be an int or a sequence of ints", expected=f"int or {nd} ints",
                          given=repr(value))
     for axis, v in enumerate(values):
+        _fits(name, v, f"spatial dim {axis} ({spatial_names(nd)[axis]})")
         if v < minimum:
             raise ShapeError(name, f"must be >= {minimum}", dim=f"spatial dim {axis} ({spatial_names(nd)[axis]})",
                              expected=f">= {minimum}", given=v)
@@ -159,6 +199,7 @@ def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int],
     "same" / "same_lower" (direct convolution only: output = ceil(input / stride)); "full"
     (each side ``dilation*(k-1)``: every position where the kernel overlaps the input).
     """
+    value = _from_int_array(value)
     if isinstance(value, str):
         if value not in PADDING_STRINGS:
             raise ShapeError("padding", "unknown padding string", expected=" or ".join(map(repr, PADDING_STRINGS)),
@@ -185,6 +226,8 @@ def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int],
                          expected=f"an int, {nd} ints, {nd} (pre, post) pairs, or one of {PADDING_STRINGS}",
                          given=repr(value))
     for axis, (pre, post) in enumerate(pairs):
+        _fits("padding", pre, f"spatial dim {axis} ({spatial_names(nd)[axis]})")
+        _fits("padding", post, f"spatial dim {axis} ({spatial_names(nd)[axis]})")
         if pre < 0 or post < 0:
             raise ShapeError("padding", "must be >= 0", dim=f"spatial dim {axis} ({spatial_names(nd)[axis]})",
                              expected=">= 0", given=(pre, post))
@@ -219,18 +262,20 @@ def common_dtype(arrays: dict) -> str:
                              given=type(array).__name__)
         dname = dtype_name(array.dtype)
         if dname is None:
-            raise ShapeError(name, "dtype must be float16, bfloat16, float32 or float64",
+            raise DTypeError(name, "dtype must be float16, bfloat16, float32 or float64",
                              expected="a floating dtype", given=str(array.dtype))
         if first is None:
             first_name, first = name, dname
         elif dname != first:
-            raise ShapeError(name, f"dtype differs from {first_name}'s", expected=first, given=dname)
+            raise DTypeError(name, f"dtype differs from {first_name}'s", expected=first, given=dname)
     return first
 
 
 def check_output_mask(mask) -> tuple[bool, bool, bool]:
+    if isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.ndim == 1:
+        mask = mask.tolist()
     if (not isinstance(mask, Sequence) or isinstance(mask, str) or len(mask) != 3
-            or not all(isinstance(b, bool) or type(b).__name__ == "bool_" for b in mask)):
+            or not all(_is_bool(b) for b in mask)):
         raise ShapeError("output_mask", "must be three booleans (grad_input, grad_weight, grad_bias)",
                          expected="(bool, bool, bool)", given=repr(mask))
     return tuple(bool(b) for b in mask)
@@ -249,14 +294,14 @@ def check_deterministic(value) -> bool | str:
             return value
         raise ShapeError("deterministic", "unknown determinism level", expected="False, True or 'batch_invariant'",
                          given=repr(value))
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+    if not _is_bool(value):
         raise ShapeError("deterministic", "must be a bool or 'batch_invariant'",
                          expected="False, True or 'batch_invariant'", given=repr(value))
     return bool(value)
 
 
 def check_flag(value, name: str) -> bool:
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+    if not _is_bool(value):
         raise ShapeError(name, "must be a bool", expected="True or False", given=repr(value))
     return bool(value)
 
@@ -273,13 +318,17 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
     ``input_shape`` is the convolution's input (for transposed, the transposed convolution's
     input), ``weight_shape`` its weight. Raises :class:`ShapeError` naming the first problem.
     """
-    input_shape = tuple(int(s) for s in input_shape)
-    weight_shape = tuple(int(s) for s in weight_shape)
+    input_shape = shape_arg(input_shape, input_name)
+    weight_shape = shape_arg(weight_shape, weight_name)
     transposed = check_flag(transposed, "transposed")
     if not 3 <= len(input_shape) <= 5:
         raise ShapeError(input_name, "rank must be 3, 4 or 5 (N, C, then 1 to 3 spatial dims)",
                          expected="3, 4 or 5", given=len(input_shape))
     nd = len(input_shape) - 2
+    if len(weight_shape) == len(input_shape) + 1 and len(weight_shape) <= 5:
+        raise ShapeError(input_name, f"lacks its batch dimension: rank {len(input_shape)} against "
+                                     f"{weight_name}'s rank {len(weight_shape)} (add one, e.g. x[None])",
+                         expected=f"rank {len(weight_shape)} (N, C, *spatial)", given=f"shape {input_shape}")
     if len(weight_shape) != len(input_shape):
         raise ShapeError(weight_name, f"rank must equal {input_name}'s rank", expected=len(input_shape),
                          given=len(weight_shape))
@@ -294,7 +343,7 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
                              dim=f"dim {axis}", expected=">= 1" if axis >= 2 else ">= 0", given=size)
     if not _is_int(groups) or groups < 1:
         raise ShapeError("groups", "must be an int >= 1", expected=">= 1", given=repr(groups))
-    groups = int(groups)
+    groups = _fits("groups", int(groups))
     stride = per_dim(stride, nd, "stride", 1)
     dilation = per_dim(dilation, nd, "dilation", 1)
     output_padding = per_dim(output_padding, nd, "output_padding", 0)
@@ -345,6 +394,7 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
                                  expected=f"pre + post <= {out + pad[0] + pad[1] - 1}", given=pad)
             out_spatial.append(out)
     output_shape = (input_shape[0], c_out, *out_spatial)
+    _check_sizes(input_name, input_shape, weight_name, weight_shape, output_shape, padding, dtype)
     return ConvParams(input_shape=input_shape, weight_shape=weight_shape, output_shape=output_shape, stride=stride,
                       padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                       output_padding=output_padding, dtype=dtype, math=check_math(math),
@@ -352,20 +402,44 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
                       workspace_limit=workspace.resolve_limit(workspace_limit))
 
 
-def check_grad_output(params: ConvParams, shape: tuple[int, ...], name: str = "grad_output") -> None:
-    """Raise ShapeError naming the first dim where ``shape`` differs from the convolution's output."""
+def _check_sizes(input_name, input_shape, weight_name, weight_shape, output_shape, padding, dtype) -> None:
+    """Every tensor's element and byte count must fit int64, and so must every padded size (the padded
+    input is a size vendor libraries compute; its product is never materialized unless the memory
+    guard allows it). Else ResourceError."""
+    itemsize = DTYPES[dtype].itemsize if dtype in DTYPES else 8
+    for what, shape in ((input_name, input_shape), (weight_name, weight_shape), ("output", output_shape)):
+        if max(shape) > INT64_MAX or math.prod(shape) * itemsize > INT64_MAX:
+            raise ResourceError(f"{what} of shape {shape}", math.prod(shape) * itemsize, None,
+                                "its size does not fit a signed 64-bit integer")
+    for axis, (n, (a, b)) in enumerate(zip(input_shape[2:], padding)):
+        _fits("padding", n + a + b, f"spatial dim {axis}: {input_name} size + pre + post")
+
+
+def check_grad_output(params: ConvParams, shape: tuple[int, ...], name: str = "grad_output",
+                      blame=None) -> None:
+    """Raise ShapeError at the first dim where ``shape`` differs from the convolution's output.
+
+    ``blame(axis)``, when given, names the argument held responsible for a mismatch at ``axis`` (say
+    ``input_shape`` for conv_dgrad, whose output shape follows from it); by default ``name``.
+    """
     if len(shape) != len(params.output_shape):
         raise ShapeError(name, "rank must equal input's rank", expected=len(params.output_shape), given=len(shape))
     for axis, (want, got) in enumerate(zip(params.output_shape, shape)):
         if want != got:
-            raise ShapeError(name, "does not match the convolution's output shape "
-                                   f"{params.output_shape}", dim=_dim_label(axis, params.nd, "C_out"),
-                             expected=want, given=got)
+            culprit = blame(axis) if blame is not None else name
+            if culprit == name:
+                raise ShapeError(name, "does not match the convolution's output shape "
+                                       f"{params.output_shape}", dim=_dim_label(axis, params.nd, "C_out"),
+                                 expected=want, given=got)
+            raise ShapeError(culprit, f"gives the output shape {params.output_shape}, which {name}'s shape "
+                                      f"{tuple(shape)} contradicts", dim=_dim_label(axis, params.nd, "C_out"),
+                             expected=got, given=want)
 
 
 def check_bias_sizes(params: ConvParams, bias_sizes) -> None:
     if bias_sizes is None:
         return
+    bias_sizes = _from_int_array(bias_sizes)
     if (not isinstance(bias_sizes, Sequence) or isinstance(bias_sizes, str) or len(bias_sizes) != 1
             or not _is_int(bias_sizes[0]) or int(bias_sizes[0]) != params.bias_size):
         what = "[weight.shape[1] * groups]" if params.transposed else "[weight.shape[0]]"

@@ -15,7 +15,7 @@ import pluggy
 
 from . import hookspec
 from .backend import Backend, BackendInfo, availability_of
-from .errors import BackendUnavailableError, ShapeError
+from .errors import BackendUnavailableError, ShapeError, UnknownBackendError
 
 _lock = threading.RLock()
 _backends: dict[str, Backend] | None = None
@@ -71,25 +71,37 @@ def list_backends() -> list[BackendInfo]:
 
 
 def get_backend(name: str) -> Backend:
-    """The registered backend object called ``name`` (available or not)."""
+    """The registered backend object called ``name``, available on this machine or not.
+
+    An unavailable backend is returned without complaint (its ``info()`` and ``availability()``
+    say why); the first convolution call on it raises :class:`BackendUnavailableError` with that
+    reason. Raises :class:`BackendUnavailableError` when the plugin registering ``name`` failed to
+    load, and :class:`UnknownBackendError` (a ``KeyError``) listing the registered names when no
+    backend of that name exists.
+    """
     registry = _registry()
     if name in registry:
         return registry[name]
     if name in _broken:
         raise BackendUnavailableError(name, _broken[name])
-    raise BackendUnavailableError(name, f"no backend of that name is registered (registered: {sorted(registry)})")
+    raise UnknownBackendError(name, sorted(registry), sorted(_broken))
 
 
 def select_backend(backend, family: str) -> Backend:
     """The backend a call runs on: ``backend=`` (a name or object), else ``$XCONV_BACKEND``, else by array family.
 
-    Raises BackendUnavailableError when the choice cannot run here, ShapeError when it does not
-    take arrays of ``family``.
+    Raises BackendUnavailableError when the choice cannot run here, UnknownBackendError when no
+    backend has that name, ShapeError when it does not take arrays of ``family``.
     """
     if backend is None:
         backend = os.environ.get("XCONV_BACKEND") or None
     if backend is None:
         return _by_family(family)
+    if not isinstance(backend, str) and not all(hasattr(backend, a) for a in ("name", "capabilities",
+                                                                                  "array_families")):
+        raise ShapeError("backend", "must be a backend name or a backend object",
+                         expected="a str such as 'numpy', or an object with name, capabilities, array_families",
+                         given=f"{type(backend).__name__} {backend!r}")
     chosen = get_backend(backend) if isinstance(backend, str) else backend
     available, reason = availability_of(chosen)
     if not available:

@@ -1,53 +1,33 @@
 """PyTorch modules whose convolutions run on xconv: ``XConv1d/2d/3d``, ``XConvTranspose1d/2d/3d``, :func:`convert`.
 
-Importing this module imports PyTorch (``pip install "xconv[torch]"``); ``import xconv`` never does.
+Importing this module imports PyTorch and registers xconv's custom operators (:mod:`xconv.torch_ops`);
+``import xconv`` never does. PyTorch comes with the ``torch`` extra, installed from the checkout:
+``pip install -e ".[torch]"`` (docs/torch.md says how to get the CPU-only build).
 
 Each module subclasses the matching ``torch.nn`` module: the same constructor, parameters,
 ``state_dict``, ``padding_mode`` and ``output_size`` handling, plus three keyword-only arguments,
 ``backend=None`` (a backend name or object; None selects as ``xconv.conv_fprop`` does),
 ``deterministic=False`` and ``math="keep_dtype"``, forwarded to every xconv call.
 
-Forward runs :func:`xconv.conv_fprop`. Backward runs :func:`xconv.convolution_backward` exactly once,
-with ``output_mask`` taken from which of (input, weight, bias) need gradients, so a frozen layer
-computes no weight gradient and a layer fed with data that needs no gradient computes no input
-gradient. Backward is not itself differentiable (no double backward).
+Forward is the ``xconv::fprop`` operator (one :func:`xconv.conv_fprop` call). Backward is the
+``xconv::backward`` operator: :func:`xconv.convolution_backward` exactly once, with ``output_mask``
+taken from which of (input, weight, bias) need gradients, so a frozen layer computes no weight
+gradient and a layer fed with data that needs no gradient computes no input gradient. Backward is
+itself differentiable (double backward runs through the same operators). Under ``torch.autocast``
+the operands are cast as torch casts its own convolutions'; results come back in the memory
+format torch's convolution would return (channels-last in, channels-last out).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
-import xconv
+from . import torch_ops
+from .params import check_deterministic, check_math
 
 __all__ = ["XConv1d", "XConv2d", "XConv3d", "XConvTranspose1d", "XConvTranspose2d", "XConvTranspose3d",
            "convert"]
-
-
-class _XConvFunction(torch.autograd.Function):
-    """y = conv(input, weight) + bias through xconv; ``conf`` holds the convolution keywords."""
-
-    @staticmethod
-    def forward(ctx, input, weight, bias, conf):
-        ctx.conf = conf
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(input, weight)
-        return xconv.conv_fprop(input, weight, bias=bias, **conf)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output):
-        input, weight = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        mask = (bool(need[0]), bool(need[1]), ctx.has_bias and bool(need[2]))
-        if not any(mask):
-            return None, None, None, None
-        conf = ctx.conf
-        c_out = weight.shape[1] * conf["groups"] if conf["transposed"] else weight.shape[0]
-        grad_input, grad_weight, grad_bias = xconv.convolution_backward(
-            grad_output, input, weight, bias_sizes=[c_out] if ctx.has_bias else None, output_mask=mask, **conf)
-        return grad_input, grad_weight, grad_bias, None
 
 
 def _padding_pairs(module) -> tuple[tuple[int, int], ...]:
@@ -81,11 +61,14 @@ class _XConvMixin:
         unbatched = input.dim() == nd + 1
         if unbatched:
             input = input.unsqueeze(0)
-        conf = dict(stride=tuple(self.stride), padding=padding, dilation=tuple(self.dilation),
-                    groups=self.groups, transposed=self.transposed,
-                    output_padding=tuple(output_padding) if self.transposed else 0,
-                    deterministic=self.deterministic, math=self.math, backend=self.backend)
-        out = _XConvFunction.apply(input, weight, bias, conf)
+        input, weight, bias = torch_ops.autocast(input, weight, bias)
+        if isinstance(padding, int):
+            padding = ((padding, padding),) * nd
+        conf = torch_ops.Conf(tuple(self.stride), tuple(padding), tuple(self.dilation), self.groups, self.transposed,
+                              tuple(output_padding) if self.transposed else (0,) * nd,
+                              check_deterministic(self.deterministic), check_math(self.math),
+                              torch_ops.backend_token(self.backend))
+        out = torch_ops.fprop_op(input, weight, bias, *conf.args())
         return out.squeeze(0) if unbatched else out
 
     def extra_repr(self):

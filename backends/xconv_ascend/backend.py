@@ -71,6 +71,7 @@ class _Call:
         self.stream = drv.stream()
         self.fetch = []  # callables producing the results, run after synchronization
         self.limit = None  # workspace_limit: phase 1 asking for more is refused before phase 2
+        self._restore_deterministic = None  # set by deterministic(), called right after phase 1
 
     # memory and tensors --------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
@@ -159,17 +160,77 @@ class _Call:
 
     # options --------------------------------------------------------------------------------------
     def deterministic(self) -> None:
-        """Set ACL_OPT_DETERMINISTIC to 1 for this call; the previous value comes back on exit."""
-        previous = self.drv.get_deterministic()
-        self.drv.check("aclrtCtxSetSysParamOpt", self.drv.set_deterministic(1))
-        restore = 0 if previous is None else previous  # never set: restore the documented default, 0
-        self.stack.push(_release_callback(self.drv, "aclrtCtxSetSysParamOpt", self.drv.set_deterministic, restore))
+        """ACL_OPT_DETERMINISTIC = 1 for this call's phase 1, then the host's values back.
+
+        Under the process-wide :data:`~xconv_ascend.driver.DETERMINISM_LOCK`: read the process
+        value (aclrtGetSysParamOpt) and the context's, set both to 1; :meth:`run` restores both
+        right after phase 1 (the option is read there) and releases the lock. The context is
+        restored first, since aclrtCtxSetSysParamOpt also writes the process slot. An error on
+        the way restores and releases through the stack.
+        """
+        drv = self.drv
+        lock = _driver.DETERMINISM_LOCK
+        lock.acquire()
+        try:
+            previous_process = drv.get_process_deterministic()
+            previous_context = drv.get_deterministic()
+        except BaseException:
+            lock.release()
+            raise
+        previous_context = previous_process if previous_context is None else previous_context
+        state = {"held": True, "set": []}
+
+        def restore() -> None:
+            if not state["held"]:
+                return
+            state["held"] = False
+            try:
+                errors = []
+                if "context" in state["set"]:
+                    status = drv.set_deterministic(previous_context)
+                    if status != 0:
+                        errors.append(drv.error("aclrtCtxSetSysParamOpt", status))
+                if state["set"]:   # the context call wrote the process slot too: always put the host's back
+                    status = drv.set_process_deterministic(previous_process)
+                    if status != 0:
+                        errors.append(drv.error("aclrtSetSysParamOpt", status))
+                if errors:
+                    raise errors[0]
+            finally:
+                lock.release()
+
+        def _exit(exc_type, exc, tb):
+            try:
+                restore()
+            except BackendError as err:
+                if exc is None:
+                    raise
+                exc.add_note(f"while restoring ACL_OPT_DETERMINISTIC after this error: {err}")
+            return False
+
+        self.stack.push(_exit)
+        state["set"].append("context")
+        drv.check("aclrtCtxSetSysParamOpt", drv.set_deterministic(1))
+        state["set"].append("process")
+        drv.check("aclrtSetSysParamOpt", drv.set_process_deterministic(1))
+        self._restore_deterministic = restore
 
     # the two phases --------------------------------------------------------------------------------
     def run(self, name: str, phase1, args: list, phase2) -> list:
         """Phase 1 (``phase1(*args, &workspaceSize, &executor)``), workspace, phase 2, synchronize; the results."""
         size, executor = c_uint64(0), c_void_p()
         status = phase1(*args, byref(size), byref(executor))
+        if self._restore_deterministic is not None:   # the option is read at phase 1: restore it now
+            restore, self._restore_deterministic = self._restore_deterministic, None
+            try:
+                restore()
+            except BackendError:
+                if status != 0:
+                    raise self.drv.error(f"{name}GetWorkspaceSize", status) from None
+                if executor.value:   # phase 1 made an executor: phase 2 deletes it without running
+                    phase2(None, max(size.value, 1), executor.value, self.stream)
+                    self.drv.take_message()
+                raise
         if status != 0:
             raise self.drv.error(f"{name}GetWorkspaceSize", status)
         pending = [executor.value]
@@ -243,7 +304,31 @@ class AscendBackend(Backend):
 
     def version(self) -> str:
         drv = self.driver
-        return f"CANN libraries in {drv.lib_dir}" if drv.lib_dir else ""
+        return f"CANN libraries in {drv.report()}" if drv.lib_dir else ""
+
+    def effective_math(self, dtype: str = "float32", math: str = "keep_dtype", op: str = OP_BACKWARD) -> dict:
+        """What a call with this dtype and ``math`` really computes in on this device's SoC.
+
+        ``{"soc", "family", "cube_math_type", "cube_math_name", "computes_in"}``: the cubeMathType
+        xconv sends, and what the cube unit computes the inputs in there ("float32", "hfloat32",
+        "float16", "bfloat16", "unsupported", or "unknown" for a SoC the table does not know).
+        ``op`` is ``"backward"`` (every gradient) or ``"convolution"`` (fprop). Accumulation is float32.
+        """
+        if op not in (OP_BACKWARD, OP_CONVOLUTION):
+            raise ValueError(f"op must be {OP_BACKWARD!r} or {OP_CONVOLUTION!r}, not {op!r}")
+        if math not in compiler.MATH_TO_CUBE:
+            raise ValueError(f"math must be one of {sorted(compiler.MATH_TO_CUBE)}, not {math!r}")
+        drv = self.driver
+        try:
+            drv.initialize()
+            soc = drv.soc_name
+        except _driver.LoadError:
+            soc = None
+        fam = compiler.soc_family(soc)
+        cube = compiler.MATH_TO_CUBE[math] if dtype == "float32" else compiler.KEEP_DTYPE
+        return {"soc": soc, "family": fam.key if fam else None, "cube_math_type": cube,
+                "cube_math_name": compiler.CUBE_MATH_NAMES[cube],
+                "computes_in": compiler.computes_in(dtype, cube, fam.key if fam else None, op)}
 
     def devices(self) -> tuple[str, ...]:
         drv = self.driver
@@ -281,6 +366,8 @@ class AscendBackend(Backend):
 
     # primitives -------------------------------------------------------------------------------------------
     def fprop(self, x, w, bias, p: ConvParams):
+        if self._forward_through_backward(p):
+            return self._fprop_as_transposed_dgrad(x, w, bias, p)
         drv, a = self._begin(p, OP_CONVOLUTION)
         np_dtype = np.dtype(numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
@@ -298,6 +385,35 @@ class AscendBackend(Backend):
                              a.cube_math_type], drv.fn.aclnnConvolution)
         _note("aclnnConvolution", a, p)
         return y
+
+    def _forward_through_backward(self, p: ConvParams) -> bool:
+        """Whether this SoC's aclnnConvolution refuses ``p`` where aclnnConvolutionBackward computes it
+        (Atlas A2/A3: float32 with KEEP_DTYPE)."""
+        drv = self.driver
+        try:
+            drv.initialize()
+        except _driver.LoadError:
+            return False  # _begin reports it
+        if drv.soc_name is None:   # e.g. after an aclFinalize elsewhere: initialize again to learn the SoC
+            drv.ensure_context()
+        return compiler.backward_fallback(p, drv.soc_name) is not None
+
+    def _fprop_as_transposed_dgrad(self, x, w, bias, p: ConvParams):
+        """conv(x, w) as the data gradient of the transposed convolution with the same weight, then the bias."""
+        y = self.dgrad(x, w, compiler.as_transposed(p))
+        if bias is None:
+            return y
+        on_device = isinstance(y, DeviceArray)
+        host_y = y.to_numpy() if on_device else y
+        host_b = bias.to_numpy() if isinstance(bias, DeviceArray) else np.asarray(bias)
+        acc = np.float64 if host_y.dtype == np.float64 else np.float32
+        total = (host_y.astype(acc) + host_b.astype(acc).reshape((1, -1) + (1,) * (host_y.ndim - 2))).astype(
+            host_y.dtype)
+        if not on_device:
+            return np.ascontiguousarray(total)
+        out = DeviceArray.from_numpy(total, y.driver)
+        y.free()
+        return out
 
     def backward(self, dy, x, w, p: ConvParams, mask):
         mask = tuple(bool(m) for m in mask)

@@ -30,12 +30,39 @@ CUBE_MATH_NAMES = {KEEP_DTYPE: "KEEP_DTYPE", ALLOW_FP32_DOWN_PRECISION: "ALLOW_F
                    USE_FP16: "USE_FP16", USE_HF32: "USE_HF32"}
 
 #: xconv ``math`` -> cubeMathType for float32 inputs (docs/semantics.md). 16-bit inputs always use KEEP_DTYPE.
-MATH_TO_CUBE = {"keep_dtype": KEEP_DTYPE, "allow_tf32": USE_HF32, "allow_fp16": ALLOW_FP32_DOWN_PRECISION}
+#: allow_fp16 is USE_FP16 (2), which computes float32 inputs in float16 on every product; 1
+#: (ALLOW_FP32_DOWN_PRECISION) would mean HFLOAT32 on Atlas A2/A3, 950 and 200I/500 A2 but float16
+#: on the older series, so xconv never sends it.
+MATH_TO_CUBE = {"keep_dtype": KEEP_DTYPE, "allow_tf32": USE_HF32, "allow_fp16": USE_FP16}
 
 #: The two aclnn operators: fprop runs on "convolution", every gradient on "backward".
 OP_CONVOLUTION = "convolution"           # aclnnConvolution
 OP_BACKWARD = "backward"                 # aclnnConvolutionBackward
 OP_FUNCTIONS = {OP_CONVOLUTION: "aclnnConvolution", OP_BACKWARD: "aclnnConvolutionBackward"}
+
+
+def computes_in(dtype: str, cube: int, family: str | None, op: str) -> str:
+    """What the cube unit computes ``dtype`` inputs in under ``cube`` on a product ``family`` (a
+    :data:`SOC_FAMILIES` key; None: unknown SoC), per the cubeMathType rows of the op docs.
+
+    One of "float32", "hfloat32", "float16", "bfloat16", "unsupported" or "unknown" (unknown SoC).
+    Accumulation is float32 in every mode (the cube unit's accumulators).
+    """
+    if dtype != "float32":
+        return dtype if not (dtype == "bfloat16" and cube == USE_FP16) else "unsupported"
+    if family is None:
+        return "unknown"
+    older = family in OLDER_SERIES
+    if cube == USE_FP16:
+        return "float16"
+    if cube == ALLOW_FP32_DOWN_PRECISION:
+        return "float16" if older else "hfloat32"
+    if cube == USE_HF32:
+        return "unsupported" if older else "hfloat32"
+    # KEEP_DTYPE (an A2/A3 fprop runs through aclnnConvolutionBackward, which accepts it)
+    if older or (op == OP_CONVOLUTION and family == "atlas-200i-500-a2"):
+        return "unsupported"
+    return "float32"
 
 
 def cube_math_type(p: ConvParams) -> int:
@@ -161,7 +188,9 @@ class Rule:
     violated: Callable[[ConvParams, ConvArgs], bool]
     message: str
     #: "direct": a transposed convolution breaking this rule runs as the core's mapping onto direct
-    #: convolutions (aclnn's transposed=False) instead of being refused.
+    #: convolutions (aclnn's transposed=False) instead of being refused. "backward": a direct fprop
+    #: breaking it runs as the data gradient of the transposed convolution (aclnnConvolutionBackward,
+    #: transposed=True, outputMask [1, 0, 0]), which computes the same correlation.
     fallback: str = ""
 
     def applies_to(self, family: str | None, op: str) -> bool:
@@ -204,7 +233,15 @@ RULES: tuple[Rule, ...] = (
     Rule("older-series-float32-keep-dtype", OLDER_SERIES + ("atlas-200i-500-a2",), _BOTH,
          lambda p, a: p.dtype == "float32" and a.cube_math_type == KEEP_DTYPE,
          "float32 with cubeMathType KEEP_DTYPE (math='keep_dtype') is not supported by the cube unit; "
-         "math='allow_fp16' (ALLOW_FP32_DOWN_PRECISION, computed in float16 there) is"),
+         "math='allow_fp16' (USE_FP16, computed in float16) is"),
+    Rule("a2a3-convolution-float32-keep-dtype", ("atlas-a2-a3",), _C,
+         lambda p, a: p.dtype == "float32" and a.cube_math_type == KEEP_DTYPE and not p.transposed,
+         "float32 with cubeMathType KEEP_DTYPE (math='keep_dtype') is not supported by aclnnConvolution on "
+         "this product (its backward op accepts it)", fallback="backward"),
+    Rule("a2a3-convolution-transposed-float32-keep-dtype", ("atlas-a2-a3",), _C,
+         lambda p, a: p.dtype == "float32" and a.cube_math_type == KEEP_DTYPE and p.transposed,
+         "float32 with cubeMathType KEEP_DTYPE (math='keep_dtype') is not supported by aclnnConvolution on "
+         "this product (its backward op accepts it)", fallback="direct"),
     Rule("older-series-float32-hf32", OLDER_SERIES, _BOTH,
          lambda p, a: p.dtype == "float32" and a.cube_math_type == USE_HF32,
          "float32 with cubeMathType USE_HF32 (math='allow_tf32') is not supported by the cube unit"),
@@ -256,6 +293,26 @@ def direct_fallback(p: ConvParams, soc: str | None, op: str, rules=None) -> Rule
     if not p.transposed:
         return None
     return next((r for r in violations(p, soc, op, rules) if r.fallback == "direct"), None)
+
+
+def backward_fallback(p: ConvParams, soc: str | None, rules=None) -> Rule | None:
+    """The first violated rule of a direct fprop ``p`` that running it through the backward op avoids, else None."""
+    if p.transposed:
+        return None
+    return next((r for r in violations(p, soc, OP_CONVOLUTION, rules) if r.fallback == "backward"), None)
+
+
+def as_transposed(p: ConvParams) -> ConvParams:
+    """The transposed convolution whose data gradient is the direct convolution ``p`` (inverse of ``as_direct``).
+
+    Its input has ``p``'s output shape, its output ``p``'s input shape; output_padding takes up
+    what the direct convolution's floor division dropped, always in [0, stride).
+    """
+    out_pad = tuple((s_in + pre + post - d * (k - 1) - 1) % st
+                    for s_in, (pre, post), d, k, st in zip(p.input_shape[2:], p.padding, p.dilation, p.kernel,
+                                                           p.stride))
+    return p.replace(input_shape=p.output_shape, output_shape=p.input_shape, transposed=True,
+                     output_padding=out_pad)
 
 
 def check(p: ConvParams, soc: str | None, op: str, backend: str = "ascend", rules=None) -> ConvArgs:

@@ -8,6 +8,7 @@ functions the core's legalization uses (``zeros``, ``ascontiguousarray``).
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import numpy as np
@@ -34,7 +35,9 @@ class _Buffer:
         self.driver = driver
         self.nbytes = int(nbytes)
         self.ptr = driver.malloc(nbytes)
+        driver.buffer_opened()
         self._finalizer = weakref.finalize(self, _free_quietly, driver, self.ptr)
+        self._finalizer.atexit = False  # at interpreter exit CANN reclaims device memory itself
 
     @property
     def alive(self) -> bool:
@@ -44,15 +47,26 @@ class _Buffer:
         if self._finalizer.alive:
             self.driver.ensure_context()  # the freeing thread needs a context too
             self._finalizer.detach()
-            self.driver.check("aclrtFree", self.driver.free(self.ptr))
+            try:
+                self.driver.check("aclrtFree", self.driver.free(self.ptr))
+            finally:
+                self.driver.buffer_closed()
 
 
 def _free_quietly(driver: Driver, ptr: int) -> None:
+    """The GC's free: on whatever thread the last reference died, with or without a current context."""
+    if sys.is_finalizing():  # interpreter exit: CANN reclaims device memory itself
+        return
     try:
-        driver.free(ptr)
+        driver.free_from_any_thread(ptr)
         driver.take_message()
     except Exception:  # noqa: BLE001 - a finalizer must not raise
         pass
+    finally:
+        try:
+            driver.buffer_closed()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class DeviceArray:

@@ -1,21 +1,23 @@
-"""The CANN runtime under the Ascend backend: library discovery, ctypes declarations, lifecycle, memory.
+"""The CANN runtime under the Ascend backend: loading the libraries, lifecycle, threads, memory, options.
 
-Nothing is loaded at import. :class:`Driver` finds ``libascendcl.so``, ``libnnopbase.so`` and
-``libopapi.so`` in one directory named by an absolute path:
+Nothing is loaded at import. :class:`Driver` finds the CANN libraries (see :mod:`.discovery`: the
+runtime ``libascendcl.so`` or ``libacl_rt.so``, ``libnnopbase.so``, and the operator libraries
+``libopapi_*.so`` or else ``libopapi.so``) in one directory named by an absolute path:
 
 1. ``$XCONV_ASCEND_LIB_DIR`` (the directory itself), else
 2. ``$ASCEND_HOME_PATH/lib64``, else
 3. ``$ASCEND_TOOLKIT_HOME/lib64`` (both set by CANN's ``set_env.sh``).
 
-The first variable that is set decides; a relative path is refused, never resolved against the
-current directory. The libraries are loaded with RTLD_GLOBAL in the order ascendcl, nnopbase,
-opapi, and every function used has its ``argtypes``/``restype`` declared below, as in CANN's public
-headers (``acl/acl_rt.h``, ``acl/acl_base_rt.h``, ``aclnn/acl_meta.h``, ``aclnnop/aclnn_convolution*.h``).
+The first variable that is set decides; a relative path is refused: nothing is resolved against the
+current directory, and the dynamic linker never searches for the libraries or their dependencies. They
+are loaded with RTLD_GLOBAL in the order runtime, nnopbase, operators, and every function used has
+its ``argtypes``/``restype`` declared as in CANN's public headers (:mod:`.abi`).
 
 Lifecycle: ``aclInit`` once per process (100002 "repeat initialize" counts as success);
-``aclrtSetDevice`` on each calling thread (CANN contexts are per thread) with the device from
-``$XCONV_ASCEND_DEVICE`` (default 0), and one stream per thread; :meth:`Driver.release_thread`
-destroys the thread's stream and resets its device.
+``aclrtSetDevice`` on each calling thread with the device from ``$XCONV_ASCEND_DEVICE`` (default 0):
+the device's default context is shared by all threads, only which context is current is per
+thread; one stream per thread. :meth:`Driver.release_thread` (or the thread's end) destroys the
+thread's stream and drops its device reference, except the last one while DeviceArrays live.
 
 Device arrays live in :mod:`.device_array`.
 """
@@ -24,135 +26,24 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
-from ctypes import POINTER, byref, c_bool, c_char_p, c_int, c_int8, c_int32, c_int64, c_size_t, c_uint32
-from ctypes import c_uint64, c_void_p
+import weakref
+from ctypes import byref, c_int32, c_int64, c_uint32, c_void_p
 
 from xconv.errors import BackendError, BackendUnavailableError
+
+from . import discovery
+from .abi import (  # noqa: F401  (re-exported: driver.X stays the public spelling)
+    ACL_ERROR_REPEAT_INITIALIZE, ACL_ERROR_RT_SYSPARAMOPT_NOT_SET, ACL_ERROR_UNINITIALIZE, ACL_MEM_MALLOC_HUGE_FIRST,
+    ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE, ACL_OPT_DETERMINISTIC, ACL_SUCCESS, LIBRARIES, SIGNATURES,
+    STATUS_NAMES, describe_status, status_name,
+)
 
 BACKEND = "ascend"
 
 LIB_DIR_VARS = ("XCONV_ASCEND_LIB_DIR", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 DEVICE_VAR = "XCONV_ASCEND_DEVICE"
-LIBRARIES = ("ascendcl", "nnopbase", "opapi")  # load order
-
-# acl_base_rt.h / rt_error_codes.h (aclError) and the aclnn return codes (aclnnStatus)
-ACL_SUCCESS = 0
-ACL_ERROR_UNINITIALIZE = 100001
-ACL_ERROR_REPEAT_INITIALIZE = 100002
-ACL_ERROR_RT_SYSPARAMOPT_NOT_SET = 107021
-ACL_OPT_DETERMINISTIC = 0                      # aclSysParamOpt
-ACL_MEM_MALLOC_HUGE_FIRST = 0                  # aclrtMemMallocPolicy
-ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST = 1, 2  # aclrtMemcpyKind
-
-#: Status code -> name. aclError values from hicann/runtime include/external/acl/acl_base_rt.h and
-#: error_codes/rt_error_codes.h; aclnnStatus values from the "aclnn返回码" table of the CANN op docs.
-STATUS_NAMES = {
-    0: "ACL_SUCCESS",
-    100000: "ACL_ERROR_INVALID_PARAM",
-    100001: "ACL_ERROR_UNINITIALIZE",
-    100002: "ACL_ERROR_REPEAT_INITIALIZE",
-    100003: "ACL_ERROR_INVALID_FILE",
-    100037: "ACL_ERROR_REPEAT_FINALIZE",
-    200000: "ACL_ERROR_BAD_ALLOC",
-    200001: "ACL_ERROR_API_NOT_SUPPORT",
-    200002: "ACL_ERROR_INVALID_DEVICE",
-    107000: "ACL_ERROR_RT_PARAM_INVALID",
-    107001: "ACL_ERROR_RT_INVALID_DEVICEID",
-    107002: "ACL_ERROR_RT_CONTEXT_NULL",
-    107003: "ACL_ERROR_RT_STREAM_CONTEXT",
-    107021: "ACL_ERROR_RT_SYSPARAMOPT_NOT_SET",
-    207000: "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
-    207001: "ACL_ERROR_RT_MEMORY_ALLOCATION",
-    207002: "ACL_ERROR_RT_MEMORY_FREE",
-    207004: "ACL_ERROR_RT_NO_DEVICE",
-    507033: "ACL_ERROR_RT_DEV_SETUP_ERROR",
-    507899: "ACL_ERROR_RT_DRV_INTERNAL_ERROR",
-    161001: "ACLNN_ERR_PARAM_NULLPTR",
-    161002: "ACLNN_ERR_PARAM_INVALID",
-    361001: "ACLNN_ERR_RUNTIME_ERROR",
-    561000: "ACLNN_ERR_INNER",
-    561001: "ACLNN_ERR_INNER_INFERSHAPE_ERROR",
-    561002: "ACLNN_ERR_INNER_TILING_ERROR",
-    561003: "ACLNN_ERR_INNER_FIND_KERNEL_ERROR",
-    561101: "ACLNN_ERR_INNER_CREATE_EXECUTOR",
-    561102: "ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR",
-    561103: "ACLNN_ERR_INNER_NULLPTR",
-    561104: "ACLNN_ERR_INNER_WRONG_ATTR_INFO_SIZE",
-    561105: "ACLNN_ERR_INNER_KEY_CONFLICT",
-    561106: "ACLNN_ERR_INNER_INVALID_IMPL_MODE",
-    561107: "ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND",
-    561108: "ACLNN_ERR_INNER_LOAD_JSON_FAILED",
-    561109: "ACLNN_ERR_INNER_JSON_VALUE_NOT_FOUND",
-    561110: "ACLNN_ERR_INNER_JSON_FORMAT_INVALID",
-    561111: "ACLNN_ERR_INNER_JSON_DTYPE_INVALID",
-    561112: "ACLNN_ERR_INNER_OPP_KERNEL_PKG_NOT_FOUND",
-    561113: "ACLNN_ERR_INNER_OP_FILE_INVALID",
-}
-
-
-def status_name(status: int) -> str:
-    """The name of an aclError/aclnnStatus code, or ``"status N"`` for one the table does not know."""
-    return STATUS_NAMES.get(int(status), f"status {int(status)}")
-
-
-def describe_status(status: int) -> str:
-    """``"NAME (code)"``, or ``"status code"`` for an unknown code."""
-    status = int(status)
-    return f"{STATUS_NAMES[status]} ({status})" if status in STATUS_NAMES else f"status {status}"
-
-
-_P = c_void_p
-_I64P = POINTER(c_int64)
-
-#: Every function the backend calls, per library: name -> (restype, argtypes). Enums (aclDataType,
-#: aclFormat, aclrtMemcpyKind, aclrtMemMallocPolicy, aclSysParamOpt) are C ``int``s; aclError and
-#: aclnnStatus are ``int``; handles (aclTensor*, aclIntArray*, aclBoolArray*, aclOpExecutor*,
-#: aclrtStream) are opaque pointers.
-SIGNATURES = {
-    "ascendcl": {
-        "aclInit": (c_int, [c_char_p]),                                        # const char *configPath
-        "aclrtSetDevice": (c_int, [c_int32]),
-        "aclrtResetDevice": (c_int, [c_int32]),
-        "aclrtGetDeviceCount": (c_int, [POINTER(c_uint32)]),
-        "aclrtCreateStream": (c_int, [POINTER(c_void_p)]),
-        "aclrtDestroyStream": (c_int, [_P]),
-        "aclrtSynchronizeStream": (c_int, [_P]),
-        "aclrtMalloc": (c_int, [POINTER(c_void_p), c_size_t, c_int]),
-        "aclrtFree": (c_int, [_P]),
-        "aclrtMemcpy": (c_int, [_P, c_size_t, _P, c_size_t, c_int]),
-        "aclrtMemset": (c_int, [_P, c_size_t, c_int32, c_size_t]),
-        "aclrtCtxSetSysParamOpt": (c_int, [c_int, c_int64]),
-        "aclrtCtxGetSysParamOpt": (c_int, [c_int, _I64P]),
-        "aclGetRecentErrMsg": (c_char_p, []),
-        "aclrtGetSocName": (c_char_p, []),
-    },
-    "nnopbase": {
-        # aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDataType dataType,
-        #     const int64_t *stride, int64_t offset, aclFormat format, const int64_t *storageDims,
-        #     uint64_t storageDimsNum, void *tensorData)
-        "aclCreateTensor": (_P, [_I64P, c_uint64, c_int, _I64P, c_int64, c_int, _I64P, c_uint64, _P]),
-        "aclDestroyTensor": (c_int, [_P]),
-        "aclCreateIntArray": (_P, [_I64P, c_uint64]),
-        "aclDestroyIntArray": (c_int, [_P]),
-        "aclCreateBoolArray": (_P, [POINTER(c_bool), c_uint64]),
-        "aclDestroyBoolArray": (c_int, [_P]),
-    },
-    "opapi": {
-        # gradOutput, input, weight, biasSizes, stride, padding, dilation, bool transposed, outputPadding,
-        # int groups, outputMask, int8_t cubeMathType, gradInput, gradWeight, gradBias, uint64_t *workspaceSize,
-        # aclOpExecutor **executor
-        "aclnnConvolutionBackwardGetWorkspaceSize": (
-            c_int, [_P, _P, _P, _P, _P, _P, _P, c_bool, _P, c_int, _P, c_int8, _P, _P, _P, POINTER(c_uint64),
-                    POINTER(c_void_p)]),
-        "aclnnConvolutionBackward": (c_int, [_P, c_uint64, _P, _P]),
-        # input, weight, bias, stride, padding, dilation, bool transposed, outputPadding, const int64_t groups,
-        # output, int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor
-        "aclnnConvolutionGetWorkspaceSize": (
-            c_int, [_P, _P, _P, _P, _P, _P, c_bool, _P, c_int64, _P, c_int8, POINTER(c_uint64), POINTER(c_void_p)]),
-        "aclnnConvolution": (c_int, [_P, c_uint64, _P, _P]),
-    },
-}
 
 
 class LoadError(Exception):
@@ -185,8 +76,16 @@ class Driver:
         self.libs: dict[str, ctypes.CDLL] = {}
         self.lib_dir: str | None = None
         self.source = ""
+        self.inventory: discovery.Inventory | None = None
         self._initialized = False
         self._device: int | None = None
+        # Device references: one per thread that set the device (released by release_thread() or
+        # when the thread ends), plus "parked" ones kept for DeviceArrays still alive when the last
+        # thread let go (the device's default context is shared: resetting its last reference
+        # destroys every buffer in it). Guarded by self._lock.
+        self._thread_refs = 0
+        self._live_buffers = 0
+        self._parked = 0
 
     # -----------------------------------------------------------------------------------------
     # Discovery and loading
@@ -222,29 +121,58 @@ class Driver:
         return path, source
 
     def load(self) -> None:
-        """Load and declare the three libraries once (LoadError with the reason)."""
+        """Find and load the libraries once (LoadError with the reason, naming what was found and what is missing).
+
+        See :mod:`.discovery`: the runtime (``libascendcl.so`` or ``libacl_rt.so``), ``libnnopbase.so``
+        and the operator libraries (per-repository ``libopapi_*.so``, else ``libopapi.so``), each
+        opened by absolute path after its dependencies; every operator symbol is taken from the
+        first operator library that has it.
+        """
         with self._lock:
             if self.fn is not None:
                 return
             path, source = self.locate()
-            files = {name: os.path.join(path, f"lib{name}.so") for name in LIBRARIES}
-            for name, file in files.items():
-                if not os.path.isfile(file):
-                    raise LoadError(f"lib{name}.so not found in {path} ({source})")
-            libs, fn = {}, _Functions()
-            for name in LIBRARIES:
-                try:
-                    libs[name] = ctypes.CDLL(files[name], mode=ctypes.RTLD_GLOBAL)
-                except OSError as exc:
-                    raise LoadError(f"cannot load {files[name]} ({source}): {exc}") from None
+            inv = discovery.inventory(path, self.environ)
+            self.inventory = inv
+            if inv.missing:
+                raise LoadError(f"not found in {path} ({source}): {', '.join(inv.missing)}; {inv.describe()}")
+            where = f" ({source})"
+            files = {"ascendcl": inv.runtime, "nnopbase": inv.nnopbase}
+            libs, fn, opened = {}, _Functions(), {}
+            try:
+                for name, file in files.items():
+                    libs[name] = discovery.load_closure(file, path, self.environ, opened, where)
+                ops = [(file, discovery.load_closure(file, path, self.environ, opened, where))
+                       for file in inv.op_libraries]
+            except discovery.DiscoveryError as exc:
+                raise LoadError(str(exc)) from None
+            for name in ("ascendcl", "nnopbase"):
                 for symbol, (restype, argtypes) in SIGNATURES[name].items():
                     try:
                         f = getattr(libs[name], symbol)
                     except AttributeError:
-                        raise LoadError(f"symbol {symbol} missing from {files[name]} ({source})") from None
+                        raise LoadError(f"symbol {symbol} missing from {files[name]}{where}") from None
                     f.restype, f.argtypes = restype, argtypes
                     setattr(fn, symbol, f)
+            for symbol, (restype, argtypes) in SIGNATURES["opapi"].items():
+                f = None
+                for file, lib in ops:
+                    try:
+                        f = getattr(lib, symbol)
+                    except AttributeError:
+                        continue
+                    libs.setdefault("opapi", lib)
+                    break
+                if f is None:
+                    raise LoadError(f"symbol {symbol} missing from {', '.join(file for file, _ in ops)}{where}")
+                f.restype, f.argtypes = restype, argtypes
+                setattr(fn, symbol, f)
             self.libs, self.fn, self.lib_dir, self.source = libs, fn, path, source
+
+    def report(self) -> str:
+        """What discovery found (after load()): the libraries and ASCEND_OPP_PATH's state, or ""."""
+        inv = self.inventory
+        return f"{inv.lib_dir}: {inv.describe()}" if inv is not None else ""
 
     def same_runtime(self, other: "Driver") -> bool:
         """Whether ``other`` drives the same loaded libraries (device pointers are valid in both)."""
@@ -336,7 +264,10 @@ class Driver:
 
     def error(self, call: str, status: int) -> BackendError:
         """BackendError for ``status`` returned by ``call``, with aclGetRecentErrMsg()'s text."""
-        return BackendError(BACKEND, int(status), status_name(status), self.take_message(), call=call)
+        message = self.take_message()
+        if int(status) == 561107 and self.inventory is not None:   # ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND
+            message = f"{message} ({self.inventory.opp_state()})".strip()
+        return BackendError(BACKEND, int(status), status_name(status), message, call=call)
 
     def check(self, call: str, status: int) -> None:
         if status != ACL_SUCCESS:
@@ -344,11 +275,27 @@ class Driver:
 
     # -----------------------------------------------------------------------------------------
     # Per-thread context and stream
+    #
+    # CANN contexts are per device (the device's default context is shared by every thread); what
+    # is per thread is which context is current, and xconv's stream. Each thread's state is a dict
+    # in a threading.local; a sentinel next to it runs _thread_ended() on that thread when it ends
+    # (CPython clears a thread's locals on the exiting thread), so a thread that never called
+    # release_thread() still gives its stream and device reference back.
+
+    def _thread_state(self) -> dict:
+        local = self._local
+        state = getattr(local, "state", None)
+        if state is None:
+            state = local.state = {"stream": None, "device_set": False, "device": None}
+            local.sentinel = sentinel = _ThreadSentinel()
+            fin = weakref.finalize(sentinel, _thread_ended, weakref.ref(self), state)
+            fin.atexit = False  # at interpreter exit the runtime is torn down by CANN itself
+        return state
 
     def stream(self) -> int:
         """The calling thread's stream, setting its device and creating the stream on first use."""
-        local = self._local
-        stream = getattr(local, "stream", None)
+        state = self._thread_state()
+        stream = state["stream"]
         if stream is not None:
             return stream
         try:
@@ -356,7 +303,7 @@ class Driver:
         except LoadError as exc:
             raise BackendUnavailableError(BACKEND, str(exc)) from None
         device = self._device
-        if not getattr(local, "device_set", False):
+        if not state["device_set"]:
             status = self.fn.aclrtSetDevice(device)
             if status == ACL_ERROR_UNINITIALIZE:  # someone called aclFinalize: initialize again
                 self.take_message()
@@ -367,45 +314,100 @@ class Driver:
                         raise BackendUnavailableError(BACKEND, str(exc)) from None
                 status = self.fn.aclrtSetDevice(device)
             self.check("aclrtSetDevice", status)
-            local.device_set, local.device = True, device
+            state["device_set"], state["device"] = True, device
+            with self._lock:
+                self._thread_refs += 1
         handle = c_void_p()
         status = self.fn.aclrtCreateStream(byref(handle))
         if status != ACL_SUCCESS:
             err = self.error("aclrtCreateStream", status)
-            self._reset_thread_device()
+            self._release_device(state)
+            self.take_message()
             raise err
-        local.stream = handle.value
-        return local.stream
+        state["stream"] = handle.value
+        return state["stream"]
 
     def ensure_context(self) -> None:
         """Make sure the calling thread has a current context (and stream)."""
         self.stream()
 
-    def _reset_thread_device(self) -> None:
-        local = self._local
-        if getattr(local, "device_set", False):
-            local.device_set = False
-            self.fn.aclrtResetDevice(local.device)
-            self.take_message()
+    def _release_device(self, state: dict) -> int:
+        """Drop this thread's device reference: aclrtResetDevice, unless it is the last one while
+        DeviceArrays are alive (then it is parked until they are freed). Returns the status."""
+        if not state["device_set"]:
+            return ACL_SUCCESS
+        state["device_set"] = False
+        with self._lock:
+            self._thread_refs -= 1
+            if self._thread_refs == 0 and self._live_buffers > 0:
+                self._parked += 1
+                return ACL_SUCCESS
+            resets = 1
+            if self._thread_refs == 0 and self._parked:   # no array left: the parked references go too
+                resets, self._parked = 1 + self._parked, 0
+        status = ACL_SUCCESS
+        for _ in range(resets):
+            result = self.fn.aclrtResetDevice(state["device"])
+            status = result if status == ACL_SUCCESS else status
+        return status
 
     def release_thread(self) -> None:
-        """Destroy the calling thread's stream and reset its device (idempotent; errors raise BackendError)."""
+        """Destroy the calling thread's stream and drop its device reference (idempotent; errors raise
+        BackendError). The last reference is kept while DeviceArrays are alive, and dropped when the
+        last of them is freed: resetting it would destroy their memory with the device's context."""
         if self.fn is None:
             return
-        local = self._local
-        stream = getattr(local, "stream", None)
-        local.stream = None
-        status = ACL_SUCCESS
+        self._release_state(self._thread_state(), raise_errors=True)
+
+    def _release_state(self, state: dict, raise_errors: bool) -> None:
+        stream, state["stream"] = state["stream"], None
+        err = None
         if stream is not None:
             status = self.fn.aclrtDestroyStream(stream)
-        err = self.error("aclrtDestroyStream", status) if status != ACL_SUCCESS else None
-        if getattr(local, "device_set", False):
-            local.device_set = False
-            status = self.fn.aclrtResetDevice(local.device)
-            if status != ACL_SUCCESS and err is None:
-                err = self.error("aclrtResetDevice", status)
-        if err is not None:
+            if status != ACL_SUCCESS:
+                err = self.error("aclrtDestroyStream", status)
+        status = self._release_device(state)
+        if status != ACL_SUCCESS and err is None:
+            err = self.error("aclrtResetDevice", status)
+        if err is not None and raise_errors:
             raise err
+        self.take_message()
+
+    # DeviceArray buffers ---------------------------------------------------------------------
+    def buffer_opened(self) -> None:
+        with self._lock:
+            self._live_buffers += 1
+
+    def buffer_closed(self) -> None:
+        """One DeviceArray buffer fewer; the last one lets parked device references go."""
+        with self._lock:
+            self._live_buffers -= 1
+            resets = 0
+            if self._live_buffers == 0 and self._thread_refs == 0 and self._parked:
+                resets, self._parked = self._parked, 0
+            device = self._device
+        for _ in range(resets):
+            self.fn.aclrtResetDevice(device)
+        if resets:
+            self.take_message()
+
+    def free_from_any_thread(self, ptr: int) -> int:
+        """aclrtFree(ptr) from a thread that may have no current context (a GC finalizer): the free
+        needs one, so such a thread binds the device for the free and unbinds it after. Returns the status."""
+        state = getattr(self._local, "state", None)
+        if state is not None and state["device_set"]:
+            return self.fn.aclrtFree(ptr)
+        current = c_int32(-1)
+        if self.fn.aclrtGetDevice(byref(current)) == ACL_SUCCESS:   # the host made a context current here
+            return self.fn.aclrtFree(ptr)
+        self.take_message()
+        status = self.fn.aclrtSetDevice(self._device)
+        if status != ACL_SUCCESS:
+            return status
+        try:
+            return self.fn.aclrtFree(ptr)
+        finally:
+            self.fn.aclrtResetDevice(self._device)
 
     def synchronize(self) -> None:
         self.check("aclrtSynchronizeStream", self.fn.aclrtSynchronizeStream(self.stream()))
@@ -438,6 +440,22 @@ class Driver:
 
     # -----------------------------------------------------------------------------------------
     # The deterministic option
+    #
+    # aclnn reads the PROCESS-level ACL_OPT_DETERMINISTIC at phase 1 (aclrtGetSysParamOpt), and
+    # aclrtCtxSetSysParamOpt writes that slot too (CANN runtime rtCtxSetSysParamOpt); the default
+    # context of a device is shared by every thread. So the option is one value per process: the
+    # backend changes it only under DETERMINISM_LOCK (set -> phase 1 -> restore, see
+    # backend._Call.deterministic), at both levels, and restores what the host had.
+
+    def get_process_deterministic(self) -> int:
+        """aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC): the process-level value (0 when never set)."""
+        value = c_int64(0)
+        self.check("aclrtGetSysParamOpt", self.fn.aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC, byref(value)))
+        return int(value.value)
+
+    def set_process_deterministic(self, value: int) -> int:
+        """aclrtSetSysParamOpt(ACL_OPT_DETERMINISTIC, value); returns the status."""
+        return self.fn.aclrtSetSysParamOpt(ACL_OPT_DETERMINISTIC, int(value))
 
     def get_deterministic(self) -> int | None:
         """ACL_OPT_DETERMINISTIC of this thread's context; None when it was never set (107021)."""
@@ -451,8 +469,29 @@ class Driver:
         return int(value.value)
 
     def set_deterministic(self, value: int) -> int:
-        """aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, value); returns the status."""
+        """aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, value) (context and process level); returns the status."""
         return self.fn.aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, int(value))
+
+
+#: Serializes every change of ACL_OPT_DETERMINISTIC in this process (one slot per process, whatever
+#: the Driver or thread): held from the set, through phase 1, to the restore.
+DETERMINISM_LOCK = threading.Lock()
+
+
+class _ThreadSentinel:
+    """Lives in a thread's locals; its finalizer releases the thread's stream and device when it ends."""
+
+
+def _thread_ended(driver_ref, state: dict) -> None:
+    driver = driver_ref()
+    if driver is None or driver.fn is None or (state["stream"] is None and not state["device_set"]):
+        return
+    if sys.is_finalizing():  # CANN's own exit handlers release the process's resources
+        return
+    try:
+        driver._release_state(state, raise_errors=False)
+    except Exception:  # noqa: BLE001 - a thread's exit must not raise
+        pass
 
 
 _default: Driver | None = None

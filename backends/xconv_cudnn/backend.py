@@ -77,31 +77,67 @@ CUDNN_STATUS = {
 _STATUS_RE = re.compile(r"CUDNN_STATUS_[A-Z0-9_]+")
 
 
-def vendor_error(exc: BaseException, fe=None, call: str = "") -> BackendError:
-    """A frontend exception as BackendError: the cuDNN status named in its message (and its code), else its type."""
-    message = str(exc).strip()
+#: Status codes that mean "no engine for this graph" (its shape, layout, type, padding, resources).
+#: The other NOT_SUPPORTED_* codes name the environment (driver, CUDA runtime, architecture, a
+#: missing sub-library): a build failing with them is a vendor error, not a cue to fall back.
+NOT_SUPPORTED_CODES = frozenset({3000, 3001, 3002, 3003, 3004, 3010, 3011, 3012})
+#: What the frontends (1.8 on) say when no engine serves a graph and they name no status: the
+#: texts of cudnn_frontend's own checks (1.8's bindings raise some of these as plain RuntimeError).
+_NOT_SUPPORTED_TEXTS = ("No valid engine configs", "No execution plans support the graph",
+                        "No valid execution plans built", "proposed a plan for this graph")
+
+
+def _last_error(fe) -> str:
+    """``fe.get_last_error_string()`` without its padding (1.8 returns 65,535 chars, NUL-padded), or ""."""
     try:
         last = fe.get_last_error_string() if fe is not None and hasattr(fe, "get_last_error_string") else ""
-    except Exception:
-        last = ""
-    last = str(last or "").strip()
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return ""
+    text = last.decode(errors="replace") if isinstance(last, bytes) else str(last or "")
+    return text.split("\x00", 1)[0].strip()
+
+
+def status_of(message: str) -> tuple[str, int] | None:
+    """(name, code) of the most specific cuDNN status named in ``message``, or None when it names none.
+
+    A frontend message can chain several (a failed sub-step inside a "not supported" summary):
+    the last one named is the cause reported by the library.
+    """
+    names = _STATUS_RE.findall(message)
+    if not names:
+        return None
+    name = names[-1]
+    return name, CUDNN_STATUS.get(name, -1)
+
+
+def vendor_error(exc: BaseException, fe=None, call: str = "") -> BackendError:
+    """A frontend exception as BackendError: the cuDNN status named in its message (and its code), else its type."""
+    message = str(exc).split("\x00", 1)[0].strip()
+    last = _last_error(fe)
     if last and last not in message:
         message = f"{message} (cuDNN last error: {last})" if message else last
-    match = _STATUS_RE.search(message)
-    if match:
-        name = match.group(0)
-        code = CUDNN_STATUS.get(name, -1)
-    else:
-        name, code = f"cudnn_frontend.{type(exc).__name__}", -1
+    status = status_of(message)
+    name, code = status if status else (f"cudnn_frontend.{type(exc).__name__}", -1)
     return BackendError("cudnn", code, name, message, call)
 
 
 def is_not_supported(exc: BaseException, fe) -> bool:
-    """Whether a build failure means "no engine for this graph" rather than a bug or a failure."""
+    """Whether a build failure means "no engine for this graph" rather than a bug or a failure.
+
+    By status code where the message names one (a ``cudnnGraphNotSupportedError`` carrying
+    CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED is a broken install, not an unsupported graph); else
+    by the frontend's exception class; else (frontend 1.8, whose bindings raise some of these as
+    RuntimeError) by the frontend's own "no engine" texts.
+    """
+    status = status_of(str(exc))
+    if status is not None:
+        return status[1] in NOT_SUPPORTED_CODES
     unsupported = getattr(fe, "cudnnGraphNotSupportedError", None)
     if unsupported is not None and isinstance(exc, unsupported):
         return True
-    return isinstance(exc, NotImplementedError) or "CUDNN_STATUS_NOT_SUPPORTED" in str(exc)
+    if isinstance(exc, NotImplementedError):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _NOT_SUPPORTED_TEXTS)
 
 
 def describe(spec: compiler.GraphSpec) -> str:

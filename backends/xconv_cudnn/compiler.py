@@ -241,7 +241,8 @@ def graph_spec(op: str, p: ConvParams, strides: dict | None = None, *, autotune:
     ``strides`` maps operand names (see :data:`OPERANDS`) to the strides from
     :func:`describe_strides`; a missing name means C-contiguous. Outputs are always C-contiguous
     (the backend contract). ``bgrad`` reads only ``dy_shape`` (default ``p.output_shape``), the
-    dtype and the flags of ``p``, which may then be transposed.
+    dtype and the flags of ``p``, which may then be transposed; a 1-D ``dy`` gets a unit H so that
+    every cuDNN tensor has rank 4 or 5.
     """
     if op not in OPS:
         raise ValueError(f"unknown cuDNN graph op {op!r} (known: {OPS})")
@@ -254,11 +255,14 @@ def graph_spec(op: str, p: ConvParams, strides: dict | None = None, *, autotune:
                   deselect_notes=deselect, autotune=autotune, workspace_limit=p.workspace_limit)
     if op == "bgrad":
         shape = tuple(dy_shape or p.output_shape)
-        rank = len(shape)
+        dy = _operand("dy", shape, strides.get("dy"), dtype)
+        if len(shape) == 3:   # 1-D: described with a unit H, like the core's lift of 1-D convolutions
+            dy = dataclasses.replace(dy, dims=shape[:2] + (1,) + shape[2:],
+                                     strides=dy.strides[:2] + (dy.strides[2] * shape[2],) + dy.strides[2:])
+        rank = len(dy.dims)
         zeros = (0,) * (rank - 2)
         ones = (1,) * (rank - 2)
-        return GraphSpec(inputs=(_operand("dy", shape, strides.get("dy"), dtype),),
-                         outputs=(_channel_vector("db", shape[1], rank, dtype),),
+        return GraphSpec(inputs=(dy,), outputs=(_channel_vector("db", shape[1], rank, dtype),),
                          pre_padding=zeros, post_padding=zeros, stride=ones, dilation=ones, **common)
     attrs = conv_attributes(p)
     rank = len(p.input_shape)
@@ -330,21 +334,21 @@ def _padding_kwargs(spec: GraphSpec) -> dict:
                 stride=list(spec.stride), dilation=list(spec.dilation))
 
 
-def build_graph(fe, spec: GraphSpec, handle) -> BuiltGraph:
-    """Build, check and plan the cuDNN graph described by ``spec``; raise the frontend's errors.
+def declare_graph(fe, spec: GraphSpec, handle=None):
+    """The cuDNN graph of ``spec`` declared on frontend ``fe``: (pygraph, tensors by name), not yet validated.
 
-    ``fe`` is the ``cudnn`` frontend module. Steps, in the frontend's required order: tensors and
-    nodes; outputs marked with explicit dims, strides and data type (cuDNN cannot infer dgrad and
-    wgrad output dims, and defaults unset output strides to NHWC); ``validate``;
-    ``build_operation_graph``; ``create_execution_plans`` with the heuristics modes;
-    ``deselect_numeric_notes`` (math and determinism filters, applied to the engine configs just
-    created); ``check_support``; ``build_plans`` (``ALL`` when autotuning, else
-    ``HEURISTICS_CHOICE``, which builds the first supported plan).
+    Tensors and nodes, then the outputs marked with explicit dims, strides and data type (cuDNN
+    cannot infer dgrad and wgrad output dims, and defaults unset output strides to NHWC). Needs
+    neither a device nor a handle (``handle=None`` leaves the graph without one): the CPU tests
+    validate every corpus graph through the real frontend with exactly this function.
     """
     dt = fe.data_type
     compute = _enum(dt, spec.compute_type)
-    g = fe.pygraph(io_data_type=_enum(dt, spec.io_type), intermediate_data_type=_enum(dt, spec.intermediate_type),
-                   compute_data_type=compute, handle=handle)
+    kwargs = dict(io_data_type=_enum(dt, spec.io_type), intermediate_data_type=_enum(dt, spec.intermediate_type),
+                  compute_data_type=compute)
+    if handle is not None:
+        kwargs["handle"] = handle
+    g = fe.pygraph(**kwargs)
     t = {}
     for ts in spec.inputs:
         t[ts.name] = g.tensor(name=ts.name, dim=list(ts.dims), stride=list(ts.strides),
@@ -373,6 +377,20 @@ def build_graph(fe, spec: GraphSpec, handle) -> BuiltGraph:
         out.set_stride(list(ts.strides))
         out.set_data_type(_enum(dt, ts.data_type))
         t[ts.name] = out
+    return g, t
+
+
+def build_graph(fe, spec: GraphSpec, handle) -> BuiltGraph:
+    """Build, check and plan the cuDNN graph described by ``spec``; raise the frontend's errors.
+
+    ``fe`` is the ``cudnn`` frontend module. Steps, in the frontend's required order:
+    :func:`declare_graph`; ``validate`` (host only); ``build_operation_graph`` (needs the device);
+    ``create_execution_plans`` with the heuristics modes; ``deselect_numeric_notes`` (math and
+    determinism filters, applied to the engine configs just created); ``check_support``;
+    ``build_plans`` (``ALL`` when autotuning, else ``HEURISTICS_CHOICE``, which builds the first
+    supported plan).
+    """
+    g, t = declare_graph(fe, spec, handle)
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([_enum(fe.heur_mode, m) for m in spec.heur_modes])

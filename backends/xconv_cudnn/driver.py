@@ -32,7 +32,13 @@ import threading
 MIN_CUPY = (13, 0)
 MIN_CUDNN = 90000           # cuDNN 9.0.0, as cudnnGetVersion() reports it
 MIN_FRONTEND = (1, 8)
-INSTALL_HINT = "pip install 'xconv[cuda12]' or 'xconv[cuda13]'"
+
+
+def install_hint() -> str:
+    """How to install the CUDA extras from where xconv is installed (no ``xconv`` distribution is published)."""
+    from xconv.install import hint
+
+    return hint("cuda12", "cuda13")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +153,7 @@ def _load_cudnn_runtime() -> tuple[str, int] | None:
 def probe() -> Availability:
     """Check, in order, everything the backend needs; the first failure is the reason."""
     if not _installed("cupy"):
-        return Availability(False, f"CuPy is not installed ({INSTALL_HINT})")
+        return Availability(False, f"CuPy is not installed ({install_hint()})")
     try:
         cupy = _import("cupy")
     except Exception as exc:
@@ -165,7 +171,7 @@ def probe() -> Availability:
     runtime = _load_cudnn_runtime()
     if runtime is None:
         return Availability(False, "cuDNN runtime not found (no libcudnn.so.9 from the nvidia-cudnn-cu12/-cu13 "
-                                   f"wheel or the loader path; {INSTALL_HINT})",
+                                   f"wheel or the loader path; {install_hint()})",
                             cupy_version=cupy_version, devices=devices)
     library, cudnn_version = runtime
     if cudnn_version < MIN_CUDNN:
@@ -173,8 +179,8 @@ def probe() -> Availability:
                                    f"(need >= {format_cudnn_version(MIN_CUDNN)})",
                             cupy_version=cupy_version, cudnn_version=cudnn_version, devices=devices, library=library)
     if not _installed("cudnn"):
-        return Availability(False, "cuDNN frontend not installed (pip install nvidia-cudnn-frontend, which "
-                                   "provides 'import cudnn')",
+        return Availability(False, "cuDNN frontend not installed (it provides 'import cudnn'; "
+                                   f"{install_hint()})",
                             cupy_version=cupy_version, cudnn_version=cudnn_version, devices=devices, library=library)
     try:
         fe = _import("cudnn")

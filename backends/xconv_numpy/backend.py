@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
-import math
+import numpy as np
 
 import xconv
 from xconv import Backend, Capabilities, tracing
 from xconv.dtypes import accumulation_dtype
-from xconv.workspace import check_request
 
-from . import fast, invariant, reference
+from . import fast, invariant, native, reference
+from .budget import check_im2col
 from .blas import single_threaded_blas
+
+
+def _quiet(method):
+    """``method`` run with NumPy's floating-point warnings off (non-finite inputs are not an error)."""
+    @functools.wraps(method)
+    def run(*args):
+        with np.errstate(all="ignore"):
+            return method(*args)
+    return run
 
 
 class NumpyBackend(Backend):
@@ -37,13 +46,17 @@ class NumpyBackend(Backend):
         self.priority = -1 if exact else 0  # selection by array family picks the fast one
 
     def version(self) -> str:
-        return f"xconv {xconv.__version__}, numpy {np.__version__}"
+        base = f"xconv {xconv.__version__}, numpy {np.__version__}"
+        return base if self.exact else f"{base}, {native.describe()}"
 
     def devices(self) -> tuple[str, ...]:
         return ("cpu",)
 
     def _acc(self, p):
         return accumulation_dtype(p.dtype, self.exact)
+
+    # NaN and infinity propagate as the reference defines (docs/semantics.md), silently, as in PyTorch:
+    # NumPy's floating-point warnings are off in the primitives.
 
     # The reference runs its matrix products with one BLAS thread (a threaded BLAS may split a
     # long dot product across threads, which changes its rounding with the thread count).
@@ -57,32 +70,35 @@ class NumpyBackend(Backend):
                          else "run_to_run")
             if per_sample and op in ("fprop", "dgrad", "backward"):
                 tracing.note("per-sample (batch_invariant)")
-        if self.exact and op != "bgrad":   # float64 columns (N*positions, C_in*taps) and the padded input
-            n = 1 if per_sample and op in ("fprop", "dgrad") else p.input_shape[0]
-            padded = math.prod(s + a + b for s, (a, b) in zip(p.input_shape[2:], p.padding))
-            cols = 8 * n * p.input_shape[1] * (math.prod(p.output_shape[2:]) * math.prod(p.kernel) + padded)
-            check_request(self.name, cols, p.workspace_limit, "column and padded-input buffers")
-            tracing.note("reference im2col (float64)", workspace_bytes=cols)
+        if self.exact and op != "bgrad":   # float64 im2col: a chunk of columns, x or dx, the result
+            q = invariant.one_sample(p) if per_sample and op in ("fprop", "dgrad") else p
+            ops = ("dgrad", "wgrad") if op == "backward" else (op,)
+            check_im2col(self.name, q, ops, 8, "reference im2col (float64)")
         return per_sample
 
+    @_quiet
     def fprop(self, x, w, bias, p):
         if self._begin(p, "fprop"):
             return invariant.fprop(self._fprop, x, w, bias, p)
         return self._fprop(x, w, bias, p)
 
+    @_quiet
     def dgrad(self, dy, w, p):
         if self._begin(p, "dgrad"):
             return invariant.dgrad(self._dgrad, dy, w, p)
         return self._dgrad(dy, w, p)
 
+    @_quiet
     def wgrad(self, x, dy, p):
         self._begin(p, "wgrad")
         return self._wgrad(x, dy, p)
 
+    @_quiet
     def bgrad(self, dy, p):
         self._begin(p, "bgrad")
         return self._bgrad(dy, p)
 
+    @_quiet
     def backward(self, dy, x, w, p, mask):
         if self._begin(p, "backward"):
             return invariant.backward(self._backward, dy, x, w, p, mask)

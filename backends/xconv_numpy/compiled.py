@@ -22,24 +22,15 @@ in float32 (float16 and bfloat16 are computed in float32, as on the BLAS path); 
 BLAS path. By default stride 1, and stride 2 with 32k input channels per group, use these loops
 (see :func:`serves`).
 
-The C file is compiled at first use (``$CC`` or gcc, ``-O3 -march=native``) into a private per-user
-cache (``$XCONV_CACHE_DIR``, else ``~/.cache/xconv``, else the temporary directory) and loaded with
-ctypes, whose calls release the GIL. Without a compiler, or with ``XCONV_NUMPY_C=0``, :func:`serves`
-is False and the BLAS path runs.
+The C file is built at install, once per instruction set, and the best build the CPU runs is loaded with
+ctypes (see :mod:`.native`), whose calls release the GIL. Without the builds (installed without a
+compiler), or with ``XCONV_NUMPY_C=0``, :func:`serves` is False and the BLAS path runs.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
 import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,6 +38,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from . import native
 from .lazy import Lazy
 from .workers import even_ranges, run
 
@@ -56,86 +48,39 @@ ENABLED = None
 TASKS_PER_WORKER = 2
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
 DW_SEGMENT_BYTES = 256 << 10
+#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone (a hand-off to the pool
+#: costs about as much as this much work).
+SMALL_WORK = 1 << 21
 #: Share of the working-set budget that one block of samples (its grids) may take.
 BLOCK_SHARE = 1.0
-SOURCE = Path(__file__).with_name("csrc") / "direct_conv.c"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
 
-def _cpu_key() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + platform.processor() + flags
+_LIB = Lazy(native.load, "XCONV_NUMPY_C")
 
 
-def _check_private(path: Path) -> None:
-    """Refuse a cache directory or library that another user owns or could write (it would be loaded as code)."""
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise PermissionError(f"{path} is not private to this user (owner {st.st_uid}, mode {st.st_mode:o})")
-
-
-def _build() -> ctypes.CDLL:
-    cc = os.environ.get("CC", "gcc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not found)")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + cc.encode()
-                         + _cpu_key().encode()).hexdigest()[:16]
-    dirs = [Path(os.environ["XCONV_CACHE_DIR"])] if os.environ.get("XCONV_CACHE_DIR") else []
-    dirs += [Path.home() / ".cache" / "xconv", Path(tempfile.gettempdir()) / f"xconv-cache-{os.getuid()}"]
-    last = None
-    for d in dirs:
-        try:
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _check_private(d)
-            out = d / f"direct_conv-{key}.so"
-            if out.exists():
-                _check_private(out)
-            if not out.exists():
-                fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-                os.close(fd)
-                r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-                if r.returncode != 0:
-                    os.unlink(tmp)
-                    raise RuntimeError(f"{cc} failed: {r.stderr.strip()[:500]}")
-                os.replace(tmp, out)                     # atomic: concurrent builders agree
-            lib = ctypes.CDLL(str(out))
-            break
-        except OSError as e:                             # not writable, not ours, not loadable: the next
-            last = e
-    else:
-        raise RuntimeError(f"no usable cache directory for the compiled loops ({last})")
-    p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.xconv_dx_rows.argtypes = [p, i, i, p, i, i, p, i, i, i, p, i, i, i, p, p, i, i, i, i]
-    lib.xconv_dx_rows.restype = None
-    lib.xconv_dw_rows.argtypes = [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i]
-    lib.xconv_dw_rows.restype = None
-    lib.xconv_x_to_grid.argtypes = [p, i, i, i, i, i, p, i, i, p, i, p]
-    lib.xconv_x_to_grid.restype = None
-    lib.xconv_dy_to_grid.argtypes = [p, i, i, p, i, i, i, i, i, i, i, p, p]
-    lib.xconv_dy_to_grid.restype = None
-    return lib
-
-
-_LIB = Lazy(_build, "XCONV_NUMPY_C")
+#: Builds whose dense loops are used. The loops work on 16-float vectors (GCC vector extensions): one AVX-512
+#: register; the AVX2 and baseline builds emulate them and ran 30-60x slower than the BLAS path (measured on the
+#: suite's 3x3 cases), so there these shapes take the BLAS path.
+DENSE_ISAS = ("avx512",)
 
 
 def available() -> bool:
-    """Whether the compiled loops can run (built or buildable, not disabled by XCONV_NUMPY_C=0)."""
-    return _LIB.available()
+    """Whether the compiled loops can run (built at install, an AVX-512 build loaded, not disabled by
+    XCONV_NUMPY_C=0)."""
+    return _LIB.available() and native.isa(_LIB.get()) in DENSE_ISAS
 
 
 def build_error() -> str | None:
-    """Why the loops could not be built (None if they were, or were not tried)."""
+    """Why the loops could not be loaded or are not used (None if they are, or were not tried)."""
+    if _LIB.error is None and _LIB.get() is not None and native.isa(_LIB.get()) not in DENSE_ISAS:
+        return f"the {native.isa(_LIB.get())} build emulates the loops' 512-bit vectors: BLAS path instead"
     return _LIB.error
 
 
 def computes(p: ConvParams) -> bool:
-    """Whether these loops compute ``p``'s backward: not float64, not empty, a kernel of more than one
-    tap, and channels per group that are multiples of 16 (any stride, dilation, padding)."""
-    if p.dtype == "float64" or min(p.input_shape) == 0:
+    """Whether these loops compute ``p``'s backward: not float64, not empty, a kernel of 2 to 4096 taps, at most
+    64 stride phases (the plan lists taps and phases one by one), and channels per group that are multiples of
+    16 (any dilation, padding)."""
+    if p.dtype == "float64" or min(p.input_shape) == 0 or math.prod(p.kernel) > 4096 or math.prod(p.stride) > 64:
         return False
     Cg, Cog = p.input_shape[1] // p.groups, p.output_shape[1] // p.groups
     return Cg % 16 == 0 and Cog % 16 == 0 and math.prod(p.kernel) > 1
@@ -295,12 +240,38 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     return f
 
 
+def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
+    """dx += the terms dy[n, co, o] * w[co, c, t] of the weights where ``which`` is True, for the (o, t) pairs the
+    convolution defines only (an infinite weight never meets the dy grid's zeros: as on the exact path)."""
+    g = p.groups
+    Cg, Cog = p.input_shape[1] // g, p.output_shape[1] // g
+    S, O = p.input_shape[2:], p.output_shape[2:]
+    for co, ci, *t in np.argwhere(which):
+        c = co // Cog * Cg + ci
+        src, dst = [slice(None), co], [slice(None), c]
+        for tk, s, d, (pre, _), n_in, n_out in zip(t, p.stride, p.dilation, p.padding, S, O):
+            lo = max(0, -(-(pre - tk * d) // s))                   # outputs o with 0 <= o*s + t*d - pre < n_in
+            hi = min(n_out - 1, (n_in - 1 + pre - tk * d) // s)
+            if hi < lo:
+                break
+            src.append(slice(lo, hi + 1))
+            dst.append(slice(lo * s + tk * d - pre, hi * s + tk * d - pre + 1, s))
+        else:
+            dx[tuple(dst)] += dy[tuple(src)] * w[(co, ci, *t)]
+
+
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease):
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
     lib = _LIB.get()
+    if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < SMALL_WORK:
+        workers = 1                                      # too small to share: no hand-off to the pool
     f = _plan(p, need_dx, need_dw, budget)
+    w_given, finite = w, None
+    if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:
+        finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
+        w = np.where(finite, w, 0).astype(w.dtype)       # are added after (see _add_taps)
     g, nd, N, C, Co, Cg, Cog, K, S, O = f.g, f.nd, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S, f.O
     M, ldy, Yn, Xn, Sn, nb = f.M, f.ldy, f.Yn, f.Xn, f.Sn, f.nb
     f32 = np.dtype(np.float32)
@@ -321,7 +292,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         i = n - n0
         dyn = dy[n]
         nrows = len(f.dy_rows)
-        if dyn.dtype == f32 and dyn.flags.c_contiguous:
+        if dyn.dtype == f32 and dyn.flags.c_contiguous and dyn.flags.aligned:
             r0, r1 = even_ranges(nrows, f.copy_parts)[part]
             lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, nrows, f.Y[-1], O[-1],
                                  M, ldy, r0, r1, dyG[i].ctypes.data, db_parts[n, part].ctypes.data if need_db else None)
@@ -337,7 +308,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                 db_parts[n, 1:] = 0
         if need_dw:
             xn = x[n]
-            if xn.dtype == f32 and xn.flags.c_contiguous:
+            if xn.dtype == f32 and xn.flags.c_contiguous and xn.flags.aligned:
                 u0, u1 = even_ranges(Sn, f.copy_parts)[part]
                 lib.xconv_x_to_grid(xn.ctypes.data, Sn, 0, C, Cg, Xn * Cg, f.x_pos.ctypes.data, u0, u1,
                                     f.x_pad.ctypes.data, len(f.x_pad) if part == 0 else 0, xG[i].ctypes.data)
@@ -428,4 +399,6 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             else:
                 dw_acc += dw_part
     dw, db = out["dw"], out["db"]
+    if finite is not None:
+        _add_taps(dx, dy, w_given, ~finite, p)
     return (dx if need_dx else None), dw, db

@@ -1,29 +1,31 @@
-"""Compiled direct loops (Numba) for the convolutions that BLAS serves badly: depthwise ones.
+"""Compiled direct loops (csrc/depthwise.c) for the convolutions that BLAS serves badly: depthwise ones.
 
 A depthwise convolution (one input channel per group; 2-D, 1-D as height 1) does K multiply-adds
 per output element and has nothing a matrix product could reuse, so im2col + GEMM mostly moves
 memory. These loops take one (sample, input channel) plane at a time, in cache, on the polyphase
-grid of :mod:`.fast` (per dim, phase r of the zero-padded input holds ``x_pad[m*s + r]``; tap j
-reads phase ``r_j`` at offset ``q_j``, ``(q_j, r_j) = divmod(j*d, s)``), flattened with row length
-``Lw``: every tap is then a constant offset ``off_t`` into one phase, and
+grid of the zero-padded input (per dim, phase r holds ``x_pad[a*s + r]``; tap j reads phase
+``r_j`` at offset ``q_j``, ``(q_j, r_j) = divmod(j*d, s)``). Only the phases some tap reads are
+kept, so scratch is about K planes at most, whatever the stride:
 
-- ``dx_phase[j] = sum over t of w_t * dy_grid[j - off_t]`` (dy's plane on the grid, zero outside),
-  its taps in groups of up to 9 per pass, contributions in a fixed order, then scattered to dx;
-- ``dw_t (per sample) = sum over j of dy_grid[j] * x_phase[j + off_t]``, and ``db`` (per sample)
-  ``= sum of dy_grid``; the per-sample partials are added in sample order afterwards;
-- ``y_grid[j] = sum over t of w_t * x_phase[j + off_t]`` for the forward.
+- ``dx_phase[a, b] = sum over the taps t of the phase of w_t * dy[a - qh_t, b - qw_t]`` (only the
+  (t, dy position) pairs that exist), scattered to dx;
+- ``dw_t (per sample) = sum over dy positions of dy * x_phase[. + q_t]``, ``db`` (per sample) the
+  sum of dy; the per-sample partials are added in sample order afterwards;
+- ``y[o] = sum over t of w_t * x_phase[o + q_t]`` for the forward.
 
-Tasks are ranges of planes and never split a sum, so the results do not depend on the number of
-threads; each compiled loop is a fixed sequence of floating-point operations for given shapes,
-so they are bitwise reproducible run to run. Sums are compiled with reassociation allowed
-(vectorized), in an order fixed at compile time for the machine. Garbage grid positions hold
-zeros, as in :mod:`.fast` (a NaN or infinity can reach them as there).
+Every product is one the convolution defines (nothing outside dy's box or beyond the padded input
+is multiplied: an infinity stays where the exact path has it). Tasks are ranges of planes and never
+split a sum, so results do not depend on the number of threads; each loop is a fixed sequence of
+floating-point operations for given shapes and build, so results are bitwise reproducible run to
+run. Inputs are read where they lie (any strides, read-only too) when they have the compute dtype
+and are aligned; others are converted a block of samples at a time. Nothing is written into them.
 
-Numba is imported on first use; :func:`available` says whether it could be.
+The loops are built at install (see :mod:`.native`); :func:`available` says whether they were.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -31,30 +33,26 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
+from . import native
 from .lazy import Lazy
 from .workers import even_ranges, run
 
-#: Inputs that need converting (another dtype, or not C-contiguous) are converted a block of samples
-#: at a time: at most this many bytes, and at most half the bytes of the call's inputs and outputs.
+#: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
+#: most this many bytes, and at most half the bytes of the call's inputs and outputs.
 BLOCK_BYTES = 8 << 20
+#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone: a hand-off to the pool
+#: costs 30-100 us (measured, same process: 590k multiply-adds, 8x32x16x16 3x3 backward, 253 us alone against
+#: 350 us on two workers; 295k, 32x1x8x8 to 16 channels, 133 against 222 us; on a loaded 2-core machine).
+SMALL_WORK = 1 << 20
+#: Kernels with more taps than this go to the BLAS path (whose work does not grow with the tap count alone).
+MAX_TAPS = 4096
 
-def _compile():
-    from . import direct_kernels
-
-    return dict(backward=direct_kernels.backward_planes, fprop=direct_kernels.fprop_planes)
-
-
-_KERNELS = Lazy(_compile, "XCONV_NUMPY_DIRECT")
+_KERNELS = Lazy(native.load, "XCONV_NUMPY_DIRECT")
 
 
 def available() -> bool:
-    """Whether the compiled loops can run (Numba importable, not disabled by XCONV_NUMPY_DIRECT=0)."""
+    """Whether the compiled loops can run (built at install, not disabled by XCONV_NUMPY_DIRECT=0)."""
     return _KERNELS.available()
-
-
-def kernels():
-    """The compiled loops (dict with "backward", "fprop"); None when unavailable."""
-    return _KERNELS.get() if available() else None
 
 
 def import_error() -> str | None:
@@ -63,55 +61,69 @@ def import_error() -> str | None:
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether these loops compute ``p``: one input channel per group, 1-D or 2-D, and Numba available."""
-    return p.nd in (1, 2) and p.input_shape[1] == p.groups and min(p.input_shape) > 0 and available()
+    """Whether these loops compute ``p``: one input channel per group, 1-D or 2-D, at most MAX_TAPS taps,
+    paddings and dilated kernel extents below 2**40 (int64 grid arithmetic), built."""
+    return (p.nd in (1, 2) and p.input_shape[1] == p.groups and min(p.input_shape) > 0
+            and math.prod(p.kernel) <= MAX_TAPS
+            and all(a + b < 1 << 40 for a, b in p.padding)
+            and all((k - 1) * d < 1 << 40 for k, d in zip(p.kernel, p.dilation)) and available())
 
 
 class _Plan:
-    """The 2-D polyphase geometry of a depthwise convolution (1-D as height 1)."""
+    """The 2-D polyphase geometry of a depthwise convolution (1-D as height 1): what the C loops take."""
 
     def __init__(self, p: ConvParams):
         lift = p.nd == 1
         two = (lambda t: (1,) + tuple(t)) if lift else tuple
         self.in4 = tuple(p.input_shape[:2]) + two(p.input_shape[2:])
         self.out4 = tuple(p.output_shape[:2]) + two(p.output_shape[2:])
-        self.kernel = two(p.kernel)
-        sh, sw = self.stride = two(p.stride)
+        kh, kw = self.kernel = two(p.kernel)
+        sh, sw = two(p.stride)
         dh, dw = two(p.dilation)
         (ph0, ph1), (pw0, pw1) = ((0, 0),) * lift + tuple(p.padding)
-        self.pre = ph0, pw0
         H, W = self.in4[2:]
+        # a stride past the padded input gives one output and one phase per tap: the padded size serves as well
+        # (and keeps every value of the plan within int64, for a stride of 2**70)
+        sh, sw = min(sh, H + ph0 + ph1), min(sw, W + pw0 + pw1)
         self.Lh = -(-(H + ph0 + ph1) // sh)
         self.Lw = -(-(W + pw0 + pw1) // sw)
-        taps = [(divmod(kh * dh, sh), divmod(kw * dw, sw)) for kh in range(self.kernel[0]) for kw in range(self.kernel[1])]
-        by_phase: dict[int, list[tuple[int, int]]] = {}
-        for t, ((qh, rh), (qw, rw)) in enumerate(taps):
-            by_phase.setdefault(rh * sw + rw, []).append((t, qh * self.Lw + qw))
-        order, groups = [], []
-        for r in sorted(by_phase):
-            lst = by_phase[r]
-            i = 0
-            while i < len(lst):                 # groups of 9 taps (one pass each), the rest in 4s
-                size = 9 if len(lst) - i >= 9 else min(4, len(lst) - i)
-                groups.append((r, len(order), size))
-                order.extend(lst[i:i + size])
-                i += size
-        self.taps = np.array([t for t, _ in order], np.int64)
-        self.offs = np.array([off for _, off in order], np.int64)
-        self.groups = np.array(groups, np.int64).reshape(-1, 3)
+        # per dim: each tap's offset q and phase slot (phases some tap reads, in order); per input row its row
+        # phase's slot (-1: no tap reads it) and index in the phase; per column slot its run of input columns
+        qh, th_slot, used_h = _dim(kh, dh, sh)
+        qw, tw_slot, used_w = _dim(kw, dw, sw)
+        self.nRw, self.sw = len(used_w), sw
+        self.nslots = len(used_h) * self.nRw
+        a, rp = np.divmod(np.arange(H, dtype=np.int64) + ph0, sh)
+        where = np.minimum(np.searchsorted(used_h, rp), len(used_h) - 1)
+        rows = np.where(used_h[where] == rp, where, -1)
+        runs = []
+        for r in used_w.tolist():                        # columns z with (z + pw0) % sw == r: z0, z0 + sw, ...
+            z0 = (r - pw0) % sw
+            cnt = 0 if z0 >= W else (W - 1 - z0) // sw + 1
+            runs += [min(z0, W), (z0 + pw0) // sw, cnt]
+        self.tab = np.array(np.concatenate([rows, a, np.array(runs, np.int64)]), np.int64)
+        th, tw = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
+        taps = np.stack([(th * kw + tw).ravel(), qh[th].ravel(), qw[tw].ravel(),
+                         (th_slot[th] * self.nRw + tw_slot[tw]).ravel()], axis=1)
+        self.taps = np.ascontiguousarray(taps[np.lexsort((taps[:, 0], taps[:, 3]))], np.int64)
+        self.F = int((self.taps[:, 1] * self.Lw + self.taps[:, 2]).max())      # the largest flat tap offset
         self.m = p.output_shape[1] // p.input_shape[1]
-        self.planes = p.input_shape[0] * p.input_shape[1]
-        self.K = len(taps)
+        self.K = kh * kw
+        for a in (self.tab, self.taps):
+            a.flags.writeable = False
 
-    def args(self):
-        return (self.m, self.stride[0], self.stride[1], self.pre[0], self.pre[1], self.Lh, self.Lw,
-                self.taps, self.offs, self.groups)
+    def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds, finite_w: bool = True) -> np.ndarray:
+        """The C loops' geometry vector (see csrc/depthwise.c) with element strides xs of x and ds of dy."""
+        C, H, W = self.in4[1], self.in4[2], self.in4[3]
+        OH, OW = self.out4[2:]
+        return np.array([C, self.m, H, W, OH, OW, self.Lh, self.Lw, self.K, self.nRw, self.nslots,
+                         need_dx, need_dw, need_db, *xs, *ds, self.sw, finite_w, self.F], np.int64)
 
-    def scratch(self, dtype):
-        """One worker's scratch: (gpad, xph, acc), zeroed."""
-        ng, size = self.stride[0] * self.stride[1], self.Lh * self.Lw + self.Lw
-        F = int(self.offs.max())
-        return np.zeros(F + size, dtype), np.zeros((ng, size), dtype), np.zeros((ng, size), dtype)
+    def scratch(self, dtype, need_acc: bool = True):
+        """One worker's scratch: (g, xph, acc): dy (or y) on the grid behind F zeros, the phases kept of x and dx."""
+        size = self.nslots * (self.Lh + 1) * self.Lw
+        return (np.empty(self.F + (self.Lh + 1) * self.Lw, dtype), np.empty(size, dtype),
+                np.empty(size if need_acc else 1, dtype))
 
     def sample_blocks(self, per_sample_bytes: int, io_bytes: int):
         """[n0, n1) blocks of samples whose converted copies fit the block budget (one sample at least)."""
@@ -119,61 +131,86 @@ class _Plan:
         return [(n, min(n + nb, self.in4[0])) for n in range(0, self.in4[0], nb)]
 
     def chunks(self, n0: int, n1: int, workers: int):
-        """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least. Results do not depend on them."""
+        """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least; one (run on the calling
+        thread, no hand-off) when the work is below SMALL_WORK multiply-adds. Results do not depend on them."""
         C = self.in4[1]
         a, b = n0 * C, n1 * C
-        return [(a + u, a + v) for u, v in even_ranges(b - a, max(1, min((b - a) // 8, 4 * workers)))]
+        work = (b - a) * self.m * self.K * math.prod(self.out4[2:])
+        parts = 1 if work < SMALL_WORK else max(1, min((b - a) // 8, 4 * workers))
+        return [(a + u, a + v) for u, v in even_ranges(b - a, parts)]
 
 
-def _setup(p: ConvParams):
-    """The compiled loops, the plan and the compute dtype of a call."""
-    return kernels(), _Plan(p), accumulation_dtype(p.dtype)
+def _dim(k: int, d: int, s: int):
+    """One dim of the polyphase plan: per tap its offset q and its phase's slot, and the phases some tap reads."""
+    q, r = np.divmod(np.arange(k, dtype=np.int64) * d, s)
+    used = np.unique(r)
+    return q, np.searchsorted(used, r).astype(np.int64), used
 
 
-def _native(a, cdt) -> bool:
-    return a.dtype == cdt and a.flags.c_contiguous
+@functools.lru_cache(maxsize=64)
+def _plan(p: ConvParams) -> _Plan:
+    return _Plan(p)
+
+
+def _suffix(cdt: np.dtype) -> str:
+    return "f64" if cdt == np.float64 else "f32"
+
+
+def _readable(a: np.ndarray, cdt: np.dtype) -> bool:
+    """Whether the C loops can read ``a`` where it lies: the compute dtype (native order), aligned."""
+    return a.dtype == cdt and a.flags.aligned
+
+
+def _elem_strides(a: np.ndarray, shape4) -> tuple:
+    """Element strides of ``a`` viewed with shape ``shape4`` (a 1-D array gets height 1)."""
+    v = a.reshape(shape4) if a.ndim != 4 else a
+    return tuple(s // v.itemsize for s in v.strides)
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int):
     """(dx, dw, db), None where not needed, of a depthwise convolution ``p`` (see :func:`serves`); at
     least one of dx and dw must be needed (db is summed on the way, from the same plane copies).
 
-    Inputs in the compute dtype and C-contiguous are read in place; others are converted a block
-    of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
+    Inputs in the compute dtype and aligned are read in place, at any strides; others are converted a
+    block of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
     is not the compute dtype.
     """
-    kern, plan, cdt = _setup(p)
-    out_dt = np.dtype(dy.dtype)
+    lib, plan, cdt = _KERNELS.get(), _plan(p), accumulation_dtype(p.dtype)
+    fn = getattr(lib, f"xconv_depthwise_backward_{_suffix(cdt)}")
+    out_dt = np.dtype(dy.dtype).newbyteorder("=")
     N, C = plan.in4[:2]
     dy4 = dy.reshape(plan.out4)
     x4 = x.reshape(plan.in4) if need_dw else None
-    w2 = np.ascontiguousarray(w, dtype=cdt).reshape(plan.out4[1], plan.K) if need_dx else np.zeros((1, plan.K), cdt)
+    w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)) if need_dx else None
+    finite_w = bool(np.isfinite(w2).all()) if need_dx else True
     dx = np.empty(plan.in4, out_dt) if need_dx else None
-    dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros((1, 1, 1), cdt)
-    dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros((1, 1), cdt)
-    dummy = np.zeros((1, 1, 1, 1), cdt)
-    in_place = _native(dy, cdt) and (not need_dw or _native(x, cdt)) and (not need_dx or out_dt == cdt)
+    dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros(1, cdt)
+    dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros(1, cdt)
+    in_place = _readable(dy, cdt) and (not need_dw or _readable(x, cdt)) and (not need_dx or out_dt == cdt)
     per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]) * (need_dw + need_dx))
     x_bytes, w_bytes = math.prod(p.input_shape) * out_dt.itemsize, math.prod(p.weight_shape) * out_dt.itemsize
     io = dy.nbytes + (x_bytes + w_bytes) * (need_dx + need_dw)      # inputs and outputs of this call
-    blocks = [(0, N)] if in_place else plan.sample_blocks(per_sample, io)
-    for n0, n1 in blocks:
-        dyb = np.ascontiguousarray(dy4[n0:n1], dtype=cdt)
-        xb = np.ascontiguousarray(x4[n0:n1], dtype=cdt) if need_dw else dummy
-        if not need_dx:
-            dxb = dummy
-        elif out_dt == cdt:
-            dxb = dx[n0:n1]
-        else:
-            dxb = np.empty((n1 - n0,) + plan.in4[1:], cdt)
-        dwb = dwp[n0:n1] if need_dw else dwp
-        dbb = dbp[n0:n1] if need_db else dbp
+    dwb_all = dwp.ctypes.data
+    dbb_all = dbp.ctypes.data
+    for n0, n1 in ([(0, N)] if in_place else plan.sample_blocks(per_sample, io)):
+        dyb = dy4[n0:n1] if in_place else np.ascontiguousarray(dy4[n0:n1], dtype=cdt)
+        xb = (x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)) if need_dw else None
+        dxb = (dx[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.in4[1:], cdt)) if need_dx else None
+        xs = _elem_strides(xb, plan.in4) if need_dw else (0, 0, 0, 0)
+        geo = plan.geo(need_dx, need_dw, need_db, xs, _elem_strides(dyb, plan.out4), finite_w)
+        Co = plan.out4[1]
+        # the C loop indexes samples from its block's start: offset the partials' pointers to the block
+        args = (dyb.ctypes.data, xb.ctypes.data if need_dw else None, w2.ctypes.data if need_dx else None,
+                dxb.ctypes.data if need_dx else None,
+                dwb_all + n0 * Co * plan.K * cdt.itemsize if need_dw else None,
+                dbb_all + n0 * Co * cdt.itemsize if need_db else None,
+                geo.ctypes.data, plan.taps.ctypes.data, plan.tab.ctypes.data)
 
-        def task(ws, _i, a, b, dyb=dyb, xb=xb, dxb=dxb, dwb=dwb, dbb=dbb, n0=n0):
-            kern["backward"](dyb, xb, w2, dxb, dwb, dbb, need_dx, need_dw, need_db, *plan.args(), *ws,
-                             a - n0 * C, b - n0 * C)
+        def task(ws, _i, a, b, args=args, n0=n0):
+            g, xph, acc = ws
+            fn(*args, g.ctypes.data, xph.ctypes.data, acc.ctypes.data, a - n0 * C, b - n0 * C)
 
-        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt), workers)
+        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, need_dx), workers)
         if need_dx and out_dt != cdt:
             dx[n0:n1] = dxb
     rdx = dx.reshape(p.input_shape) if need_dx else None
@@ -188,25 +225,30 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
 
 
 def fprop(x, w, bias, p: ConvParams, workers: int):
-    """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks."""
-    kern, plan, cdt = _setup(p)
-    out_dt = np.dtype(x.dtype)
+    """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks
+    when it cannot be read in place."""
+    lib, plan, cdt = _KERNELS.get(), _plan(p), accumulation_dtype(p.dtype)
+    fn = getattr(lib, f"xconv_depthwise_fprop_{_suffix(cdt)}")
+    out_dt = np.dtype(x.dtype).newbyteorder("=")
     N, C = plan.in4[:2]
     x4 = x.reshape(plan.in4)
-    w2 = np.ascontiguousarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)
-    b = None if bias is None else bias.astype(cdt).reshape((1, -1, 1, 1))
+    w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K))
+    b = None if bias is None else np.asarray(bias, dtype=cdt).reshape((1, -1, 1, 1))
     y = np.empty(plan.out4, out_dt)
-    in_place = _native(x, cdt) and out_dt == cdt
+    in_place = _readable(x, cdt) and out_dt == cdt
     per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]))
     io = x.nbytes + w.nbytes + N * math.prod(plan.out4[1:]) * out_dt.itemsize
     for n0, n1 in ([(0, N)] if in_place else plan.sample_blocks(per_sample, io)):
-        xb = np.ascontiguousarray(x4[n0:n1], dtype=cdt)
+        xb = x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)
         yb = y[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.out4[1:], cdt)
+        geo = plan.geo(False, False, False, _elem_strides(xb, plan.in4), (0, 0, 0, 0))
+        args = (xb.ctypes.data, w2.ctypes.data, yb.ctypes.data, geo.ctypes.data, plan.taps.ctypes.data,
+                plan.tab.ctypes.data)
 
-        def task(ws, _i, a, b_, xb=xb, yb=yb, n0=n0):
-            kern["fprop"](xb, w2, yb, *plan.args(), *ws, a - n0 * C, b_ - n0 * C)
+        def task(ws, _i, a, b_, args=args, n0=n0):
+            fn(*args, ws[0].ctypes.data, ws[1].ctypes.data, a - n0 * C, b_ - n0 * C)
 
-        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt), workers)
+        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, False), workers)
         if b is not None:
             yb += b
         if out_dt != cdt:

@@ -18,6 +18,8 @@ in short:
 - Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
+- Columns (:mod:`.columns`): geometries the grid serves badly, and backward calls whose inputs hold
+  a NaN or infinity, run on the reference's chunked im2col in the compute dtype instead.
 - Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
   working-set budget proportional to the call's bytes, run on a few Python threads with BLAS
   single-threaded; weight-gradient partials summed in a fixed order; scratch from an arena.
@@ -40,7 +42,8 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 from xconv.workspace import check_request
 
-from . import compiled, direct
+from . import columns, compiled, direct
+from .budget import check_im2col
 from .blas import MAX_WORKERS, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
@@ -101,8 +104,14 @@ class _Geom:
         kstride = [math.prod(self.k[i + 1:]) for i in range(nd)]
         self.phases = []                                    # list of (r tuple, [(kflat, off), ...])
         self.tapgrid = []                                   # per phase: per dim (q0, dq, count)
+        by_residue = []                                     # per dim: residue -> its taps, in j order
+        for taps in per_dim:
+            groups = {}
+            for t in taps:
+                groups.setdefault(t[2], []).append(t)
+            by_residue.append(groups)
         for r in itertools.product(*residues):
-            lists = [[t for t in per_dim[i] if t[2] == r[i]] for i in range(nd)]
+            lists = [by_residue[i][r[i]] for i in range(nd)]
             taps = []
             for combo in itertools.product(*lists):
                 kflat = sum(t[0] * kstride[i] for i, t in enumerate(combo))
@@ -185,34 +194,53 @@ class _Arena:
     """Scratch memory kept between calls, so that repeated calls do not pay the kernel's page faults.
 
     A call leases buffers (``lease.empty``) and gives them all back when it ends; up to
-    ``ARENA_BYTES`` of them are kept for later calls (the most recently returned first), the rest
-    freed. :func:`release_memory` frees them all.
+    ``ARENA_BYTES`` of them are kept for later calls, the least recently returned freed first.
+    Buffers come in size classes (4 KiB at least, then eight per power of two: at most 1/8 wasted),
+    one free list per class, so taking and giving do not scan the buffers kept (a call leasing
+    thousands of tiny buffers costs no later call a scan). :func:`release_memory` frees them all.
     """
+
+    MIN_CLASS = 4096
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.free: list[np.ndarray] = []          # raw uint8 buffers, most recently returned last
+        self.free: dict[int, list] = {}           # size class -> [(sequence, buffer)], oldest first
+        self.total = 0
+        self.seq = 0
+
+    @classmethod
+    def size_class(cls, nbytes: int) -> int:
+        """The bytes of the buffer serving a request of ``nbytes``."""
+        if nbytes <= cls.MIN_CLASS:
+            return cls.MIN_CLASS
+        step = 1 << ((nbytes - 1).bit_length() - 3)
+        return -(-nbytes // step) * step
 
     def take(self, nbytes: int) -> np.ndarray:
+        c = self.size_class(nbytes)
         with self.lock:
-            best = None
-            for i, buf in enumerate(self.free):
-                if nbytes <= buf.nbytes <= 2 * nbytes + 4096 and (best is None or buf.nbytes < self.free[best].nbytes):
-                    best = i
-            if best is not None:
-                return self.free.pop(best)
-        return np.empty(max(nbytes, 1), np.uint8)
+            bufs = self.free.get(c)
+            if bufs:
+                _, buf = bufs.pop()               # the most recently returned: warmest in cache
+                self.total -= buf.nbytes
+                return buf
+        return np.empty(c, np.uint8)
 
     def give(self, bufs) -> None:
         with self.lock:
-            self.free.extend(bufs)
-            total = sum(b.nbytes for b in self.free)
-            while self.free and total > ARENA_BYTES:
-                total -= self.free.pop(0).nbytes
+            for buf in bufs:
+                self.free.setdefault(self.size_class(buf.nbytes), []).append((self.seq, buf))
+                self.seq += 1
+                self.total += buf.nbytes
+            while self.total > ARENA_BYTES:       # evict the least recently returned (few classes to look at)
+                c = min((c for c, lst in self.free.items() if lst), key=lambda c: self.free[c][0][0])
+                _, buf = self.free[c].pop(0)
+                self.total -= buf.nbytes
 
     def clear(self) -> None:
         with self.lock:
             self.free.clear()
+            self.total = 0
 
 
 _ARENA = _Arena()
@@ -530,7 +558,16 @@ def backward(dy, x, w, p: ConvParams, mask):
     need_dx, need_dw, need_db = mask
     dx = dw = None
     if need_dx or need_dw:
-        if direct.serves(p) and p.workspace_limit is None:  # its scratch is not leased: not under a limit
+        # the depthwise loops' scratch is not leased: under a workspace limit the counted paths run
+        depthwise = direct.serves(p) and p.workspace_limit is None
+        compiled_loops = depthwise or compiled.serves(p)      # they keep NaN/Inf where the reference does
+        if columns.serves(p) or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
+                                                                               w if need_dx else None)):
+            check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
+                                compute_dtype(p).itemsize, "im2col columns (fallback)")
+            dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
+            return dx, dw, (bgrad(dy, p) if need_db else None)
+        if depthwise:
             tracing.note("depthwise compiled loops")
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
@@ -937,6 +974,9 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
+    if columns.serves(p):
+        check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, "im2col columns (fallback)")
+        return columns.fprop(x, w, bias, p)
     if direct.serves(p) and p.workspace_limit is None:      # its scratch is not leased: not under a limit
         tracing.note("depthwise compiled loops")
         with single_threaded_blas() as workers:

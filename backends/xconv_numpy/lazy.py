@@ -1,4 +1,4 @@
-"""Optional compiled parts of the NumPy backend, loaded once, on first use."""
+"""Optional compiled parts of the NumPy backend (built at install), loaded once, on first use."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Lazy:
             if self._value is None and self.error is None:
                 try:
                     self._value = self._load()
-                except Exception as e:  # a missing dependency or compiler, a failed build
+                except Exception as e:  # a build missing (installed without a compiler) or refused
                     self.error = f"{type(e).__name__}: {e}"
         return self._value
 

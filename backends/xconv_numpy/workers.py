@@ -13,6 +13,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 _POOLS_PID = os.getpid()
@@ -63,6 +65,10 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
     failed = []
 
     def loop():
+        with np.errstate(all="ignore"):    # as the backend's own thread: non-finite values are not errors
+            work()
+
+    def work():
         ws = None
         while not failed:
             with lock:

@@ -5,14 +5,17 @@ A bundle is a zip archive (stored, not compressed) with exactly two members:
 - ``manifest.json``: format and version, xconv and kit versions, the backend (name, version,
   devices), library versions, device name, platform, creation date, the corpus hash and case
   ids, one record per case (status, message, worst error/bound, case and input digests, the
-  result keys, dtypes and shapes) and the SHA-256 and size of every other member;
+  result keys, dtypes and shapes; crashed and timed-out cases add ``signal`` and ``stderr``) and the SHA-256 and size of every other member;
 - ``outputs.npz``: the results as plain arrays (bfloat16 stored as its uint16 bit pattern).
 
-Nothing in a bundle is ever unpickled or executed: the arrays are read with
-``numpy.load(..., allow_pickle=False)``, and :func:`load_bundle` rejects anything that does not
-fit the format (not a zip, truncated, unexpected or path-escaping members, a member whose
-SHA-256 differs from the manifest, object or unexpected dtypes, shapes that differ from the
-manifest) with a :class:`BundleError` that names the problem.
+A bundle comes from another machine: :func:`load_bundle` treats it as hostile. Nothing in it is
+unpickled or executed, and nothing is inflated past limits fixed before reading
+(:mod:`.safezip`): each member's declared size is checked against its limit and against a budget
+for the whole load (:data:`MAX_EXPANSION` times the file's size, plus :data:`EXPANSION_FLOOR`),
+then read in counted chunks that stop at the declared size. The manifest is checked against its
+schema (:mod:`.manifest_schema`) before anything reads it; each array's ``.npy`` header is
+parsed on its own and must give exactly the dtype and shape the manifest records before its data
+is read. Anything that does not fit is a :class:`BundleError` naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -22,30 +25,34 @@ import hashlib
 import io
 import json
 import os
-import re
 import tempfile
 import zipfile
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from xconv.dtypes import DTYPES
+from xconv.errors import XconvError
 
+from .manifest_schema import (FORMAT, FORMAT_VERSION, STATUSES, STORED_DTYPES, ManifestError, array_bytes,
+                              check_manifest, parse_manifest)
+from .safezip import ArchiveError, Budget, CountingReader, open_archive, read_member
 from .tolerance import OUTPUTS
 
-FORMAT = "xconv-conformance-bundle"
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 OUTPUTS_MEMBER = "outputs.npz"
 MEMBERS = (MANIFEST, OUTPUTS_MEMBER)
-MAX_MEMBER_BYTES = 4 << 30          # refuse members that claim more than 4 GiB uncompressed
-MAX_MANIFEST_BYTES = 256 << 20
-_STORED_DTYPES = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "float64": "float64"}
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_KEY = re.compile(r"^[0-9]{5}\.(grad_input|grad_weight|grad_bias)$")
-STATUSES = ("passed", "failed", "refused", "unavailable")
+MAX_MANIFEST_BYTES = 32 << 20       # manifest.json (the whole corpus needs ~0.5 MiB)
+MAX_OUTPUTS_BYTES = 1 << 30         # outputs.npz, and the arrays in it (the whole corpus needs ~8 MiB)
+MAX_EXPANSION = 32                  # everything a load inflates, at most this times the file's size ...
+EXPANSION_FLOOR = 16 << 20          # ... plus this (a stored bundle needs about twice its size)
+MAX_NPY_HEADER = 4096               # bytes of one .npy header (np.save writes 128)
+_SLACK = 16                         # members beyond the expected ones that are still listed by name, not counted
+
+__all__ = ["Bundle", "BundleError", "FORMAT", "FORMAT_VERSION", "STATUSES", "build", "load_bundle", "write_bundle"]
 
 
-class BundleError(Exception):
+class BundleError(XconvError, ValueError):
     """A bundle is malformed, truncated or tampered with; the message names the file and the problem."""
 
 
@@ -114,6 +121,10 @@ def write_bundle(path: str, manifest: dict, arrays: dict) -> None:
     manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION,
                     members={OUTPUTS_MEMBER: {"sha256": hashlib.sha256(npz).hexdigest(), "size": len(npz)}})
     text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False).encode()
+    try:
+        check_manifest(json.loads(text))
+    except ManifestError as exc:
+        raise BundleError(f"{path}: not written: its {MANIFEST} would be refused on reading: {exc}") from None
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".xcr-", dir=directory)
     try:
@@ -137,146 +148,110 @@ def write_bundle(path: str, manifest: dict, arrays: dict) -> None:
 def load_bundle(path: str) -> Bundle:
     """Read and verify an .xcr bundle; BundleError naming the problem when it is not a sound one."""
     where = str(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise BundleError(f"{where}: no such file")
-    if not zipfile.is_zipfile(path):
-        raise BundleError(f"{where}: not an .xcr bundle: not a zip archive (a truncated download, or another kind "
-                          "of file)")
+    if not os.path.isfile(path):
+        raise BundleError(f"{where}: not a regular file")
     try:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
-            names = [i.filename for i in infos]
-            for name in names:
-                if (name.startswith(("/", "\\")) or "\\" in name or ".." in name.split("/")
-                        or re.match(r"^[A-Za-z]:", name)):
-                    raise BundleError(f"{where}: member {name!r} has a path outside the bundle")
-            if len(set(names)) != len(names):
-                raise BundleError(f"{where}: duplicate members {sorted({n for n in names if names.count(n) > 1})}")
-            unexpected = sorted(set(names) - set(MEMBERS))
-            if unexpected:
-                raise BundleError(f"{where}: unexpected members {unexpected} (a bundle holds only {list(MEMBERS)})")
-            missing = [m for m in MEMBERS if m not in names]
-            if missing:
-                raise BundleError(f"{where}: missing members {missing}")
-            for info in infos:
-                if info.flag_bits & 0x1:
-                    raise BundleError(f"{where}: member {info.filename!r} is encrypted")
-                limit = MAX_MANIFEST_BYTES if info.filename == MANIFEST else MAX_MEMBER_BYTES
-                if info.file_size > limit:
-                    raise BundleError(f"{where}: member {info.filename!r} claims {info.file_size} bytes "
-                                      f"(limit {limit})")
-            manifest_bytes = zf.read(MANIFEST)
-            npz_bytes = zf.read(OUTPUTS_MEMBER)
-    except BundleError:
-        raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
-        raise BundleError(f"{where}: corrupt or truncated zip archive: {exc}") from None
-    try:
-        manifest = json.loads(manifest_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
-    _check_manifest(manifest, where)
+        with open(path, "rb") as f:
+            manifest, npz = _read_members(f)
+    except OSError as exc:
+        raise BundleError(f"{where}: cannot be read: {exc}") from None
+    except ArchiveError as exc:
+        raise BundleError(f"{where}: {exc}") from None
+    except ManifestError as exc:
+        raise BundleError(f"{where}: {MANIFEST}: {exc}") from None
     recorded = manifest["members"][OUTPUTS_MEMBER]
-    actual = hashlib.sha256(npz_bytes).hexdigest()
-    if actual != recorded["sha256"] or len(npz_bytes) != recorded["size"]:
+    actual = hashlib.sha256(npz).hexdigest()
+    if actual != recorded["sha256"] or len(npz) != recorded["size"]:
         raise BundleError(f"{where}: {OUTPUTS_MEMBER} does not match the manifest (sha256 {actual[:16]}..., "
-                          f"{len(npz_bytes)} bytes; the manifest records {recorded['sha256'][:16]}..., "
+                          f"{len(npz)} bytes; the manifest records {recorded['sha256'][:16]}..., "
                           f"{recorded['size']} bytes): the bundle was modified or corrupted")
-    arrays = _load_arrays(npz_bytes, manifest, where)
+    try:
+        arrays = _read_arrays(npz, manifest)
+    except ArchiveError as exc:
+        raise BundleError(f"{where}: {exc}") from None
     return Bundle(manifest, arrays, where)
 
 
-def _fail(where: str, what: str):
-    raise BundleError(f"{where}: {MANIFEST}: {what}")
+def _read_members(f) -> tuple[dict, bytes]:
+    """(checked manifest, outputs.npz bytes) from the open bundle file ``f``.
 
-
-def _check_manifest(m, where: str) -> None:
-    if not isinstance(m, dict):
-        _fail(where, "is not a JSON object")
-    if m.get("format") != FORMAT:
-        _fail(where, f"format is {m.get('format')!r}, not {FORMAT!r} (not an xconv conformance bundle)")
-    if m.get("format_version") != FORMAT_VERSION:
-        _fail(where, f"format_version {m.get('format_version')!r} is not supported (this kit reads "
-                     f"{FORMAT_VERSION})")
-    for key, kind in (("xconv_version", str), ("kit_version", str), ("backend", dict), ("libraries", dict),
-                      ("device", str), ("platform", dict), ("created", str), ("corpus", dict), ("cases", list),
-                      ("members", dict)):
-        if not isinstance(m.get(key), kind):
-            _fail(where, f"{key!r} is missing or not a {kind.__name__}")
-    if not isinstance(m["backend"].get("name"), str) or not m["backend"]["name"]:
-        _fail(where, "backend.name is missing")
-    corpus = m["corpus"]
-    if not isinstance(corpus.get("hash"), str) or not _HEX64.match(corpus["hash"]):
-        _fail(where, "corpus.hash is not a SHA-256")
-    if not isinstance(corpus.get("case_ids"), list) or not all(isinstance(c, str) for c in corpus["case_ids"]):
-        _fail(where, "corpus.case_ids is not a list of strings")
-    member = m["members"].get(OUTPUTS_MEMBER)
-    if (not isinstance(member, dict) or not isinstance(member.get("sha256"), str)
-            or not _HEX64.match(member["sha256"]) or not isinstance(member.get("size"), int)):
-        _fail(where, f"members[{OUTPUTS_MEMBER!r}] lacks its sha256 and size")
-    if set(m["members"]) != {OUTPUTS_MEMBER}:
-        _fail(where, f"members lists {sorted(m['members'])}, expected [{OUTPUTS_MEMBER!r}]")
-    ids = []
-    for n, rec in enumerate(m["cases"]):
-        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
-            _fail(where, f"case record {n} has no id")
-        cid = rec["id"]
-        if rec.get("status") not in STATUSES:
-            _fail(where, f"case {cid}: status {rec.get('status')!r} is not one of {STATUSES}")
-        for key in ("spec_digest", "input_digest"):
-            if not isinstance(rec.get(key), str) or not _HEX64.match(rec[key]):
-                _fail(where, f"case {cid}: {key} is not a SHA-256")
-        if rec.get("dtype") not in _STORED_DTYPES:
-            _fail(where, f"case {cid}: dtype {rec.get('dtype')!r} is not one of {list(_STORED_DTYPES)}")
-        outputs = rec.get("outputs")
-        if not isinstance(outputs, dict) or set(outputs) - set(OUTPUTS):
-            _fail(where, f"case {cid}: outputs must map some of {list(OUTPUTS)} to arrays")
-        for name, entry in outputs.items():
-            if (not isinstance(entry, dict) or not isinstance(entry.get("key"), str) or not _KEY.match(entry["key"])
-                    or entry.get("dtype") != rec["dtype"] or not isinstance(entry.get("shape"), list)
-                    or not all(isinstance(s, int) and s >= 0 for s in entry["shape"])):
-                _fail(where, f"case {cid}: output {name} entry is malformed: {entry!r}")
-        ids.append(cid)
-    if len(set(ids)) != len(ids):
-        _fail(where, "case ids repeat")
-    if ids != corpus["case_ids"]:
-        _fail(where, "the case records do not match corpus.case_ids")
-
-
-def _load_arrays(npz_bytes: bytes, manifest: dict, where: str) -> dict:
-    expected = {}
-    for rec in manifest["cases"]:
-        for entry in rec["outputs"].values():
-            if entry["key"] in expected:
-                raise BundleError(f"{where}: {MANIFEST}: output key {entry['key']} is used twice")
-            expected[entry["key"]] = entry
-    try:
-        npz = np.load(io.BytesIO(npz_bytes), allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - numpy raises several kinds for a bad archive
-        raise BundleError(f"{where}: {OUTPUTS_MEMBER} is not a readable .npz archive: {exc}") from None
-    with npz:
-        present = set(npz.files)
-        unexpected = sorted(present - set(expected))
+    One budget covers the load: the manifest's and outputs.npz's declared sizes, and the bytes of
+    the arrays the manifest lists (reserved before outputs.npz is read; :func:`_read_array` then
+    holds each array to exactly its manifest dtype and shape).
+    """
+    zf = open_archive(f, "the bundle", max_members=len(MEMBERS) + _SLACK,
+                      max_member_bytes={MANIFEST: MAX_MANIFEST_BYTES, OUTPUTS_MEMBER: MAX_OUTPUTS_BYTES})
+    with zf:
+        infos = {i.filename: i for i in zf.infolist()}
+        unexpected = sorted(set(infos) - set(MEMBERS))
         if unexpected:
-            raise BundleError(f"{where}: {OUTPUTS_MEMBER} holds arrays the manifest does not list: {unexpected[:5]}")
+            raise ArchiveError(f"unexpected members {unexpected} (a bundle holds only {list(MEMBERS)})")
+        missing = [m for m in MEMBERS if m not in infos]
+        if missing:
+            raise ArchiveError(f"missing members {missing}")
+        budget = Budget(EXPANSION_FLOOR + MAX_EXPANSION * f.seek(0, 2))
+        manifest = parse_manifest(read_member(zf, infos[MANIFEST], budget, MANIFEST))
+        declared = array_bytes(manifest)
+        if declared > MAX_OUTPUTS_BYTES:
+            raise ManifestError(f"its arrays would take {declared} bytes (limit {MAX_OUTPUTS_BYTES})")
+        budget.reserve(declared, f"the arrays listed in {MANIFEST}")
+        npz = read_member(zf, infos[OUTPUTS_MEMBER], budget, OUTPUTS_MEMBER)
+    return manifest, npz
+
+
+def _read_arrays(npz: bytes, manifest: dict) -> dict:
+    """The arrays the manifest lists, read from ``npz`` (an .npz archive's bytes) and nothing else."""
+    expected = {e["key"]: e for rec in manifest["cases"] for e in rec["outputs"].values()}
+    zf = open_archive(io.BytesIO(npz), OUTPUTS_MEMBER, max_members=len(expected) + _SLACK,
+                      max_member_bytes=MAX_OUTPUTS_BYTES)
+    with zf:
+        infos = {i.filename: i for i in zf.infolist()}
+        present = {name[:-4] for name in infos if name.endswith(".npy")}
+        unexpected = sorted(set(infos) - {k + ".npy" for k in expected})
+        if unexpected:
+            raise ArchiveError(f"{OUTPUTS_MEMBER} holds arrays the manifest does not list: {unexpected[:5]}")
         missing = sorted(set(expected) - present)
         if missing:
-            raise BundleError(f"{where}: {OUTPUTS_MEMBER} lacks arrays the manifest lists: {missing[:5]}")
-        arrays = {}
-        for key, entry in expected.items():
-            try:
-                a = npz[key]
-            except ValueError as exc:
-                raise BundleError(f"{where}: {OUTPUTS_MEMBER}: array {key} cannot be loaded without unpickling "
-                                  f"(refused): {exc}") from None
-            except Exception as exc:  # noqa: BLE001
-                raise BundleError(f"{where}: {OUTPUTS_MEMBER}: array {key} is unreadable: {exc}") from None
-            want = np.dtype(_STORED_DTYPES[entry["dtype"]])
-            if a.dtype.hasobject or a.dtype != want:
-                raise BundleError(f"{where}: {OUTPUTS_MEMBER}: array {key} has dtype {a.dtype}, expected {want} "
-                                  f"for {entry['dtype']}")
-            if list(a.shape) != entry["shape"]:
-                raise BundleError(f"{where}: {OUTPUTS_MEMBER}: array {key} has shape {list(a.shape)}, the manifest "
-                                  f"records {entry['shape']}")
-            arrays[key] = a
-    return arrays
+            raise ArchiveError(f"{OUTPUTS_MEMBER} lacks arrays the manifest lists: {missing[:5]}")
+        return {key: _read_array(zf, infos[key + ".npy"], entry) for key, entry in expected.items()}
+
+
+def _read_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, entry: dict) -> np.ndarray:
+    """One .npy member: its header must give the manifest's dtype and shape before its data is read."""
+    what = f"{OUTPUTS_MEMBER}: array {info.filename[:-4]}"
+    want = np.dtype(STORED_DTYPES[entry["dtype"]])
+    with CountingReader.open(zf, info, what) as reader:
+        dtype, shape, fortran = _read_npy_header(reader, what)
+        if dtype.hasobject or dtype.kind != want.kind or dtype.itemsize != want.itemsize or dtype.fields \
+                or dtype.subdtype:
+            raise ArchiveError(f"{what} has dtype {dtype}, expected {want} for {entry['dtype']}"
+                               + (" (refused: reading it would need unpickling)" if dtype.hasobject else ""))
+        if list(shape) != entry["shape"]:
+            raise ArchiveError(f"{what} has shape {list(shape)}, the manifest records {entry['shape']}")
+        count = int(np.prod(shape, dtype=object))
+        if reader.count + count * want.itemsize != info.file_size:
+            raise ArchiveError(f"{what}: its header gives {count * want.itemsize} bytes of data, its zip entry "
+                               f"declares {info.file_size - reader.count}")
+        a = np.empty(count, dtype=want)
+        reader.readinto(memoryview(a).cast("B"))
+        reader.finish()
+    if not dtype.isnative and want.itemsize > 1:
+        a.byteswap(inplace=True)
+    return a.reshape(shape, order="F" if fortran else "C")
+
+
+def _read_npy_header(reader: CountingReader, what: str) -> tuple:
+    """(dtype, shape, fortran_order) from a .npy stream, reading only its magic string and header."""
+    try:
+        version = npy_format.read_magic(reader)
+        if version not in ((1, 0), (2, 0)):
+            raise ArchiveError(f"{what}: .npy format version {version} is not read")
+        read = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+        shape, fortran, dtype = read(reader, max_header_size=MAX_NPY_HEADER)
+    except ArchiveError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - numpy raises ValueError, SyntaxError, TypeError... for a bad header
+        raise ArchiveError(f"{what} is not a readable .npy array: {type(exc).__name__}: {exc}") from None
+    return np.dtype(dtype), tuple(shape), bool(fortran)

@@ -1,18 +1,21 @@
 """``xconv conformance``: run the corpus on backends, write and compare result bundles, write reports.
 
-    xconv conformance [--backend NAME]... [--cases PATTERN]... [--report FILE]
-        Run the corpus on the named backends (default: every registered backend except the
-        oracle "numpy-exact"), with a progress bar, and print a summary table.
-    xconv conformance run --backend NAME --out FILE.xcr [--cases PATTERN]... [--report FILE]
-        Run on one backend and write a portable result bundle.
-    xconv conformance compare A.xcr B.xcr [...] [--report FILE] [--all]
-        Hold bundles against the reference and against each other; a table; exit 1 on a disagreement.
-    xconv conformance cases [--cases PATTERN]... [--json]
-        List the case ids (or their specs).
+subcommands (``xconv conformance SUBCOMMAND --help`` describes each):
+  check    run the corpus on backends and print a summary table (the default: ``xconv conformance
+           [--backend NAME]...`` is ``xconv conformance check ...``); every registered backend but
+           the oracle "numpy-exact" unless --backend names some
+  run      run on one backend and write a portable result bundle (--backend NAME --out FILE.xcr)
+  compare  hold bundles against the reference and against each other; exit 1 on a disagreement
+  cases    list the case ids or their specs (also: list)
+
+check and run run the backend in worker processes: a case that crashes its worker is recorded as
+"crashed" (with the signal), one past --case-timeout SECONDS as "timed out", and the run goes on;
+--no-isolate runs in this process (for debugging).
 
 Exit status: 0 when everything run passed (refusals and unavailable backends are reported, not
-failures, except that a backend named with --backend must be available); 1 on a failure or a
-disagreement; 2 on a usage error, an unavailable named backend or an unreadable bundle.
+failures, except that a backend named with --backend must be available); 1 on a failure (crashed
+and timed-out cases included) or a disagreement; 2 on a usage error, an unknown or unavailable
+named backend or an unreadable bundle; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -29,11 +32,78 @@ import xconv
 from . import __version__, env, report
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
-from .compare import compare_bundles, format_comparison, report_runs
+from .compare import compare_bundles, count_line, format_comparison, report_runs
 from .report import write_report
-from .runner import ORACLE, Watch, apply_fresh_process, availability, fresh_process_digests, inputs_of, resolve, run_case
+from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
+from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
 
-SUBCOMMANDS = ("run", "compare", "cases")
+SUBCOMMANDS = ("check", "run", "compare", "cases", "list")
+
+
+def phase(text: str, stream=None):
+    """Report one preparation phase as one line on stderr, terminal or not: "text ... 1.2 s" (a context manager)."""
+    return _Phase(text, stream)
+
+
+class _Phase:
+    def __init__(self, text: str, stream=None):
+        self.text, self.stream = text, stream
+
+    def __enter__(self):
+        self.stream = self.stream or sys.stderr
+        self.start = time.perf_counter()
+        self.stream.write(f"xconv conformance: {self.text} ... ")
+        self.stream.flush()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        took = time.perf_counter() - self.start
+        self.stream.write(f"{'failed' if kind else 'done'} ({took:.1f} s)\n")
+        self.stream.flush()
+        return False
+
+
+# small convolutions that make a backend build or load what its first real call would (JIT, C loops,
+# vendor plans): a dense one with 32 channels, a depthwise one, a strided 1-D one
+_WARM_UP = (((1, 32, 6, 6), (32, 32, 3, 3), dict(padding=1)),
+            ((1, 16, 6, 6), (16, 1, 3, 3), dict(padding=1, groups=16)),
+            ((2, 4, 9), (8, 4, 3), dict(stride=2)))
+
+
+def prepare(name: str, quiet: bool = False, isolate: bool = True) -> None:
+    """Run the warm-up convolutions on backend ``name`` in this process (errors ignored: the cases report
+    them). Not when the cases run in worker processes: a backend that crashes must not take this
+    process down before its first case, and the workers load their own kernels (one line says so)."""
+    import numpy as np
+
+    if isolate:
+        if not quiet:
+            print(f"xconv conformance: backend {name} runs in worker processes (the first case starts one)",
+                  file=sys.stderr, flush=True)
+        return
+
+    from .families import family
+    try:
+        b = resolve(name)
+        fam = family(b.array_families[0] if b.array_families else "numpy")
+    except Exception:  # noqa: BLE001
+        return
+    with phase(f"preparing backend {name} (first calls build or load its kernels)") if not quiet else _nothing():
+        for xs, ws, kw in _WARM_UP:
+            try:
+                x, w = (fam.from_numpy(np.ones(s, np.float32)) for s in (xs, ws))
+                dy = fam.from_numpy(np.ones(xconv.output_shape(xs, ws, **kw), np.float32))
+                xconv.convolution_backward(dy, x, w, backend=name, **kw)
+            except Exception:  # noqa: BLE001
+                continue
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 class Progress:
@@ -65,29 +135,37 @@ class Progress:
 
 
 def run_backend(cases, backend: str, progress: Progress | None = None, keep_outputs: bool = False,
-                imports=()) -> list:
-    """Outcomes of ``cases`` on ``backend``, with the batched fresh-process determinism check."""
+                imports=(), isolate: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT, notes=None) -> list:
+    """Outcomes of ``cases`` on ``backend`` (in a worker process unless not ``isolate``), with the
+    fresh-process determinism check of the deterministic cases that passed. Lines worth telling
+    the user (a run that could not be isolated) are appended to ``notes``."""
     outcomes = []
-    watch = Watch()
-    for case in cases:
-        out = watch.after(run_case(case, backend, keep_outputs=keep_outputs))
-        outcomes.append(out)
-        if progress:
-            progress.step(f"{backend} {case.id}", out.status == "failed")
-    det = [(c, o) for c, o in zip(cases, outcomes) if c.deterministic and c.kind == "valid" and o.status == "passed"]
-    if det:
-        try:
-            fresh = fresh_process_digests(backend, [c for c, _ in det], imports)
-        except Exception as exc:  # noqa: BLE001
-            fresh = {c.id: f"error: {exc}" for c, _ in det}
-        for c, o in det:
-            apply_fresh_process(o, fresh.get(c.id, "error: no answer from the fresh process"))
+    det_ids = {c.id for c in cases if c.deterministic and c.kind == "valid"}
+    fresh = FreshDigests(backend, imports, case_timeout)
+    try:
+        with CaseRunner(backend, isolate=isolate, case_timeout=case_timeout, imports=imports,
+                        keep_outputs=keep_outputs) as runner:
+            for case in cases:
+                out = runner.run(case)
+                outcomes.append(out)
+                if det_ids and len(outcomes) == 1:
+                    fresh.worker.spawn()    # its start-up overlaps the run (after the judge's, not competing with it)
+                if progress:
+                    progress.step(f"{backend} {case.id}", out.status in FAILING)
+            if runner.note and notes is not None:
+                notes.append(runner.note)
+        for c, o in zip(cases, outcomes):
+            if c.id in det_ids and o.status == "passed":
+                apply_fresh_process(o, fresh.digest(c))
+    finally:
+        fresh.close()
     return outcomes
 
 
 def _rows(cases, outcomes) -> list[dict]:
     return [{"id": c.id, "group": c.group, "dtype": c.dtype, "status": o.status, "ratio": o.ratio,
-             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "ran": report.ran(o.record)}
+             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr,
+             "ran": report.ran(o.record)}
             for c, o in zip(cases, outcomes)]
 
 
@@ -99,12 +177,14 @@ def _fmt(r) -> str:
 
 def summary_table(results: dict, seconds: dict) -> str:
     """``results``: {backend: [(case, outcome)]} -> the summary table text."""
-    rows = [["backend", "passed", "failed", "refused", "unavailable", "worst error/bound", "worst case", "time"]]
+    rows = [["backend", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "worst error/bound",
+             "worst case", "time"]]
     for name, pairs in results.items():
         counts = Counter(o.status for _, o in pairs)
         ratios = [(o.ratio, c.id) for c, o in pairs if o.ratio is not None]
         worst = max(ratios) if ratios else (None, "")
-        rows.append([name, *(str(counts.get(s, 0)) for s in ("passed", "failed", "refused", "unavailable")),
+        rows.append([name, *(str(counts.get(s, 0)) for s in ("passed", "failed", "crashed", "timed_out", "refused",
+                                                              "unavailable")),
                      _fmt(worst[0]), worst[1], f"{seconds.get(name, 0.0):.1f}s"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -117,6 +197,12 @@ def _details(results: dict, verbose: bool) -> str:
         if unavailable and len(unavailable) == len(pairs):
             lines.append(f"{name}: unavailable: {unavailable[0]}")
             continue
+        for c, o in pairs:
+            if o.status in ("crashed", "timed_out"):
+                lines.append(f"{o.status.upper().replace('_', ' ')} {c.id} on {name}: "
+                             f"{o.message.splitlines()[0] if o.message else ''}"[:600])
+                if verbose and o.stderr.strip():
+                    lines += ["    | " + line[:300] for line in stderr_excerpt(o.stderr)]
         failed = [(c, o) for c, o in pairs if o.status == "failed"]
         for c, o in failed[: None if verbose else 20]:
             lines.append(f"FAILED {c.id} on {name}: {o.message.splitlines()[0] if o.message else ''}"[:600])
@@ -140,20 +226,44 @@ def _select(patterns):
     return cases
 
 
+def _load(args):
+    """Imports, plugins and the corpus, each reported as one phase line unless --no-progress."""
+    quiet = args.no_progress
+    with phase("loading backend plugins") if not quiet else _nothing():
+        _import(args.imports)
+        xconv.list_backends()
+    with phase("loading the case corpus") if not quiet else _nothing():
+        return _select(args.cases)
+
+
+def _unknown(names) -> str | None:
+    known = {r.name for r in xconv.list_backends()}
+    bad = [n for n in names if n not in known]
+    if bad:
+        return (f"xconv conformance: no backend named {', '.join(map(repr, bad))} is registered "
+                f"(registered: {', '.join(sorted(known))}; `xconv backends` lists them)")
+    return None
+
+
 def cmd_check(args) -> int:
-    _import(args.imports)
-    cases = _select(args.cases)
+    cases = _load(args)
     explicit = bool(args.backend)
+    if explicit and (msg := _unknown(args.backend)):
+        print(msg, file=sys.stderr)
+        return 2
     names = args.backend or [r.name for r in xconv.list_backends() if r.name != ORACLE]
     avail = {n: availability(n) for n in names}
     runnable = [n for n in names if avail[n][0]]
+    for n in runnable:
+        prepare(n, quiet=args.no_progress, isolate=not args.no_isolate)
     progress = Progress(len(cases) * len(runnable), False if args.no_progress else None)
-    results, seconds = {}, {}
+    results, seconds, notes = {}, {}, []
     from .runner import Outcome
     for name in names:
         start = time.perf_counter()
         if avail[name][0]:
-            outcomes = run_backend(cases, name, progress, imports=args.imports)
+            outcomes = run_backend(cases, name, progress, imports=args.imports, isolate=not args.no_isolate,
+                                   case_timeout=args.case_timeout, notes=notes)
         else:
             outcomes = [Outcome(c.id, name, "unavailable", avail[name][1]) for c in cases]
         results[name] = list(zip(cases, outcomes))
@@ -165,12 +275,14 @@ def cmd_check(args) -> int:
     details = _details(results, args.verbose)
     if details:
         print(details)
+    for note in notes:
+        print(f"note: {note}")
     if args.report:
         runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs])}
                 for name, pairs in results.items()]
         write_report(args.report, "xconv conformance report", runs, _intro(cases))
         print(f"report: {args.report}")
-    if any(o.status == "failed" for pairs in results.values() for _, o in pairs):
+    if any(o.status in FAILING for pairs in results.values() for _, o in pairs):
         return 1
     if explicit and any(not avail[n][0] for n in names):
         return 2
@@ -211,15 +323,20 @@ def manifest_for(name: str, cases, argv) -> dict:
 
 
 def cmd_run(args, argv) -> int:
-    _import(args.imports)
-    cases = _select(args.cases)
+    cases = _load(args)
+    if msg := _unknown([args.backend]):
+        print(msg, file=sys.stderr)
+        return 2
     ok, reason = availability(args.backend)
     if not ok:
         print(f"xconv conformance: backend {args.backend!r} is unavailable: {reason}", file=sys.stderr)
         return 2
+    prepare(args.backend, quiet=args.no_progress, isolate=not args.no_isolate)
     progress = Progress(len(cases), False if args.no_progress else None)
     start = time.perf_counter()
-    outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports)
+    notes = []
+    outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports,
+                           isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
     progress.close()
     seconds = time.perf_counter() - start
     manifest, arrays = build(manifest_for(args.backend, cases, argv),
@@ -231,13 +348,15 @@ def cmd_run(args, argv) -> int:
     details = _details(results, args.verbose)
     if details:
         print(details)
+    for note in notes:
+        print(f"note: {note}")
     print(f"bundle: {args.out}")
     if args.report:
         write_report(args.report, f"xconv conformance: {args.backend}", [
             {"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes)}],
             _intro(cases))
         print(f"report: {args.report}")
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 1 if any(o.status in FAILING for o in outcomes) else 0
 
 
 def cmd_compare(args) -> int:
@@ -251,7 +370,7 @@ def cmd_compare(args) -> int:
     if args.report:
         write_report(args.report, "xconv conformance comparison", report_runs(cmp),
                      f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
-                     + ". Each bundle is held against the float64 reference recomputed here.")
+                     + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
         print(f"report: {args.report}")
     return 1 if cmp.disagreements else 0
 
@@ -264,53 +383,79 @@ def cmd_cases(args) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser, backend_repeatable: bool = True) -> None:
+def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", action="append", metavar="PATTERN",
                    help="only cases whose id matches (glob, or substring); repeatable")
     p.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--verbose", "-v", action="store_true", help="list every failure and refusal reason")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (neither the preparation lines nor the bar)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="list every failure and refusal reason, and the stderr of crashed and timed-out cases")
+    p.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT, metavar="SECONDS",
+                   help=f"record a case still running after SECONDS as timed out (default {DEFAULT_CASE_TIMEOUT:g})")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run the backend in this process, not in worker processes (for debugging: a crash "
+                        "then ends the run)")
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                    help="import MODULE first (it may register backends with xconv.register_backend); repeatable")
 
 
-def build_parsers() -> dict:
-    check = argparse.ArgumentParser(prog="xconv conformance", description=__doc__,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give ``parser`` (``xconv conformance``) its subcommands; each has its own --help."""
+    parser.description = __doc__.replace("``", "")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="subcommand", metavar="{check,run,compare,cases,list}", title="subcommands")
+    check = sub.add_parser("check", help="run the corpus on backends; a summary table (the default)",
+                           description="Run the corpus on the named backends (default: every registered "
+                                       "backend but the oracle numpy-exact) and print a summary table. "
+                                       "Exit 1 on a failure, 2 when a named backend is unknown or unavailable.")
     check.add_argument("--backend", action="append", metavar="NAME",
                        help="backend to test (repeatable; default: every registered backend but the oracle)")
     _common(check)
-    run = argparse.ArgumentParser(prog="xconv conformance run",
-                                  description="Run the corpus on one backend and write a portable bundle.")
+    run = sub.add_parser("run", help="run on one backend and write a portable bundle",
+                         description="Run the corpus on one backend and write a portable result bundle.")
     run.add_argument("--backend", required=True, metavar="NAME")
     run.add_argument("--out", required=True, metavar="FILE.xcr")
     _common(run)
-    compare = argparse.ArgumentParser(prog="xconv conformance compare",
-                                      description="Compare bundles against the reference and pairwise.")
+    compare = sub.add_parser("compare", help="compare bundles against the reference and pairwise",
+                             description="Compare bundles against the float64 reference and pairwise; "
+                                         "exit 1 on a disagreement, 2 on an unreadable bundle.")
     compare.add_argument("bundles", nargs="+", metavar="BUNDLE.xcr")
-    compare.add_argument("--report", metavar="FILE.html")
+    compare.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report")
     compare.add_argument("--all", action="store_true", help="list every case, not only disagreements")
-    cases = argparse.ArgumentParser(prog="xconv conformance cases", description="List the corpus.")
-    cases.add_argument("--cases", action="append", metavar="PATTERN")
+    cases = sub.add_parser("cases", aliases=["list"], help="list the case ids or specs (alias: list)",
+                           description="List the corpus: one case id per line, or each spec as JSON.")
+    cases.add_argument("--cases", action="append", metavar="PATTERN",
+                       help="only cases whose id matches (glob, or substring); repeatable")
     cases.add_argument("--json", action="store_true", help="print each case's spec as JSON")
-    return {"check": check, "run": run, "compare": compare, "cases": cases}
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parsers = build_parsers()
-    sub = argv[0] if argv and argv[0] in SUBCOMMANDS else "check"
-    rest = argv[1:] if sub != "check" else argv
+def with_default_subcommand(argv: list[str]) -> list[str]:
+    """``argv`` with "check" put first when it names no subcommand (options only, or nothing)."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        return ["check", *argv]
+    return argv
+
+
+def dispatch(args, argv: list[str]) -> int:
+    """Run the parsed subcommand; ``argv`` is what followed ``xconv conformance`` (for bundle manifests)."""
     try:
-        args = parsers[sub].parse_args(rest)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        if sub == "run":
+        if args.subcommand == "run":
             return cmd_run(args, argv)
-        if sub == "compare":
+        if args.subcommand == "compare":
             return cmd_compare(args)
-        if sub == "cases":
+        if args.subcommand in ("cases", "list"):
             return cmd_cases(args)
         return cmd_check(args)
     except SystemExit as exc:
@@ -323,5 +468,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``xconv conformance`` on its own (the ``xconv`` command calls :func:`configure` and :func:`dispatch`)."""
+    argv = with_default_subcommand(sys.argv[1:] if argv is None else list(argv))
+    parser = configure(argparse.ArgumentParser(prog="xconv conformance"))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return dispatch(args, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from xconv.cli import guarded
+
+    sys.exit(guarded(main))

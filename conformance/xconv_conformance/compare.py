@@ -7,7 +7,7 @@ bundles against each other: |a - b| <= bound_a + bound_b, the sum of the two bou
 the triangle inequality allows two correct results to differ by.
 
 A disagreement is: a result outside its bound, a pair outside the pairwise bound, a case that
-failed on its own machine, or a bundle whose inputs (or case spec) differ from this corpus.
+failed, crashed or timed out on its own machine, or a bundle whose inputs (or case spec) differ from this corpus.
 Refused and unavailable cases are listed, not counted as disagreements.
 """
 
@@ -21,9 +21,11 @@ import numpy as np
 from . import report, tolerance
 from .bundle import Bundle
 from .cases import load_corpus
+from .manifest_schema import printable
 from .runner import _log_ratio_sample, reference_of
 
 OUTPUTS = tolerance.OUTPUTS
+_COUNTED = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable", "absent")
 
 
 @dataclasses.dataclass
@@ -94,14 +96,17 @@ def _compare_case(case, bundles, records) -> CaseRow:
             statuses.append("absent"), ratios.append(None), messages.append("")
             continue
         statuses.append(rec["status"])
-        messages.append(rec.get("message", ""))
+        messages.append(printable(rec.get("message", "")))       # it may hold terminal escapes
         tag = f"[{_letter(i)}]"
         if rec["spec_digest"] != case.digest:
             problems.append(f"{tag} was run on a different spec of this case")
             ratios.append(None)
             continue
         if rec["status"] == "failed":
-            problems.append(f"{tag} failed on its machine: {rec.get('message', '')[:300]}")
+            problems.append(f"{tag} failed on its machine: {messages[-1][:300]}")
+        elif rec["status"] in ("crashed", "timed_out"):
+            how = f"crashed ({rec.get('signal') or 'exit'})" if rec["status"] == "crashed" else "timed out"
+            problems.append(f"{tag} {how} on its machine: {messages[-1][:300]}")
         if case.kind != "valid":
             ratios.append(None)
             continue
@@ -182,10 +187,11 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
         lines.append(f"  note: {note}")
     lines.append("")
     lines.append("Against the reference (float64 oracle recomputed here): results per bundle")
-    header = ["bundle", "passed", "failed", "refused", "unavailable", "absent", "outside bound", "worst error/bound"]
+    header = ["bundle", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "absent",
+              "outside bound", "worst error/bound"]
     table = [header]
     for i in range(len(bundles)):
-        counts = {s: 0 for s in ("passed", "failed", "refused", "unavailable", "absent")}
+        counts = {s: 0 for s in _COUNTED}
         outside, worst = 0, None
         for row in cmp.rows:
             counts[row.statuses[i]] = counts.get(row.statuses[i], 0) + 1
@@ -193,8 +199,8 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
             if r is not None:
                 worst = r if worst is None else max(worst, r)
                 outside += not r <= 1.0
-        table.append([f"[{_letter(i)}] {bundles[i].backend}", *(str(counts[s]) for s in
-                      ("passed", "failed", "refused", "unavailable", "absent")), str(outside), _fmt(worst)])
+        table.append([f"[{_letter(i)}] {bundles[i].backend}", *(str(counts[s]) for s in _COUNTED),
+                      str(outside), _fmt(worst)])
     lines += _table(table)
     if len(bundles) > 1:
         lines.append("")
@@ -233,9 +239,21 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
                      f"{refused[0][2][:200]}")
     lines.append("")
     n_bad = len(cmp.disagreements)
-    lines.append(f"{len(cmp.rows)} cases compared across {len(bundles)} bundle(s): "
+    lines.append(count_line(cmp) + ": "
                  + (f"{n_bad} disagreement(s)" if n_bad else "all agree within the error bounds"))
     return "\n".join(lines)
+
+
+def count_line(cmp: Comparison) -> str:
+    """How many cases were compared in every bundle, and how many only in some (absent from the others)."""
+    n = len(cmp.bundles)
+    everywhere = sum("absent" not in row.statuses for row in cmp.rows)
+    some = len(cmp.rows) - everywhere
+    text = (f"{everywhere} case(s) compared in all {n} bundles" if n > 1
+            else f"{everywhere} case(s) checked in the bundle")
+    if some:
+        text += f", {some} more present in only some of them (compared where present)"
+    return text
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -249,8 +267,9 @@ def report_runs(cmp: Comparison) -> list[dict]:
     for i, b in enumerate(cmp.bundles):
         m = b.manifest
         rows = [{"id": row.case_id, "group": row.group, "dtype": row.dtype,
-                 "status": "failed" if any(p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
-                                           for p in row.problems) else row.statuses[i],
+                 "status": "failed" if row.statuses[i] not in ("crashed", "timed_out") and any(
+                     p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
+                     for p in row.problems) else row.statuses[i],
                  "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i],
                  "ran": row.ran[i] if row.ran else ""}
                 for row in cmp.rows if row.statuses[i] != "absent"]

@@ -2,14 +2,17 @@
 
 One test per case x backend, with ids ``<case id>@<backend>``. Default backends: every
 registered backend except the oracle "numpy-exact" (a backend that is registered but cannot
-run here is reported unavailable, with its reason). Outcomes map to pytest as: passed ->
-passed; failed -> failed; refused (UnsupportedError) -> skipped "refused: ..."; unavailable ->
+run here is reported unavailable, with its reason). Each backend runs in a worker process
+(:mod:`.isolation`): a case that crashes it or runs past the case timeout fails as "crashed: SIGNAL"
+or "timed out" and the session goes on. Outcomes map to pytest as: passed -> passed; failed,
+crashed, timed out -> failed; refused (UnsupportedError) -> skipped "refused: ..."; unavailable ->
 skipped "unavailable: ...". The terminal summary prints the kit's table: passed, failed, refused
 and unavailable per backend, and the worst error/bound.
 
 Options: ``--xconv-backend NAME`` (repeatable), ``--xconv-cases PATTERN`` (repeatable; glob or
 substring of case ids), ``--xconv-import MODULE`` (repeatable; import a module that registers
-backends at run time).
+backends at run time), ``--xconv-case-timeout SECONDS`` (default 300), ``--xconv-no-isolate``
+(run the backends in the pytest process).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import pytest
 import xconv
 
 from .cases import load_corpus, select
-from .runner import ORACLE, Watch, apply_fresh_process, fresh_process_digests, run_case
+from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests
+from .runner import FAILING, ORACLE, apply_fresh_process
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_terminal_summary",
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_generate_tests", "pytest_terminal_summary", "pytest_unconfigure",
            "conformance_check"]
 
 _STATE = pytest.StashKey[dict]()
@@ -47,11 +51,15 @@ def pytest_addoption(parser):
          help="only conformance cases whose id matches PATTERN (glob or substring; repeatable)")
     _add(group, "--xconv-import", action="append", default=None, metavar="MODULE",
          help="import MODULE before collecting (it may register backends); repeatable")
+    _add(group, "--xconv-case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, metavar="SECONDS",
+         help=f"fail a case still running after SECONDS as timed out (default {DEFAULT_CASE_TIMEOUT:g})")
+    _add(group, "--xconv-no-isolate", action="store_true", default=False,
+         help="run the backends in the pytest process instead of worker processes")
 
 
 def pytest_configure(config):
     config.stash[_STATE] = {"outcomes": defaultdict(list), "fresh": {}, "seconds": defaultdict(float),
-                            "watch": defaultdict(Watch)}
+                            "runners": {}, "notes": set()}
     for module in config.getoption("--xconv-import") or ():
         importlib.import_module(module)
 
@@ -72,23 +80,29 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize(("conformance_case", "conformance_backend"), params)
 
 
-def _fresh_digests(request, backend: str) -> dict:
-    state = request.config.stash[_STATE]
-    if backend not in state["fresh"]:
-        cases = []
-        for item in request.session.items:
-            callspec = getattr(item, "callspec", None)
-            if callspec is None or callspec.params.get("conformance_backend") != backend:
-                continue
-            case = callspec.params.get("conformance_case")
-            if case is not None and case.deterministic and case.kind == "valid":
-                cases.append(case)
-        try:
-            state["fresh"][backend] = fresh_process_digests(backend, cases,
-                                                            request.config.getoption("--xconv-import") or ())
-        except Exception as exc:  # noqa: BLE001
-            state["fresh"][backend] = {c.id: f"error: {exc}" for c in cases}
-    return state["fresh"][backend]
+def _runner(config, backend: str) -> CaseRunner:
+    runners = config.stash[_STATE]["runners"]
+    if backend not in runners:
+        runners[backend] = CaseRunner(backend, isolate=not config.getoption("--xconv-no-isolate"),
+                                      case_timeout=config.getoption("--xconv-case-timeout"),
+                                      imports=config.getoption("--xconv-import") or (), spawn=False)
+    return runners[backend]
+
+
+def _fresh(config, backend: str) -> FreshDigests:
+    fresh = config.stash[_STATE]["fresh"]
+    if backend not in fresh:
+        fresh[backend] = FreshDigests(backend, config.getoption("--xconv-import") or (),
+                                      config.getoption("--xconv-case-timeout"))
+    return fresh[backend]
+
+
+def pytest_unconfigure(config):
+    state = config.stash.get(_STATE, None)
+    for holder in (state or {}).get("runners", {}).values():
+        holder.close()
+    for holder in (state or {}).get("fresh", {}).values():
+        holder.close()
 
 
 @pytest.fixture
@@ -98,10 +112,12 @@ def conformance_check(request):
     def check(case, backend):
         start = time.perf_counter()
         state = request.config.stash[_STATE]
-        outcome = state["watch"][backend].after(run_case(case, backend))
+        runner = _runner(request.config, backend)
+        outcome = runner.run(case)
+        if runner.note:
+            state["notes"].add(runner.note)
         if outcome.status == "passed" and case.deterministic and case.kind == "valid":
-            fresh = _fresh_digests(request, backend)
-            apply_fresh_process(outcome, fresh.get(case.id, "error: the fresh process did not run this case"))
+            apply_fresh_process(outcome, _fresh(request.config, backend).digest(case))
         state["outcomes"][backend].append((case, outcome))
         state["seconds"][backend] += time.perf_counter() - start
         if outcome.ratio is not None:
@@ -110,8 +126,9 @@ def conformance_check(request):
             pytest.skip(f"unavailable: backend {backend!r}: {outcome.message}")
         if outcome.status == "refused":
             pytest.skip(f"refused: {outcome.message}")
-        if outcome.status == "failed":
-            pytest.fail(f"{case.id} on {backend}: {outcome.message}", pytrace=False)
+        if outcome.status in FAILING:
+            stderr = f"\n--- its stderr (tail) ---\n{outcome.stderr}" if outcome.stderr.strip() else ""
+            pytest.fail(f"{case.id} on {backend}: {outcome.message}{stderr}", pytrace=False)
         return outcome
 
     return check
@@ -129,3 +146,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         reasons = {o.message for _, o in pairs if o.status == "unavailable"}
         for reason in sorted(reasons):
             terminalreporter.write_line(f"{backend}: unavailable: {reason}")
+    for note in sorted(state["notes"]):
+        terminalreporter.write_line(f"note: {note}")

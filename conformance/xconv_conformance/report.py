@@ -9,13 +9,17 @@ from collections import Counter, defaultdict
 import numpy as np
 
 LO, HI, STEP = -10.0, 2.0, 0.25          # histogram range of log10(error / bound)
-_STATUS_COLOR = {"passed": "#2e7d32", "failed": "#c62828", "refused": "#ef6c00", "unavailable": "#757575"}
+_STATUS_COLOR = {"passed": "#2e7d32", "failed": "#c62828", "crashed": "#6a1b9a", "timed_out": "#ad1457",
+                 "refused": "#ef6c00", "unavailable": "#757575"}
+_COUNTED = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
+_FAILING = ("failed", "crashed", "timed_out")
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1400px}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0}th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left}
 th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.refused{color:#ef6c00}.unavailable{color:#757575}
+.passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.zero{color:#9e9e9e}.refused{color:#ef6c00}.unavailable{color:#757575}
+.crashed{color:#6a1b9a;font-weight:bold}.timed_out{color:#ad1457;font-weight:bold}
 .plots{display:flex;flex-wrap:wrap;gap:1em}.plot{border:1px solid #eee;padding:.3em}
 .small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}
 """
@@ -115,16 +119,20 @@ def worst_cases_svg(rows: list[dict], title: str, width: int = 660) -> str:
     return "".join(parts)
 
 
+def _count_cell(status: str, n: int) -> str:
+    """A count coloured as its status only when non-zero: "0 failed" is not a failure."""
+    return f'<td class="num {status if n else "zero"}">{n}</td>'
+
+
 def summary_table(runs: list[dict]) -> str:
-    out = ["<table><tr><th>backend</th><th>version / device</th><th>passed</th><th>failed</th><th>refused</th>"
-           "<th>unavailable</th><th>worst error/bound</th><th>worst case</th></tr>"]
+    out = ["<table><tr><th>backend</th><th>version / device</th><th>passed</th><th>failed</th><th>crashed</th>"
+           "<th>timed out</th><th>refused</th><th>unavailable</th><th>worst error/bound</th><th>worst case</th></tr>"]
     for run in runs:
         counts = Counter(r["status"] for r in run["rows"])
         ratios = [(r["ratio"], r["id"]) for r in run["rows"] if isinstance(r.get("ratio"), (int, float))]
         worst = max(ratios) if ratios else (None, "")
         out.append(f'<tr><td>{_esc(run["label"])}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
-                   + "".join(f'<td class="num {s}">{counts.get(s, 0)}</td>' for s in
-                             ("passed", "failed", "refused", "unavailable"))
+                   + "".join(_count_cell(s, counts.get(s, 0)) for s in _COUNTED)
                    + f'<td class="num">{_fmt_ratio(worst[0])}</td><td>{_esc(worst[1])}</td></tr>')
     out.append("</table>")
     return "".join(out)
@@ -174,16 +182,17 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
                         f"<td class='num'>{_fmt_ratio(r['ratio'])}</td><td class='small'>{_esc(per)}</td>"
                         f"<td class='small'>{_esc(r.get('ran', ''))}</td></tr>")
         body.append("</table>")
-    problems = [(run["label"], r) for run in runs for r in run["rows"] if r["status"] in ("failed", "refused")]
-    body.append("<h2>Failures and refusals</h2>")
+    problems = [(run["label"], r) for run in runs for r in run["rows"] if r["status"] in _FAILING + ("refused",)]
+    problems.sort(key=lambda item: item[1]["status"] == "refused")     # failures, crashes and hangs first
+    body.append("<h2>Failures, crashes, time-outs and refusals</h2>")
     if not problems:
         body.append("<p>None.</p>")
     else:
         body.append("<table><tr><th>backend</th><th>case</th><th>status</th><th>message</th><th>ran</th></tr>")
         for label, r in problems[:500]:
             body.append(f"<tr><td>{_esc(label)}</td><td><code>{_esc(r['id'])}</code></td>"
-                        f"<td class='{_esc(r['status'])}'>{_esc(r['status'])}</td>"
-                        f"<td class='small'>{_esc(r.get('message', ''))[:2000]}</td>"
+                        f"<td class='{_esc(r['status'])}'>{_esc(r['status'].replace('_', ' '))}</td>"
+                        f"<td class='small'>{_esc(r.get('message', ''))[:2000]}{_stderr_html(r)}</td>"
                         f"<td class='small'>{_esc(r.get('ran', ''))}</td></tr>")
         body.append("</table>")
         if len(problems) > 500:
@@ -195,6 +204,14 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
                                                           for lbl, msg in sorted(unavailable)) + "</ul>")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>" + "".join(body) + "</body></html>")
+
+
+def _stderr_html(row: dict) -> str:
+    """A crashed or timed-out case's stderr tail, folded."""
+    text = (row.get("stderr") or "").strip()
+    if not text:
+        return ""
+    return f"<details><summary>stderr</summary><pre>{_esc(text[-4000:])}</pre></details>"
 
 
 def write_report(path: str, title: str, runs: list[dict], intro: str = "", extra_html: str = "") -> None:

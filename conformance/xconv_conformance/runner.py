@@ -9,7 +9,9 @@ Per invalid case: :class:`xconv.ShapeError` naming the expected argument, with n
 primitive called.
 
 Outcomes: "passed", "failed", "refused" (the backend raised UnsupportedError: reported, never a
-pass) and "unavailable" (with the backend's reason).
+pass), "unavailable" (with the backend's reason), and, when cases run in worker processes
+(:mod:`.isolation`), "crashed" (the case killed its worker: ``signal`` and ``stderr`` say how) and
+"timed_out" (it ran past the case timeout). Crashed and timed-out cases count as failures.
 """
 
 from __future__ import annotations
@@ -17,11 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import math
-import os
-import subprocess
-import sys
 import time
 import traceback
 
@@ -36,7 +34,8 @@ from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
 
 ORACLE = "numpy-exact"
-STATUSES = ("passed", "failed", "refused", "unavailable")
+STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
+FAILING = ("failed", "crashed", "timed_out")
 OUTPUTS = tolerance.OUTPUTS
 
 
@@ -56,19 +55,27 @@ class Outcome:
     seconds: float = 0.0
     ratio_samples: dict = dataclasses.field(default_factory=dict)  # per output: log10(ratio) histogram data
     live: tuple | None = dataclasses.field(default=None, repr=False)  # the backend's own result objects
+    signal: str | None = None                       # crashed: the name of the signal that killed the worker
+    stderr: str = ""                                # crashed / timed_out: the tail of what the case wrote there
     record: dict | None = None                      # xconv.trace() record of the call: which path/engine ran
 
     @property
     def ok(self) -> bool:
-        return self.status != "failed"
+        return self.status not in FAILING
 
     def summary(self) -> dict:
-        """JSON-able record (no arrays)."""
-        return {"id": self.case_id, "backend": self.backend, "status": self.status, "message": self.message,
-                "ratio": _json_float(self.ratio), "ratios": {k: _json_float(v) for k, v in self.ratios.items()},
-                "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
-                "digests": list(self.digests) if self.digests is not None else None,
-                "seconds": round(self.seconds, 6), **({"record": self.record} if self.record else {})}
+        """JSON-able record (no arrays); crashed and timed-out cases add ``signal`` and ``stderr``, cases whose
+        call ran add ``record`` (its xconv.trace() record)."""
+        record = {"id": self.case_id, "backend": self.backend, "status": self.status, "message": self.message,
+                  "ratio": _json_float(self.ratio), "ratios": {k: _json_float(v) for k, v in self.ratios.items()},
+                  "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
+                  "digests": list(self.digests) if self.digests is not None else None,
+                  "seconds": round(self.seconds, 6)}
+        if self.status in ("crashed", "timed_out"):
+            record.update(signal=self.signal, stderr=self.stderr)
+        if self.record:
+            record["record"] = self.record
+        return record
 
 
 def _json_float(v):
@@ -97,7 +104,7 @@ class Reference:
 def oracle_backend() -> Backend:
     try:
         return xconv.get_backend(ORACLE)
-    except xconv.BackendUnavailableError:
+    except (xconv.BackendUnavailableError, xconv.UnknownBackendError):
         from xconv_numpy import NumpyBackend
         return NumpyBackend(exact=True)
 
@@ -148,7 +155,13 @@ def compute_reference(case: Case, inputs: Inputs) -> Reference:
 
 
 def resolve(backend) -> Backend:
-    return xconv.get_backend(backend) if isinstance(backend, str) else backend
+    """The backend object; an unknown name raises BackendUnavailableError whose reason lists the registered names."""
+    if not isinstance(backend, str):
+        return backend
+    try:
+        return xconv.get_backend(backend)
+    except xconv.UnknownBackendError as exc:
+        raise BackendUnavailableError(backend, str(exc)) from None
 
 
 def digest(a) -> str | None:
@@ -421,32 +434,21 @@ class Watch:
 
 
 # ---------------------------------------------------------------------------------------------
-# The fresh-process determinism check
-
-
-def fresh_process_digests(backend_name: str, cases: list[Case], imports: list[str] = (),
-                          timeout: float = 600.0) -> dict:
-    """Run ``cases`` on ``backend_name`` in one fresh Python process; {case id: [digest or None] or error text}.
-
-    ``imports``: modules the fresh process imports first (for backends registered at run time
-    by :func:`xconv.register_backend` rather than by an installed plugin).
-    """
-    if not cases:
-        return {}
-    request = json.dumps({"backend": backend_name, "cases": [c.id for c in cases], "imports": list(imports)})
-    env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-m", "xconv_conformance.worker"], input=request, capture_output=True,
-                          text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the fresh-process worker failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout)
+# The fresh-process determinism check (the digests come from :class:`.isolation.FreshDigests`)
 
 
 def apply_fresh_process(outcome: Outcome, fresh) -> Outcome:
-    """Fail ``outcome`` when a fresh process's digests differ from this process's (deterministic cases)."""
+    """Fail ``outcome`` when a fresh process's digests differ from this process's (deterministic cases).
+
+    ``fresh``: the digests, a string saying why there are none, or an :class:`.isolation.Died`
+    (the fresh process crashed or hung on this case: the case takes that status, signal and stderr).
+    """
     if outcome.status != "passed" or outcome.digests is None:
+        return outcome
+    if getattr(fresh, "status", None) in ("crashed", "timed_out"):
+        from .isolation import _hint
+        outcome.status, outcome.signal, outcome.stderr = fresh.status, fresh.signal, fresh.stderr
+        outcome.message = f"in the fresh process of the determinism check: {fresh.detail}{_hint(fresh.stderr)}"
         return outcome
     if isinstance(fresh, str):
         if fresh.startswith("refused"):

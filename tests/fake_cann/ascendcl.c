@@ -52,6 +52,7 @@ static ptrset_t g_live[FAKECANN_KIND_COUNT];
 typedef struct {
     char *base;
     size_t size;
+    int device; /* the device whose (shared default) context owns it */
 } devalloc_t;
 static devalloc_t *g_allocs = NULL;
 static size_t g_nallocs = 0, g_cap_allocs = 0;
@@ -274,9 +275,17 @@ static int g_initialized = 0;
 static int g_refcount[FC_MAX_DEVICES];
 static uint64_t g_generation[FC_MAX_DEVICES];
 static int64_t g_opts[FC_MAX_DEVICES][FC_MAX_OPTS];
+/* The process-level slot of each option (aclrtSetSysParamOpt / aclrtGetSysParamOpt). CANN's
+ * rtCtxSetSysParamOpt writes it as well as the context's, and aclnn reads this one at phase 1
+ * (ops-nn: aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC, ...)). Default 0; it outlives contexts. */
+static int64_t g_proc_opts[FC_MAX_OPTS];
+static int64_t g_proc_opt_writes = 0;
 
 static _Thread_local int32_t tl_dev = -1;
 static _Thread_local uint64_t tl_gen = 0;
+
+static int64_t g_reclaimed = 0;
+static void reclaim_device(int d); /* below: device memory and streams die with the context */
 
 /* caller holds the lock */
 static void kill_context(int d)
@@ -284,6 +293,7 @@ static void kill_context(int d)
     g_refcount[d] = 0;
     g_generation[d]++;
     memset(g_opts[d], 0, sizeof g_opts[d]);
+    reclaim_device(d);
 }
 
 /* caller holds the lock */
@@ -298,6 +308,14 @@ int fakecann_priv_has_context(void)
 {
     LOCK();
     int r = ctx_device() >= 0;
+    UNLOCK();
+    return r;
+}
+
+int64_t fakecann_priv_process_deterministic(void)
+{
+    LOCK();
+    int64_t r = g_proc_opts[ACL_OPT_DETERMINISTIC];
     UNLOCK();
     return r;
 }
@@ -514,6 +532,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy)
     }
     g_allocs[g_nallocs].base = p;
     g_allocs[g_nallocs].size = size;
+    g_allocs[g_nallocs].device = tl_dev;
     g_nallocs++;
     UNLOCK();
     *devPtr = p;
@@ -556,6 +575,7 @@ aclError aclrtFree(void *devPtr)
         ERR("aclrtFree: devPtr is NULL");
         return ACL_ERROR_INVALID_PARAM;
     }
+    NEED_CTX("aclrtFree"); /* like aclrtMalloc: the runtime frees through the current context */
     LOCK();
     size_t i;
     for (i = 0; i < g_nallocs; i++)
@@ -572,6 +592,34 @@ aclError aclrtFree(void *devPtr)
     UNLOCK();
     return ACL_SUCCESS;
 }
+
+/* caller holds the lock: what a device's context owned dies with it (CANN frees a device's memory and
+ * streams when its reference count reaches 0). Counted by fakecann_reclaimed_count(). */
+static void reclaim_device(int d)
+{
+    for (size_t i = 0; i < g_nallocs;) {
+        if (g_allocs[i].device == d) {
+            quarantine(g_allocs[i].base, g_allocs[i].size);
+            g_allocs[i] = g_allocs[--g_nallocs];
+            g_reclaimed++;
+        } else {
+            i++;
+        }
+    }
+    ptrset_t *st = &g_live[FAKECANN_KIND_STREAM];
+    for (size_t i = 0; i < st->n;) {
+        fc_stream_t *stream = (fc_stream_t *)st->items[i];
+        if (stream->device == d) {
+            st->items[i] = st->items[--st->n];
+            free(stream);
+            g_reclaimed++;
+        } else {
+            i++;
+        }
+    }
+}
+
+int64_t fakecann_reclaimed_count(void) { return g_reclaimed; }
 
 /* caller holds no lock */
 static aclError check_side(const char *fn, const char *what, const void *p, size_t count, int dev)
@@ -674,9 +722,53 @@ aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value)
     LOCK();
     int d = ctx_device();
     if (d >= 0) g_opts[d][opt] = value;
+    g_proc_opts[opt] = value;   /* rtCtxSetSysParamOpt also writes the process-level slot */
+    g_proc_opt_writes++;
     UNLOCK();
     return ACL_SUCCESS;
 }
+
+static int bad_opt(const char *fn, aclSysParamOpt opt, int64_t value, int setting)
+{
+    if ((int)opt < 0 || (int)opt >= FC_MAX_OPTS) {
+        ERR("%s: invalid option %d", fn, (int)opt);
+        return 1;
+    }
+    if (setting && opt == ACL_OPT_DETERMINISTIC && value != 0 && value != 1) {
+        ERR("%s: ACL_OPT_DETERMINISTIC value must be 0 or 1, got %lld", fn, (long long)value);
+        return 1;
+    }
+    return 0;
+}
+
+/* Process-level: no context needed; unset options read as their default, 0. */
+aclError aclrtSetSysParamOpt(aclSysParamOpt opt, int64_t value)
+{
+    INJECT("aclrtSetSysParamOpt");
+    if (bad_opt("aclrtSetSysParamOpt", opt, value, 1)) return ACL_ERROR_INVALID_PARAM;
+    LOCK();
+    g_proc_opts[opt] = value;
+    g_proc_opt_writes++;
+    UNLOCK();
+    return ACL_SUCCESS;
+}
+
+aclError aclrtGetSysParamOpt(aclSysParamOpt opt, int64_t *value)
+{
+    INJECT("aclrtGetSysParamOpt");
+    if (!value) {
+        ERR("aclrtGetSysParamOpt: value is NULL");
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    if (bad_opt("aclrtGetSysParamOpt", opt, 0, 0)) return ACL_ERROR_INVALID_PARAM;
+    LOCK();
+    *value = g_proc_opts[opt];
+    UNLOCK();
+    return ACL_SUCCESS;
+}
+
+int64_t fakecann_get_process_deterministic(void) { return fakecann_priv_process_deterministic(); }
+int64_t fakecann_process_option_writes(void) { return g_proc_opt_writes; }
 
 aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value)
 {
@@ -748,6 +840,7 @@ void fakecann_set_workspace_size(uint64_t size) { g_cfg.workspace_size = size; }
 void fakecann_set_check_device_ptr(int on) { g_cfg.check_device_ptr = on ? 1 : 0; }
 void fakecann_set_strict_outputs(int on) { g_cfg.strict_outputs = on ? 1 : 0; }
 void fakecann_set_emulate_precision(int on) { g_cfg.emulate_precision = on ? 1 : 0; }
+void fakecann_set_phase1_delay_us(uint32_t us) { g_cfg.phase1_delay_us = us; }
 
 int fakecann_is_initialized(void) { return g_initialized; }
 int fakecann_device_refcount(int32_t deviceId)
@@ -772,6 +865,7 @@ void fakecann_reset(void)
 {
     LOCK();
     g_nrec = 0;
+    g_reclaimed = 0;
     g_misuse = 0;
     g_prepare = 0;
     memset(g_inj, 0, sizeof g_inj);
@@ -786,6 +880,8 @@ void fakecann_reset_runtime(void)
 {
     LOCK();
     runtime_teardown();
+    memset(g_proc_opts, 0, sizeof g_proc_opts);
+    g_proc_opt_writes = 0;
     UNLOCK();
     tl_dev = -1;
 }

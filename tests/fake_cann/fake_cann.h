@@ -126,6 +126,9 @@ FC_API aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, siz
 FC_API aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count);
 FC_API aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value);
 FC_API aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t *value);
+/* Process level (acl_rt.h: "set/get system param option value in current process") */
+FC_API aclError aclrtSetSysParamOpt(aclSysParamOpt opt, int64_t value);
+FC_API aclError aclrtGetSysParamOpt(aclSysParamOpt opt, int64_t *value);
 FC_API const char *aclGetRecentErrMsg(void);
 FC_API const char *aclrtGetSocName(void);
 
@@ -164,13 +167,20 @@ FC_API aclnnStatus aclnnConvolution(void *workspace, const uint64_t workspaceSiz
 /*
  * Runtime
  *  - aclrtSetDevice needs aclInit first (else 100001) and a device id in
- *    [0, device_count) (else 107001).  It makes a *per-thread* current context
- *    (like real CANN): a thread that did not call aclrtSetDevice gets 107002
- *    from aclrtMalloc / aclrtCreateStream / aclrtMemcpy(Async) / aclrtMemset /
+ *    [0, device_count) (else 107001).  It makes the device's default context,
+ *    shared by every thread, *current on the calling thread* (like real CANN):
+ *    a thread that did not call aclrtSetDevice gets 107002 from aclrtMalloc /
+ *    aclrtFree / aclrtCreateStream / aclrtMemcpy(Async) / aclrtMemset /
  *    aclrtCtxSet/GetSysParamOpt / aclrtGetDevice / aclrtSynchronize* and from
  *    the second phase of the aclnn ops.  Set/Reset are reference counted per
- *    device; when the count drops to 0 (or on aclFinalize) the context dies
- *    and its options (deterministic flag) return to 0.
+ *    device; when the count drops to 0 (or on aclFinalize) the context dies:
+ *    its options return to 0 and its device memory and streams are reclaimed
+ *    (fakecann_reclaimed_count()); using them afterwards is misuse.
+ *  - ACL_OPT_DETERMINISTIC also has a process-level slot (aclrtSetSysParamOpt /
+ *    aclrtGetSysParamOpt, no context needed, default 0, outlives contexts).
+ *    aclrtCtxSetSysParamOpt writes it as well as the context's (CANN runtime
+ *    rtCtxSetSysParamOpt), and the aclnn ops read it at phase 1 (ops-nn calls
+ *    aclrtGetSysParamOpt): fakecann_call_deterministic() is that reading.
  *  - Device memory is host memory, tracked per allocation, filled with 0xFF
  *    bytes (NaN in every float type) on allocation: never rely on zeroed
  *    device memory.  aclrtMalloc rejects size 0 (100000).  aclrtFree of NULL
@@ -255,6 +265,14 @@ FC_API int fakecann_is_initialized(void);
 FC_API int fakecann_device_refcount(int32_t deviceId);
 FC_API int32_t fakecann_current_device(void); /* calling thread, -1 if no valid context */
 FC_API int64_t fakecann_get_deterministic(int32_t deviceId);
+/* The process-level ACL_OPT_DETERMINISTIC (what aclnn phase 1 reads), and how many times any
+ * process-level option was written (aclrtSetSysParamOpt, aclrtCtxSetSysParamOpt). */
+FC_API int64_t fakecann_get_process_deterministic(void);
+FC_API void fakecann_set_phase1_delay_us(uint32_t us);
+/* Device allocations and streams destroyed with their context (a device reset to refcount 0)
+ * since the last fakecann_reset(): what a caller still holding them has lost. */
+FC_API int64_t fakecann_reclaimed_count(void);
+FC_API int64_t fakecann_process_option_writes(void);
 
 /* records of successful-or-not aclnn phase-2 calls that reached execution */
 FC_API int fakecann_call_count(void);
@@ -315,6 +333,7 @@ typedef struct {
     int check_device_ptr;
     int strict_outputs;
     int emulate_precision;
+    uint32_t phase1_delay_us; /* sleep at phase 1 before reading the options (widens races in tests) */
 } fakecann_priv_config_t;
 
 typedef struct {
@@ -340,6 +359,7 @@ FC_API int fakecann_priv_take_injection(const char *func); /* code or 0 */
 FC_API int fakecann_priv_has_context(void);
 /* deterministic flag of the calling thread's context, -1 without context */
 FC_API int64_t fakecann_priv_ctx_deterministic(void);
+FC_API int64_t fakecann_priv_process_deterministic(void);
 FC_API void fakecann_priv_record(const fakecann_priv_record_t *rec);
 FC_API void fakecann_priv_count_prepare(void);
 FC_API void fakecann_priv_misuse(void);

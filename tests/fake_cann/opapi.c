@@ -1,5 +1,7 @@
+#define _GNU_SOURCE /* usleep */
 /* libopapi.so: aclnnConvolutionBackward and aclnnConvolution (two-phase API). */
 #include "fake_cann.h"
+#include <unistd.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -653,6 +655,10 @@ static int check_a2_limits(const char *fn, const conv_geom *g, const aclIntArray
     return 0;
 }
 
+/* What the cube unit computes a FLOAT input in (aclnnConvolution.md / aclnnConvolutionBackward.md,
+ * cubeMathType rows): 1 ALLOW_FP32_DOWN_PRECISION is HFLOAT32 on Atlas A2/A3 (and 950, 200I/500 A2)
+ * but FLOAT16 on the older Atlas training/inference series; 2 USE_FP16 is FLOAT16; 3 USE_HF32 is
+ * HFLOAT32 (unsupported on the older series). */
 static int precision_mode(int dtype, int cube, int family)
 {
     if (!fakecann_priv_config()->emulate_precision || dtype != ACL_FLOAT) return PREC_EXACT;
@@ -674,6 +680,7 @@ struct aclOpExecutor {
     conv_geom g;
     int mask;
     int cube;
+    int64_t deterministic; /* process-level ACL_OPT_DETERMINISTIC, read at phase 1 like aclnn */
     int dtype;
     int prec;
     uint64_t ws;
@@ -805,6 +812,8 @@ aclnnStatus aclnnConvolutionBackwardGetWorkspaceSize(
     e->g = g;
     e->mask = (m0 ? 1 : 0) | (m1 ? 2 : 0) | (m2 ? 4 : 0);
     e->cube = cubeMathType;
+    if (fakecann_priv_config()->phase1_delay_us) usleep(fakecann_priv_config()->phase1_delay_us);
+    e->deterministic = fakecann_priv_process_deterministic();
     e->dtype = dtype;
     e->prec = precision_mode(dtype, cubeMathType, family);
     e->ws = fakecann_priv_config()->workspace_size;
@@ -853,6 +862,12 @@ aclnnStatus aclnnConvolutionGetWorkspaceSize(const aclTensor *input, const aclTe
     TRY(validate_conv(fn, input, weight, stride, padding, dilation, transposed, outputPadding, groups,
                       cubeMathType, family, soc, &g));
     int dtype = input->dtype;
+    /* aclnnConvolution.md (constraints, cubeMathType row): on Atlas A2/A3 a FLOAT input with
+     * 0 (KEEP_DTYPE) is not supported by the forward operator (the backward one accepts it). */
+    if (family == FAM_A2 && dtype == ACL_FLOAT && cubeMathType == FC_KEEP_DTYPE)
+        FAIL(ACLNN_ERR_PARAM_INVALID,
+             "%s: FLOAT input with cubeMathType 0 (KEEP_DTYPE) is not supported on %s "
+             "(use 1/3 for HFLOAT32 or 2 USE_FP16)", fn, soc);
     int64_t want[5];
     want[0] = g.N;
     want[1] = g.Cout;
@@ -880,6 +895,8 @@ aclnnStatus aclnnConvolutionGetWorkspaceSize(const aclTensor *input, const aclTe
     e->g = g;
     e->mask = 0;
     e->cube = cubeMathType;
+    if (fakecann_priv_config()->phase1_delay_us) usleep(fakecann_priv_config()->phase1_delay_us);
+    e->deterministic = fakecann_priv_process_deterministic();
     e->dtype = dtype;
     e->prec = precision_mode(dtype, cubeMathType, family);
     e->ws = fakecann_priv_config()->workspace_size;
@@ -1045,7 +1062,7 @@ static aclnnStatus execute(const char *fn, int op, void *workspace, uint64_t wor
     fakecann_priv_record_t rec;
     memset(&rec, 0, sizeof rec);
     rec.op = op;
-    rec.deterministic = fakecann_priv_ctx_deterministic();
+    rec.deterministic = e->deterministic;  /* as read at phase 1 */
     rec.cube_math = e->cube;
     rec.mask = e->mask;
     rec.transposed = e->g.transposed;

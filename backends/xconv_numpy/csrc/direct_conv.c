@@ -1,6 +1,6 @@
 /* Direct convolution loops for the NumPy backend (see ../compiled.py).
  *
- * Built at first use with the system C compiler (-O3 -march=native) and loaded with ctypes. dy and dx
+ * Built at install once per instruction set (setup.py, through kernels.c) and loaded with ctypes. dy and dx
  * are channel-major grids (element (channel c, flat position u) of a sample at base + c * ldc + u), x
  * a channels-last grid per group. Every output element is computed by one call, in a fixed order, so
  * results do not depend on how a caller splits the work. Vectors are 16 floats (GCC vector extension:

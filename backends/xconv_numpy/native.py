@@ -1,0 +1,92 @@
+"""The NumPy backend's compiled loops: one library built at install (setup.py), once per instruction set.
+
+``_kernels_<isa>`` (isa: baseline, avx2, avx512 on x86-64; baseline elsewhere) lie in this package's
+directory; :func:`load` opens the baseline build, asks it what the CPU runs (``__builtin_cpu_supports``),
+and opens the best build present that the CPU runs (``XCONV_NUMPY_ISA`` may choose a lower one). Each is
+opened by absolute path from the package's own directory, and only if it is a regular file (never through a
+link); no compiler runs and no cache is read. When the builds are missing (installed without a C compiler),
+:func:`load` raises and the backend runs its NumPy paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+import stat
+from pathlib import Path
+
+#: Instruction sets of the builds, lowest first.
+ISAS = ("baseline", "avx2", "avx512")
+_DIR = Path(__file__).resolve().parent
+
+
+def library_path(isa: str) -> Path | None:
+    """The build for ``isa`` in the package directory, or None; an entry that is not a regular file is refused."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = _DIR / f"_kernels_{isa}{suffix}"
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file (a link?); refusing to load it")
+        return path
+    return None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    sigs = {
+        "xconv_dx_rows": [p, i, i, p, i, i, p, i, i, i, p, i, i, i, p, p, i, i, i, i],
+        "xconv_dw_rows": [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i],
+        "xconv_x_to_grid": [p, i, i, i, i, i, p, i, i, p, i, p],
+        "xconv_dy_to_grid": [p, i, i, p, i, i, i, i, i, i, i, p, p],
+    }
+    for suf in ("f32", "f64"):
+        sigs[f"xconv_depthwise_backward_{suf}"] = [p] * 12 + [i, i]
+        sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 8 + [i, i]
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    lib.xconv_build_isa.argtypes, lib.xconv_build_isa.restype = [], ctypes.c_char_p
+    lib.xconv_cpu_level.argtypes, lib.xconv_cpu_level.restype = [], ctypes.c_int
+
+
+def load() -> ctypes.CDLL:
+    """The best build this CPU runs (see the module docstring); raises when none is installed."""
+    base = library_path("baseline")
+    if base is None:
+        raise RuntimeError(f"the compiled loops were not built at install (no _kernels_baseline in {_DIR}); "
+                           "reinstall with a C compiler present")
+    lib = ctypes.CDLL(str(base))
+    _declare(lib)
+    level = int(lib.xconv_cpu_level())
+    wanted = os.environ.get("XCONV_NUMPY_ISA")
+    if wanted in ISAS:
+        level = min(level, ISAS.index(wanted))
+    for isa in reversed(ISAS[1:level + 1]):
+        path = library_path(isa)
+        if path is not None:
+            lib = ctypes.CDLL(str(path))
+            _declare(lib)
+            break
+    return lib
+
+
+def isa(lib: ctypes.CDLL) -> str:
+    """The instruction set of a loaded build."""
+    return lib.xconv_build_isa().decode()
+
+
+def describe() -> str:
+    """Which paths of the backend run compiled loops, and which build (for ``xconv backends``)."""
+    from . import compiled, direct
+
+    parts = [name for name, part in (("depthwise", direct), ("dense C loops", compiled)) if part.available()]
+    if parts:
+        lib = compiled._LIB.get() or direct._KERNELS.get()
+        off = "" if compiled.available() or not direct.available() else f"; dense C loops off: {compiled.build_error()}"
+        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}{off}"
+    why = compiled.build_error() or direct.import_error() or "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
+    return f"compiled loops: none, NumPy paths only ({why})"
