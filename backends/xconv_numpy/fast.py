@@ -564,11 +564,11 @@ def backward(dy, x, w, p: ConvParams, mask):
         if columns.serves(p) or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
                                                                                w if need_dx else None)):
             check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
-                                compute_dtype(p).itemsize, "im2col columns (fallback)")
+                         compute_dtype(p).itemsize, "im2col columns (fallback)")
             dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
             return dx, dw, (bgrad(dy, p) if need_db else None)
         if depthwise:
-            tracing.note("depthwise compiled loops")
+            tracing.note("depthwise C loops")
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
         geo = _geom(p)
@@ -978,7 +978,7 @@ def fprop(x, w, bias, p: ConvParams):
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, "im2col columns (fallback)")
         return columns.fprop(x, w, bias, p)
     if direct.serves(p) and p.workspace_limit is None:      # its scratch is not leased: not under a limit
-        tracing.note("depthwise compiled loops")
+        tracing.note("depthwise C loops")
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
     geo = _geom(p)
