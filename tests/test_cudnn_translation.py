@@ -138,6 +138,12 @@ class FakeGraph:
             if engine[0] & set(notes):
                 engine[1] = False
 
+    def deselect_workspace_greater_than(self, nbytes):
+        self.calls.append(("deselect_workspace_greater_than", nbytes))
+        for i, engine in enumerate(self.engines):
+            if self.fe.engine_workspace(i) > nbytes:
+                engine[1] = False
+
     def check_support(self):
         self.calls.append(("check_support",))
         self.fe.builds += 1
@@ -155,10 +161,16 @@ class FakeGraph:
         return len(self.engines)
 
     def get_workspace_size(self):
-        return 256
+        """The heuristics' choice (the first engine not deselected); 256 bytes unless ``fe.workspaces`` is set."""
+        if self.fe.workspaces is None:
+            return 256
+        return self.fe.engine_workspace(next(i for i, (_, ok) in enumerate(self.engines) if ok))
 
     def get_workspace_size_plan_at_index(self, index):
-        return 128 * (index + 1)
+        return self.fe.engine_workspace(index)
+
+    def get_plan_name_at_index(self, index):
+        return f"eng{index}_k2={index + 1}"
 
     # execution -------------------------------------------------------------------------------
     def execute(self, pack, workspace, handle=None):
@@ -246,6 +258,10 @@ class FakeFrontend:
         self.last_plan_time = 1.0
         self.runtime = None
         self.engine_rule = None
+        self.workspaces = None          # per engine index: workspace bytes (default 128 * (index + 1))
+
+    def engine_workspace(self, index):
+        return self.workspaces[index] if self.workspaces is not None else 128 * (index + 1)
 
     def engines_for(self, graph):
         return self.engine_rule(graph) if self.engine_rule else self.default_engines
@@ -1228,7 +1244,10 @@ def test_conformance_corpus_through_the_backend_on_the_fake_frontend():
     kit = pytest.importorskip("xconv_conformance")
     backend, fe = fake_backend()
     outcomes = [kit.run_case(case, backend) for case in kit.load_corpus()]
-    bad = [(o.case_id, o.status, o.message.strip().splitlines()[:1]) for o in outcomes if o.status != "passed"]
+    refused = {o.case_id for o in outcomes if o.status == "refused" and "batch-invariant" in o.message}
+    assert refused == {c.id for c in kit.load_corpus() if c.deterministic == "batch_invariant"}   # cannot prove it
+    bad = [(o.case_id, o.status, o.message.strip().splitlines()[:1]) for o in outcomes
+           if o.status != "passed" and o.case_id not in refused]
     assert not bad, bad[:10]
     assert len(fe.graphs) > 100 and fe.executions
 

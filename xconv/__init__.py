@@ -1,7 +1,8 @@
 """xconv: one convolution interface (forward and backward-with-output-mask) over many vendors' kernels.
 
 Public API: :func:`convolution_backward`, :func:`conv_fprop`, :func:`conv_dgrad`, :func:`conv_wgrad`,
-:func:`output_shape`, :func:`list_backends`, :func:`get_backend`, and the errors below.
+:func:`output_shape`, :func:`list_backends`, :func:`get_backend`, :func:`trace` (per-call provenance, see
+:mod:`xconv.tracing`), and the errors below.
 Backends are plugins (see :mod:`xconv.hookspec`).
 """
 
@@ -12,13 +13,14 @@ from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, 
 from .hookspec import hookimpl
 from .params import ConvParams, output_shape
 from .registry import get_backend, list_backends, register_backend, unregister_backend
+from .tracing import Record, trace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendFailedError", "BackendInfo", "BackendOutOfMemoryError",
-    "BackendUnavailableError", "Capabilities", "ConvParams", "DTypeError", "ResourceError", "ShapeError",
+    "BackendUnavailableError", "Capabilities", "ConvParams", "DTypeError", "Record", "ResourceError", "ShapeError",
     "UnknownBackendError", "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad", "convolution_backward",
-    "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend", "unregister_backend",
+    "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend", "trace", "unregister_backend",
     "__version__",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from . import guard, interop, legalize, limits, plan_cache
+from . import guard, interop, legalize, limits, plan_cache, tracing
 from .arrays import common_family, copies_needed, host_ready
 from .dtypes import DTYPES
 from .errors import ShapeError
@@ -121,12 +121,15 @@ def _ready(**named):
 
 def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=1, padding=0, dilation=1,
                          transposed=False, output_padding=0, groups=1, output_mask=(True, True, True),
-                         deterministic=False, math="keep_dtype", backend=None):
+                         deterministic=False, math="keep_dtype", backend=None,
+                         workspace_limit=None):
     """(grad_input, grad_weight, grad_bias) of a convolution (or transposed convolution), as aten and aclnn.
 
     Entries whose ``output_mask`` bit is False are None and are not computed. ``bias_sizes``,
     when given, must be ``[C_out]`` (``[weight.shape[1] * groups]`` when transposed); when
-    omitted the bias length is inferred from the weight.
+    omitted the bias length is inferred from the weight. ``deterministic`` is False, True or
+    "batch_invariant"; ``workspace_limit`` caps the backend's scratch bytes (default
+    ``$XCONV_WORKSPACE_LIMIT``, else none); see docs/semantics.md.
     """
     mask = check_output_mask(output_mask)
     family = common_family({"grad_output": grad_output, "input": input, "weight": weight})
@@ -134,60 +137,71 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
         return route.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes, output_mask=mask,
                                           stride=stride, padding=padding, dilation=dilation, transposed=transposed,
                                           output_padding=output_padding, groups=groups, deterministic=deterministic,
-                                          math=math, backend=backend)
+                                          math=math, backend=backend, workspace_limit=workspace_limit)
     grad_output, input, weight = _native(backend, family, grad_output=grad_output, input=input, weight=weight)
     outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, backend, outputs,
                     bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                    transposed=transposed, output_padding=output_padding, math=math, deterministic=deterministic)
+                    transposed=transposed, output_padding=output_padding, math=math, deterministic=deterministic,
+                    workspace_limit=workspace_limit)
     grad_output, input, weight = _ready(grad_output=grad_output, input=input, weight=weight)
-    results = guard.call(b, "convolution_backward", legalize.backward, b, grad_output, input, weight, p, mask)
+    results = tracing.run("backward", b, p, lambda: guard.call(b, "convolution_backward", legalize.backward, b,
+                                                                grad_output, input, weight, p, mask))
     return tuple(interop.to_family(r, family) for r in results)
 
 
 def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, groups=1, transposed=False,
-               output_padding=0, deterministic=False, math="keep_dtype", backend=None):
+               output_padding=0, deterministic=False, math="keep_dtype", backend=None, workspace_limit=None):
     """The convolution of ``input`` with ``weight`` plus ``bias``; transposed=True is PyTorch's conv_transpose."""
     family = common_family({"input": input, "weight": weight, "bias": bias})
     if (route := _torch_route(family)) is not None:
         return route.conv_fprop(input, weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
-                                deterministic=deterministic, math=math, backend=backend)
+                                deterministic=deterministic, math=math, backend=backend,
+                                workspace_limit=workspace_limit)
     input, weight, bias = _native(backend, family, input=input, weight=weight, bias=bias)
     b, p = _prepare({"input": input, "weight": weight}, backend, ["output"], bias=bias, stride=stride,
                     padding=padding, dilation=dilation, groups=groups, transposed=transposed,
-                    output_padding=output_padding, math=math, deterministic=deterministic)
+                    output_padding=output_padding, math=math, deterministic=deterministic,
+                    workspace_limit=workspace_limit)
     input, weight, bias = _ready(input=input, weight=weight, bias=bias)
-    return interop.to_family(guard.call(b, "conv_fprop", legalize.fprop, b, input, weight, bias, p), family)
+    return interop.to_family(tracing.run("fprop", b, p, lambda: guard.call(b, "conv_fprop", legalize.fprop, b, input,
+                                                                             weight, bias, p)), family)
 
 
 def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
-               output_padding=0, deterministic=False, math="keep_dtype", backend=None):
+               output_padding=0, deterministic=False, math="keep_dtype", backend=None, workspace_limit=None):
     """grad_input of the convolution whose input has ``input_shape``, given ``grad_output`` and ``weight``."""
     family = common_family({"grad_output": grad_output, "weight": weight})
     if (route := _torch_route(family)) is not None:
         return route.conv_dgrad(grad_output, weight, input_shape, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
-                                deterministic=deterministic, math=math, backend=backend)
+                                deterministic=deterministic, math=math, backend=backend,
+                                workspace_limit=workspace_limit)
     grad_output, weight = _native(backend, family, grad_output=grad_output, weight=weight)
     b, p = _prepare({"grad_output": grad_output, "weight": weight}, backend, ["input"], input_shape=input_shape,
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
-                    output_padding=output_padding, math=math, deterministic=deterministic)
+                    output_padding=output_padding, math=math, deterministic=deterministic,
+                    workspace_limit=workspace_limit)
     grad_output, weight = _ready(grad_output=grad_output, weight=weight)
-    return interop.to_family(guard.call(b, "conv_dgrad", legalize.dgrad, b, grad_output, weight, p), family)
+    return interop.to_family(tracing.run("dgrad", b, p, lambda: guard.call(b, "conv_dgrad", legalize.dgrad, b,
+                                                                             grad_output, weight, p)), family)
 
 
 def conv_wgrad(input, grad_output, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
-               output_padding=0, deterministic=False, math="keep_dtype", backend=None):
+               output_padding=0, deterministic=False, math="keep_dtype", backend=None, workspace_limit=None):
     """grad_weight (of ``weight_shape``) of the convolution of ``input``, given ``grad_output``."""
     family = common_family({"input": input, "grad_output": grad_output})
     if (route := _torch_route(family)) is not None:
         return route.conv_wgrad(input, grad_output, weight_shape, stride=stride, padding=padding, dilation=dilation,
                                 groups=groups, transposed=transposed, output_padding=output_padding,
-                                deterministic=deterministic, math=math, backend=backend)
+                                deterministic=deterministic, math=math, backend=backend,
+                                workspace_limit=workspace_limit)
     input, grad_output = _native(backend, family, input=input, grad_output=grad_output)
     b, p = _prepare({"input": input, "grad_output": grad_output}, backend, ["weight"], weight_shape=weight_shape,
                     stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
-                    output_padding=output_padding, math=math, deterministic=deterministic)
+                    output_padding=output_padding, math=math, deterministic=deterministic,
+                    workspace_limit=workspace_limit)
     input, grad_output = _ready(input=input, grad_output=grad_output)
-    return interop.to_family(guard.call(b, "conv_wgrad", legalize.wgrad, b, input, grad_output, p), family)
+    return interop.to_family(tracing.run("wgrad", b, p, lambda: guard.call(b, "conv_wgrad", legalize.wgrad, b, input,
+                                                                             grad_output, p)), family)

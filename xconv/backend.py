@@ -27,6 +27,8 @@ class Capabilities:
     - ``deterministic``: whether ``deterministic=True`` can be honoured at all (a backend may
       still refuse particular configurations with UnsupportedError).
     - ``math``: math modes accepted.
+    - ``batch_invariant``: whether ``deterministic="batch_invariant"`` can be honoured (each sample's
+      output and grad_input independent of the batch); else the core refuses it.
     """
 
     spatial_dims: frozenset = frozenset({1, 2, 3})
@@ -36,6 +38,7 @@ class Capabilities:
     strided: bool = True
     deterministic: bool = True
     math: frozenset = frozenset({"keep_dtype", "allow_tf32", "allow_fp16"})
+    batch_invariant: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 
-from . import api, registry
+from . import api, registry, tracing
 from .dtypes import DTYPES
 from .errors import BackendError, XconvError
 from .params import MATH_MODES, output_shape
+from .workspace import parse_bytes
 
 
 def _ints(text: str) -> list[int]:
@@ -36,7 +37,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _padding(text: str):
-    """"1", "1,2", "1:2,0:1" (pre:post pairs) or "valid" / "same" / "same_lower"."""
+    """"1", "1,2", "1:2,0:1" (pre:post pairs) or "valid" / "same" / "same_lower" / "full"."""
     if text.strip().isalpha() or "_" in text:
         return text.strip()
     parts = [p for p in text.split(",") if p.strip()]
@@ -47,9 +48,15 @@ def _padding(text: str):
     except ValueError:
         values = []
     if not values:
-        raise argparse.ArgumentTypeError(f"expected an int, ints (1,2), pre:post pairs (1:2,0:1), valid, same or "
-                                         f"same_lower, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an int, ints (1,2), pre:post pairs (1:2,0:1), valid, same, "
+                                         f"same_lower or full, not {text!r}")
     return values[0] if len(values) == 1 else values
+
+
+def _determinism(text: str):
+    if text in ("batch_invariant", "run_to_run", "true", "1"):
+        return text if text == "batch_invariant" else True
+    raise argparse.ArgumentTypeError(f"--deterministic takes nothing or batch_invariant, not {text!r}")
 
 
 def _mask(text: str) -> tuple[bool, bool, bool]:
@@ -100,14 +107,16 @@ def cmd_run(args) -> int:
     w = rng.standard_normal(args.weight).astype(dtype)
     out_shape = output_shape(args.input, args.weight, **conv)
     dy = rng.standard_normal(out_shape).astype(dtype)
-    common = dict(conv, math=args.math, deterministic=args.deterministic, backend=args.backend)
+    common = dict(conv, math=args.math, deterministic=args.deterministic, backend=args.backend,
+                  workspace_limit=args.workspace_limit)
     if args.op == "fprop":
         call = lambda: (api.conv_fprop(x, w, **common),)  # noqa: E731
         names = ("output",)
     else:
         call = lambda: api.convolution_backward(dy, x, w, output_mask=args.mask, **common)  # noqa: E731
         names = ("grad_input", "grad_weight", "grad_bias")
-    results = call()
+    with tracing.trace() as first:
+        results = call()
     backend = registry.select_backend(args.backend, "numpy")
     times = []
     for _ in range(args.repeat):
@@ -119,6 +128,7 @@ def cmd_run(args) -> int:
     print(f"parameters: {conv}, math={args.math}, deterministic={args.deterministic}")
     for name, r in zip(names, results):
         print(f"{name}: {_checksum(r)}")
+    print(f"record: {first.records[-1].summary()}")
     if times:
         print(f"time: median {1e3 * float(np.median(times)):.3f} ms over {len(times)} runs (min {1e3 * min(times):.3f} ms)")
     return 0
@@ -175,7 +185,8 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
                      help="weight shape (default: (2*C, C/groups, 3, ...), or (C, 2*C/groups, 3, ...) transposed)")
     run.add_argument("--stride", type=_ints, default=[1])
     run.add_argument("--padding", type=_padding, default=1,
-                     help="int, per-dim ints (1,2), pre:post pairs (1:2,0:1), valid, same, same_lower (default 1)")
+                     help="int, per-dim ints (1,2), pre:post pairs (1:2,0:1), valid, same, same_lower, full "
+                          "(default 1)")
     run.add_argument("--dilation", type=_ints, default=[1])
     run.add_argument("--groups", type=int, default=1)
     run.add_argument("--transposed", action="store_true")
@@ -183,7 +194,10 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     run.add_argument("--mask", type=_mask, default=(True, True, True), help="three 0/1 digits (default 111)")
     run.add_argument("--math", choices=MATH_MODES, default="keep_dtype")
-    run.add_argument("--deterministic", action="store_true")
+    run.add_argument("--deterministic", nargs="?", const=True, default=False, type=_determinism,
+                     help="run-to-run determinism; --deterministic batch_invariant adds batch invariance")
+    run.add_argument("--workspace-limit", type=lambda t: parse_bytes(t, "--workspace-limit"), default=None,
+                     help="most scratch bytes (4194304, 4MiB, 512k); default $XCONV_WORKSPACE_LIMIT, else none")
     run.add_argument("--backend", default=None, help="backend name (default: $XCONV_BACKEND, else by array family)")
     run.add_argument("--repeat", type=int, default=5, help="timed repetitions after one warm-up call (default 5)")
     run.add_argument("--seed", type=int, default=0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math as _math
 
-from . import guard
+from . import guard, tracing
 from .arrays import contiguous, crop, zero_pad, zeros
 from .backend import Backend
 from .errors import UnsupportedError, XconvError
@@ -46,6 +46,19 @@ def check_supported(b: Backend, p: ConvParams) -> None:
         raise UnsupportedError(f"backend {b.name!r} does not offer math={p.math!r} (it offers {sorted(caps.math)})")
     if p.deterministic and not caps.deterministic:
         raise UnsupportedError(f"backend {b.name!r} cannot promise deterministic results")
+    if p.deterministic == "batch_invariant" and not getattr(caps, "batch_invariant", False):
+        raise UnsupportedError(f"backend {b.name!r} cannot promise batch-invariant results "
+                               "(deterministic='batch_invariant'); deterministic=True is run-to-run only")
+
+
+# ---------------------------------------------------------------------------------------------
+# The rewrites, as the trace record's ``legalized`` names them
+
+EMPTY = "empty tensors as zeros (backend not called)"
+LIFT_1D = "1-D as 2-D (unit H dim)"
+TRANSPOSED = "transposed as direct primitives"
+EXPLICIT_PADDING = "asymmetric padding as explicit zero padding"
+STRIDED_COPIED = "strided input copied to contiguous"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,14 +67,18 @@ def check_supported(b: Backend, p: ConvParams) -> None:
 
 def fprop(b: Backend, x, w, bias, p: ConvParams):
     if _empty(p):
+        tracing.legalized(EMPTY)
         return _add_bias(zeros(x, p.output_shape), bias)
     caps = capabilities(b, p, "fprop")
     if _lift(caps, p):
+        tracing.legalized(LIFT_1D)
         return _squeeze(fprop(b, _unsqueeze(x), _unsqueeze(w), bias, _lifted(p)))
     if p.transposed and not caps.transposed:
+        tracing.legalized(TRANSPOSED)
         q = p.as_direct()
         return _add_bias(dgrad(b, _extend(x, q.output_shape), w, q), bias)
     if _needs_explicit_padding(caps, p):
+        tracing.legalized(EXPLICIT_PADDING)
         q, pads = _symmetric(p)
         if p.transposed:  # the symmetric output is larger: crop it
             return crop(fprop(b, x, w, bias, q), [pre for pre, _ in pads], p.output_shape[2:])
@@ -72,14 +89,18 @@ def fprop(b: Backend, x, w, bias, p: ConvParams):
 
 def dgrad(b: Backend, dy, w, p: ConvParams):
     if _empty(p):
+        tracing.legalized(EMPTY)
         return zeros(dy, p.input_shape)
     caps = capabilities(b, p, "dgrad")
     if _lift(caps, p):
+        tracing.legalized(LIFT_1D)
         return _squeeze(dgrad(b, _unsqueeze(dy), _unsqueeze(w), _lifted(p)))
     if p.transposed and not caps.transposed:
+        tracing.legalized(TRANSPOSED)
         q = p.as_direct()
         return crop(fprop(b, dy, w, None, q), (0,) * p.nd, p.input_shape[2:])
     if _needs_explicit_padding(caps, p):
+        tracing.legalized(EXPLICIT_PADDING)
         q, pads = _symmetric(p)
         if p.transposed:  # grad_output of the larger symmetric output: zeros where p's output was cropped
             return dgrad(b, zero_pad(dy, pads), w, q)
@@ -89,14 +110,18 @@ def dgrad(b: Backend, dy, w, p: ConvParams):
 
 def wgrad(b: Backend, x, dy, p: ConvParams):
     if _empty(p):
+        tracing.legalized(EMPTY)
         return zeros(dy, p.weight_shape)
     caps = capabilities(b, p, "wgrad")
     if _lift(caps, p):
+        tracing.legalized(LIFT_1D)
         return _squeeze(wgrad(b, _unsqueeze(x), _unsqueeze(dy), _lifted(p)))
     if p.transposed and not caps.transposed:
+        tracing.legalized(TRANSPOSED)
         q = p.as_direct()
         return wgrad(b, dy, _extend(x, q.output_shape), q)
     if _needs_explicit_padding(caps, p):
+        tracing.legalized(EXPLICIT_PADDING)
         q, pads = _symmetric(p)
         if p.transposed:
             return wgrad(b, x, zero_pad(dy, pads), q)
@@ -117,16 +142,20 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
     if not any(mask):
         return None, None, None
     if _empty(p):
+        tracing.legalized(EMPTY)
         return (zeros(dy, p.input_shape) if m_in else None, zeros(dy, p.weight_shape) if m_w else None,
                 bgrad(b, dy, p) if m_b else None)
     caps = capabilities(b, p, "backward")
     if _lift(caps, p):
+        tracing.legalized(LIFT_1D)
         dx, dw, db = backward(b, _unsqueeze(dy), _unsqueeze(x), _unsqueeze(w), _lifted(p), mask)
         return _squeeze(dx), _squeeze(dw), db
     if p.transposed and not caps.transposed:
+        tracing.legalized(TRANSPOSED)
         return (dgrad(b, dy, w, p) if m_in else None, wgrad(b, x, dy, p) if m_w else None,
                 bgrad(b, dy, p) if m_b else None)
     if _needs_explicit_padding(caps, p):
+        tracing.legalized(EXPLICIT_PADDING)
         q, pads = _symmetric(p)
         if p.transposed:
             return backward(b, zero_pad(dy, pads), x, w, q, mask)
@@ -207,7 +236,10 @@ def _add_bias(y, bias):
 def _native(caps, *arrays):
     if caps.strided:
         return arrays
-    return tuple(None if a is None else contiguous(a) for a in arrays)
+    out = tuple(None if a is None else contiguous(a) for a in arrays)
+    if any(a is not b for a, b in zip(arrays, out)):
+        tracing.legalized(STRIDED_COPIED)
+    return out
 
 
 def _expect(b: Backend, result, shape, what):

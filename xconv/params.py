@@ -13,11 +13,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import workspace
 from .dtypes import DTYPES, dtype_name
 from .errors import DTypeError, ResourceError, ShapeError
 
 MATH_MODES = ("keep_dtype", "allow_tf32", "allow_fp16")
-PADDING_STRINGS = ("valid", "same", "same_lower")
+PADDING_STRINGS = ("valid", "same", "same_lower", "full")
+#: The accepted values of ``deterministic``: no promise, run to run, and run to run plus batch invariance.
+DETERMINISM_LEVELS = (False, True, "batch_invariant")
 
 _SPATIAL_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 
@@ -78,7 +81,9 @@ class ConvParams:
     ``(N, C_out, *O)`` with ``O = (S-1)*stride - pre - post + dilation*(k-1) + output_padding + 1``.
 
     ``padding`` is one ``(pre, post)`` pair per spatial dim; every other field has one value per
-    spatial dim. ``dtype`` is the canonical dtype name (see :mod:`xconv.dtypes`).
+    spatial dim. ``dtype`` is the canonical dtype name (see :mod:`xconv.dtypes`). ``deterministic``
+    is False, True (run to run) or "batch_invariant" (see docs/semantics.md); ``workspace_limit`` the
+    most scratch bytes the backend may use (None: no limit).
     """
 
     input_shape: tuple[int, ...]
@@ -92,7 +97,8 @@ class ConvParams:
     output_padding: tuple[int, ...] = ()
     dtype: str = "float32"
     math: str = "keep_dtype"
-    deterministic: bool = False
+    deterministic: bool | str = False
+    workspace_limit: int | None = None
 
     @property
     def nd(self) -> int:
@@ -190,7 +196,8 @@ def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int],
     """Normalize ``padding`` to one (pre, post) pair per spatial dim.
 
     Accepted: an int; one int per dim (symmetric); one (pre, post) pair per dim; "valid";
-    "same" / "same_lower" (direct convolution only: output = ceil(input / stride)).
+    "same" / "same_lower" (direct convolution only: output = ceil(input / stride)); "full"
+    (each side ``dilation*(k-1)``: every position where the kernel overlaps the input).
     """
     value = _from_int_array(value)
     if isinstance(value, str):
@@ -199,6 +206,8 @@ def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int],
                              given=repr(value))
         if value == "valid":
             return ((0, 0),) * nd
+        if value == "full":
+            return tuple((d * (k - 1), d * (k - 1)) for k, d in zip(kernel, dilation))
         if transposed:
             raise ShapeError("padding", f"{value!r} is defined for direct convolution only; give explicit padding "
                                         "for transposed=True", expected="int, ints or (pre, post) pairs",
@@ -278,6 +287,19 @@ def check_math(math: str) -> str:
     return math
 
 
+def check_deterministic(value) -> bool | str:
+    """False, True or "batch_invariant" (numpy bools accepted as bools)."""
+    if isinstance(value, str):
+        if value == "batch_invariant":
+            return value
+        raise ShapeError("deterministic", "unknown determinism level", expected="False, True or 'batch_invariant'",
+                         given=repr(value))
+    if not _is_bool(value):
+        raise ShapeError("deterministic", "must be a bool or 'batch_invariant'",
+                         expected="False, True or 'batch_invariant'", given=repr(value))
+    return bool(value)
+
+
 def check_flag(value, name: str) -> bool:
     if not _is_bool(value):
         raise ShapeError(name, "must be a bool", expected="True or False", given=repr(value))
@@ -289,7 +311,7 @@ def check_flag(value, name: str) -> bool:
 
 
 def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,
-                output_padding=0, dtype="float32", math="keep_dtype", deterministic=False,
+                output_padding=0, dtype="float32", math="keep_dtype", deterministic=False, workspace_limit=None,
                 input_name="input", weight_name="weight") -> ConvParams:
     """Check one convolution's shapes and parameters and return them normalized.
 
@@ -384,7 +406,8 @@ def make_params(input_shape, weight_shape, *, stride=1, padding=0, dilation=1, g
     return ConvParams(input_shape=input_shape, weight_shape=weight_shape, output_shape=output_shape, stride=stride,
                       padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                       output_padding=output_padding, dtype=dtype, math=check_math(math),
-                      deterministic=check_flag(deterministic, "deterministic"))
+                      deterministic=check_deterministic(deterministic),
+                      workspace_limit=workspace.resolve_limit(workspace_limit))
 
 
 def _check_sizes(input_name, input_shape, weight_name, weight_shape, output_shape, padding, dtype) -> None:

@@ -29,7 +29,7 @@ except ImportError as exc:  # say what to install, not only what is missing
     raise ImportError(f"xconv.torch needs PyTorch, which is not importable here ({exc}): {torch_hint()}") from exc
 
 from . import torch_fast, torch_ops
-from .params import check_flag, check_math
+from .params import check_deterministic, check_math
 
 __all__ = ["XConv1d", "XConv2d", "XConv3d", "XConvTranspose1d", "XConvTranspose2d", "XConvTranspose3d",
            "convert"]
@@ -71,7 +71,7 @@ class _XConvMixin:
             padding = ((padding, padding),) * nd
         conf = torch_ops.Conf(tuple(self.stride), tuple(padding), tuple(self.dilation), self.groups, self.transposed,
                               tuple(output_padding) if self.transposed else (0,) * nd,
-                              check_flag(self.deterministic, "deterministic"), check_math(self.math),
+                              check_deterministic(self.deterministic), check_math(self.math),
                               torch_ops.backend_token(self.backend))
         out = torch_fast.fprop(input, weight, bias, conf.args())      # the xconv::fprop operator, or its eager fast path
         return out.squeeze(0) if unbatched else out
@@ -81,7 +81,7 @@ class _XConvMixin:
         backend = self.backend if self.backend is None or isinstance(self.backend, str) else self.backend.name
         s += f", backend={backend!r}"
         if self.deterministic:
-            s += ", deterministic=True"
+            s += f", deterministic={self.deterministic!r}"
         if self.math != "keep_dtype":
             s += f", math={self.math!r}"
         return s
@@ -109,7 +109,25 @@ class _XConvTransposed(_XConvMixin):
         return self._xconv_apply(input, self.weight, self.bias, _padding_pairs(self), output_padding)
 
 
+def _full_padding(base, args, kwargs):
+    """torch has no padding="full": give the base its explicit ints, dilation*(k-1) per dim (xconv.params)."""
+    args, kwargs = list(args), dict(kwargs)
+    if (args[4] if len(args) > 4 else kwargs.get("padding")) != "full":
+        return args, kwargs
+    nd = int(base.__name__[-2])
+    k = args[2] if len(args) > 2 else kwargs["kernel_size"]
+    d = args[5] if len(args) > 5 else kwargs.get("dilation", 1)
+    k, d = ((v,) * nd if isinstance(v, int) else tuple(v) for v in (k, d))
+    pads = tuple(dd * (kk - 1) for kk, dd in zip(k, d))
+    if len(args) > 4:
+        args[4] = pads
+    else:
+        kwargs["padding"] = pads
+    return args, kwargs
+
+
 def _init(self, base, args, kwargs, backend, deterministic, math):
+    args, kwargs = _full_padding(base, args, kwargs)
     base.__init__(self, *args, **kwargs)
     self._set_xconv(backend, deterministic, math)
 

@@ -11,8 +11,9 @@ torch tensors do, and those calls then run as these operators):
   (a masked entry is an empty tensor, read as None by the autograd formulas)
 
 ``*conf`` is the normalized convolution: stride, padding (pre, post per spatial dim, flattened),
-dilation, groups, transposed, output_padding, deterministic, math, backend (a registered name,
-or the token of a backend object, see :func:`backend_token`). Each op's kernel runs the matching
+dilation, groups, transposed, output_padding, deterministic (the level as a string: "False", "True" or
+"batch_invariant"), math, backend (a registered name, or the token of a backend object, see
+:func:`backend_token`), workspace_limit (bytes, or None). Each op's kernel runs the matching
 public xconv function once; its fake kernel only computes the output's shape and layout, so
 ``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque op per convolution.
 
@@ -70,32 +71,36 @@ class Conf:
     groups: int
     transposed: bool
     output_padding: tuple
-    deterministic: bool
+    deterministic: object           # False, True or "batch_invariant"
     math: str
     backend: Optional[str]
+    workspace_limit: Optional[int] = None
 
     @classmethod
     def from_params(cls, p, deterministic, math, backend) -> "Conf":
         return cls(tuple(p.stride), tuple(p.padding), tuple(p.dilation), p.groups, p.transposed,
-                   tuple(p.output_padding), bool(deterministic), math, backend_token(backend))
+                   tuple(p.output_padding), p.deterministic, math, backend_token(backend), p.workspace_limit)
 
     @classmethod
     def from_args(cls, stride, padding, dilation, groups, transposed, output_padding, deterministic, math,
-                  backend) -> "Conf":
+                  backend, workspace_limit=None) -> "Conf":
         pairs = tuple((padding[2 * i], padding[2 * i + 1]) for i in range(len(padding) // 2))
-        return cls(tuple(stride), pairs, tuple(dilation), groups, transposed, tuple(output_padding), deterministic,
-                   math, backend)
+        level = {"False": False, "True": True}.get(deterministic, deterministic)   # the ops carry it as a string
+        return cls(tuple(stride), pairs, tuple(dilation), groups, transposed, tuple(output_padding), level,
+                   math, backend, workspace_limit)
 
     def args(self) -> tuple:
         """The ops' trailing arguments."""
         return (list(self.stride), [v for pair in self.padding for v in pair], list(self.dilation), self.groups,
-                self.transposed, list(self.output_padding), self.deterministic, self.math, self.backend)
+                self.transposed, list(self.output_padding), str(self.deterministic), self.math, self.backend,
+                self.workspace_limit)
 
     def kwargs(self) -> dict:
         """The keywords of the public xconv functions."""
         return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups,
                     transposed=self.transposed, output_padding=self.output_padding if self.transposed else 0,
-                    deterministic=self.deterministic, math=self.math, backend=_backend(self.backend))
+                    deterministic=self.deterministic, math=self.math, backend=_backend(self.backend),
+                    workspace_limit=self.workspace_limit)
 
     def shape_kwargs(self) -> dict:
         return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups,
@@ -166,9 +171,10 @@ class _plain:
 
 @torch.library.custom_op("xconv::fprop", mutates_args=())
 def fprop_op(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list[int], padding: list[int],
-             dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: bool,
-             math: str, backend: Optional[str]) -> Tensor:
-    conf = Conf.from_args(stride, padding, dilation, groups, transposed, output_padding, deterministic, math, backend)
+             dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: str,
+             math: str, backend: Optional[str], workspace_limit: Optional[int]) -> Tensor:
+    conf = Conf.from_args(stride, padding, dilation, groups, transposed, output_padding, deterministic, math, backend,
+                          workspace_limit)
     with _plain(input.device):
         y = xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
     return _as(y, memory_format(input, weight))
@@ -190,10 +196,10 @@ def _gradient(function, a: Tensor, b: Tensor, shape, *args) -> Tensor:
 
 @torch.library.custom_op("xconv::dgrad", mutates_args=())
 def dgrad_op(grad_output: Tensor, weight: Tensor, input_shape: list[int], stride: list[int], padding: list[int],
-             dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: bool,
-             math: str, backend: Optional[str]) -> Tensor:
+             dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: str,
+             math: str, backend: Optional[str], workspace_limit: Optional[int]) -> Tensor:
     return _gradient(xconv.conv_dgrad, grad_output, weight, input_shape, stride, padding, dilation, groups,
-                     transposed, output_padding, deterministic, math, backend)
+                     transposed, output_padding, deterministic, math, backend, workspace_limit)
 
 
 @dgrad_op.register_fake
@@ -203,10 +209,10 @@ def _dgrad_fake(grad_output, weight, input_shape, *args):
 
 @torch.library.custom_op("xconv::wgrad", mutates_args=())
 def wgrad_op(input: Tensor, grad_output: Tensor, weight_shape: list[int], stride: list[int], padding: list[int],
-             dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: bool,
-             math: str, backend: Optional[str]) -> Tensor:
+             dilation: list[int], groups: int, transposed: bool, output_padding: list[int], deterministic: str,
+             math: str, backend: Optional[str], workspace_limit: Optional[int]) -> Tensor:
     return _gradient(xconv.conv_wgrad, input, grad_output, weight_shape, stride, padding, dilation, groups,
-                     transposed, output_padding, deterministic, math, backend)
+                     transposed, output_padding, deterministic, math, backend, workspace_limit)
 
 
 @wgrad_op.register_fake
@@ -217,8 +223,10 @@ def _wgrad_fake(input, grad_output, weight_shape, *args):
 @torch.library.custom_op("xconv::backward", mutates_args=())
 def backward_op(grad_output: Tensor, input: Tensor, weight: Tensor, output_mask: list[bool], stride: list[int],
                 padding: list[int], dilation: list[int], groups: int, transposed: bool, output_padding: list[int],
-                deterministic: bool, math: str, backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
-    conf = Conf.from_args(stride, padding, dilation, groups, transposed, output_padding, deterministic, math, backend)
+                deterministic: str, math: str, backend: Optional[str],
+                workspace_limit: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+    conf = Conf.from_args(stride, padding, dilation, groups, transposed, output_padding, deterministic, math, backend,
+                          workspace_limit)
     mask = tuple(bool(b) for b in output_mask)
     c_out = weight.shape[1] * groups if transposed else weight.shape[0]
     with _plain(input.device):

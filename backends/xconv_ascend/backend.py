@@ -26,9 +26,10 @@ from ctypes import byref, c_bool, c_int64, c_uint64, c_void_p
 
 import numpy as np
 
-from xconv import Backend, Capabilities
+from xconv import Backend, Capabilities, tracing
 from xconv.errors import BackendError, UnsupportedError
 from xconv.params import ConvParams
+from xconv.workspace import check_request
 
 from . import compiler, driver as _driver
 from .compiler import OP_BACKWARD, OP_CONVOLUTION
@@ -69,6 +70,7 @@ class _Call:
         self.device_results = device_results
         self.stream = drv.stream()
         self.fetch = []  # callables producing the results, run after synchronization
+        self.limit = None  # workspace_limit: phase 1 asking for more is refused before phase 2
         self._restore_deterministic = None  # set by deterministic(), called right after phase 1
 
     # memory and tensors --------------------------------------------------------------------------
@@ -241,6 +243,8 @@ class _Call:
                 self.drv.take_message()
             return False
         self.stack.push(_drain)
+        tracing.workspace(size.value)
+        check_request("ascend", size.value, self.limit, f"{name} workspace")      # the executor is drained
         workspace = self.malloc(size.value) if size.value else None
         status = phase2(workspace, size.value, pending.pop(), self.stream)
         if status != 0:
@@ -368,6 +372,7 @@ class AscendBackend(Backend):
         np_dtype = np.dtype(numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
             call = _Call(drv, stack, self._on_device(x, w, bias))
+            call.limit = p.workspace_limit
             t_x = call.operand(x, a.dtype, a.format)
             t_w = call.operand(w, a.dtype, a.format)
             t_b = call.operand(bias, a.dtype, compiler.ACL_FORMAT_ND) if bias is not None else None
@@ -378,6 +383,7 @@ class AscendBackend(Backend):
             (y,) = call.run("aclnnConvolution", drv.fn.aclnnConvolutionGetWorkspaceSize,
                             [t_x, t_w, t_b, arrays[0], arrays[1], arrays[2], a.transposed, arrays[3], a.groups, t_y,
                              a.cube_math_type], drv.fn.aclnnConvolution)
+        _note("aclnnConvolution", a, p)
         return y
 
     def _forward_through_backward(self, p: ConvParams) -> bool:
@@ -444,6 +450,7 @@ class AscendBackend(Backend):
         np_dtype = np.dtype(numpy_dtype(p.dtype))
         with contextlib.ExitStack() as stack:
             call = _Call(drv, stack, self._on_device(dy, x, w))
+            call.limit = p.workspace_limit
             t_dy = call.operand(dy, a.dtype, a.format)
             t_x = call.operand(x, a.dtype, a.format) if x is not None else \
                 call.scratch(p.input_shape, a.dtype, np_dtype, a.format)
@@ -463,4 +470,20 @@ class AscendBackend(Backend):
                 "aclnnConvolutionBackward", drv.fn.aclnnConvolutionBackwardGetWorkspaceSize,
                 [t_dy, t_x, t_w, bias_sizes, stride, padding, dilation, a.transposed, output_padding, a.groups,
                  t_mask, a.cube_math_type, outs[0], outs[1], t_db], drv.fn.aclnnConvolutionBackward))
+        _note("aclnnConvolutionBackward", a, p, mask)
         return tuple(next(results) if bit else None for bit in mask)
+
+
+#: cubeMathType -> the xconv math mode it delivers (16-bit inputs always run KEEP_DTYPE).
+_CUBE_TO_MATH = {compiler.KEEP_DTYPE: "keep_dtype", compiler.USE_HF32: "allow_tf32",
+                 compiler.ALLOW_FP32_DOWN_PRECISION: "allow_fp16"}
+
+
+def _note(op: str, a, p: ConvParams, mask=None) -> None:
+    """The running call's trace record: the aclnn op, its cubeMathType (and the effective math), determinism."""
+    if not tracing.active():
+        return
+    bits = "" if mask is None else f" outputMask={''.join('1' if m else '0' for m in mask)}"
+    tracing.note(f"{op} cubeMathType={a.cube_math_type} ({compiler.CUBE_MATH_NAMES[a.cube_math_type]}){bits}",
+                 math=_CUBE_TO_MATH.get(a.cube_math_type, p.math),
+                 deterministic="run_to_run" if p.deterministic else "none")

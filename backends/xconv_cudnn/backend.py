@@ -14,9 +14,10 @@ import dataclasses
 import re
 import threading
 
-from xconv import Backend, Capabilities, legalize
+from xconv import Backend, Capabilities, legalize, tracing
 from xconv.errors import BackendError, BackendUnavailableError, UnsupportedError
 from xconv.params import ConvParams
+from xconv.workspace import check_request
 
 from . import compiler, driver
 from .cache import Entry, PlanCache, autotune, benchmark_enabled
@@ -302,9 +303,13 @@ class CudnnBackend(Backend):
         key = plan_key(op, p, tuple(layouts), device, tune, dy_shape)
         with rt.on_device(device):
             entry = self.cache.get(key)
+            hit = entry is not None
             if entry is None:
                 entry = self.cache.put(key, self._compile(rt, op, p, arrays, strides, device, tune, dy_shape))
+            if tracing.active():
+                _note(entry, op, p, hit)
             if entry.kind == "plan":
+                check_request(self.name, entry.workspace, p.workspace_limit)    # a frontend that ignored the cap
                 return self._execute(rt, entry, arrays, device)
             if entry.kind == "error":
                 raise UnsupportedError(entry.error)
@@ -385,7 +390,8 @@ class CudnnBackend(Backend):
                       outputs=tuple((built.uids[t.name], t.shape) for t in spec.outputs),
                       workspace=built.workspace)
         if tune and built.plan_count > 1:
-            self._autotune(rt, entry, built, arrays, device)
+            self._autotune(rt, entry, built, arrays, device, p.workspace_limit)
+        entry.engine = _plan_name(built.graph, entry.plan_index)
         return entry
 
     def _diagnose(self, rt, spec: compiler.GraphSpec, device: int, exc: BaseException) -> str:
@@ -403,6 +409,9 @@ class CudnnBackend(Backend):
                     return False
                 raise vendor_error(err, rt.fe, call=f"{spec.op} build") from err
 
+        if spec.workspace_limit is not None and builds(dataclasses.replace(spec, workspace_limit=None)):
+            return (f"backend 'cudnn': every cuDNN engine for this configuration needs more workspace than "
+                    f"workspace_limit={spec.workspace_limit} bytes: {what}")
         if spec.deselect_notes and builds(spec.without_filters()):
             if spec.deterministic and builds(spec.without_filters(math=False, determinism=True)):
                 return (f"backend 'cudnn': cuDNN has no deterministic engine for this configuration (every "
@@ -415,7 +424,7 @@ class CudnnBackend(Backend):
         kind = "float64 " if spec.io_type == "DOUBLE" else ""
         return f"backend 'cudnn': cuDNN has no {kind}engine for this configuration: {what} ({detail})"
 
-    def _autotune(self, rt, entry: Entry, built: compiler.BuiltGraph, arrays, device: int) -> None:
+    def _autotune(self, rt, entry: Entry, built: compiler.BuiltGraph, arrays, device: int, limit=None) -> None:
         """Time every built candidate on this call's buffers; keep the fastest (once per key)."""
         g = built.graph
         handle = rt.handle(device)
@@ -427,6 +436,8 @@ class CudnnBackend(Backend):
         def time_plan(index: int, warmup: int, repeats: int):
             try:
                 size = int(g.get_workspace_size_plan_at_index(index))
+                if limit is not None and size > limit:
+                    return None                         # outside workspace_limit: not a candidate
                 workspace, ptr = rt.workspace(size)
                 return rt.time_calls(lambda: g.execute_plan_at_index(pack, ptr, index=index, handle=handle),
                                      warmup, repeats)
@@ -440,3 +451,42 @@ class CudnnBackend(Backend):
         entry.plan_index = best
         entry.timings = timings
         entry.workspace = int(g.get_workspace_size_plan_at_index(best))
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance (xconv.trace records)
+
+
+def _plan_name(graph, index) -> str:
+    """The engine name (id and knobs, e.g. "eng1_k2=3") of the autotuned plan; "" for the heuristics' choice or
+    a frontend without ``get_plan_name_at_index``."""
+    if index is None or not hasattr(graph, "get_plan_name_at_index"):
+        return ""
+    try:
+        return str(graph.get_plan_name_at_index(index))
+    except Exception:  # noqa: BLE001 - a name is provenance only
+        return ""
+
+
+def _note(entry: Entry, op: str, p: ConvParams, hit: bool) -> None:
+    """Fill the running call's trace record from the cache entry that serves it."""
+    cache = "hit" if hit else "miss"
+    det = "run_to_run" if p.deterministic else "none"
+    if entry.kind == "plan":
+        spec = entry.spec
+        if entry.plan_index is None:
+            engine = "heuristics' first supported plan"
+        else:
+            engine = f"autotuned plan {entry.plan_index}" + (f" {entry.engine}" if entry.engine else "")
+        filters = ",".join(spec.deselect_notes) or "none"
+        cap = "" if spec.workspace_limit is None else f", workspace <= {spec.workspace_limit}"
+        tracing.note(f"cuDNN {spec.op} graph: {engine} (deselected notes: {filters}{cap}; "
+                     f"compute {spec.compute_type})", math=p.math, deterministic=det, plan_cache=cache,
+                     workspace_bytes=entry.workspace)
+    elif entry.kind == "delegate":
+        what = {"cupy": "CuPy reduction (bias gradient)", "contiguous": "operands copied contiguous",
+                "symmetric": "explicit padding by the core", "unfused": "unfused graphs"}.get(entry.delegate,
+                                                                                             entry.delegate)
+        tracing.note(f"cuDNN {op}: {what}", math=p.math, deterministic=det, plan_cache=cache)
+    else:
+        tracing.note(plan_cache=cache)

@@ -57,6 +57,7 @@ class Entry:
     timings: tuple = ()             # (plan index, median ms) measured by autotune
     delegate: str = ""              # "contiguous", "symmetric", "unfused" or "cupy"
     error: str = ""                 # UnsupportedError message, raised again on every call
+    engine: str = ""                # the plan's engine name (id and knobs) where known (trace records)
 
 
 class PlanCache:

@@ -194,6 +194,7 @@ class GraphSpec:
     deselect_notes: tuple[str, ...]
     heur_modes: tuple[str, ...] = HEUR_MODES
     autotune: bool = False
+    workspace_limit: int | None = None      # engines needing more workspace are deselected
 
     def tensor(self, name: str) -> TensorSpec:
         for t in self.inputs + self.outputs:
@@ -251,7 +252,7 @@ def graph_spec(op: str, p: ConvParams, strides: dict | None = None, *, autotune:
     deselect = policy.deselect + ((NONDETERMINISTIC,) if p.deterministic else ())
     common = dict(op=op, io_type=policy.io_type, intermediate_type=policy.intermediate_type,
                   compute_type=policy.compute_type, math=p.math, deterministic=p.deterministic,
-                  deselect_notes=deselect, autotune=autotune)
+                  deselect_notes=deselect, autotune=autotune, workspace_limit=p.workspace_limit)
     if op == "bgrad":
         shape = tuple(dy_shape or p.output_shape)
         dy = _operand("dy", shape, strides.get("dy"), dtype)
@@ -306,7 +307,7 @@ def plan_key(op: str, p: ConvParams, layouts: tuple, device: int, autotune: bool
     """
     if op == "bgrad":
         shape = tuple(dy_shape or p.output_shape)
-        return (op, shape, p.dtype, p.deterministic, layouts, device, autotune)
+        return (op, shape, p.dtype, p.deterministic, layouts, device, autotune, p.workspace_limit)
     return (op, p, layouts, device, autotune)
 
 
@@ -395,6 +396,8 @@ def build_graph(fe, spec: GraphSpec, handle) -> BuiltGraph:
     g.create_execution_plans([_enum(fe.heur_mode, m) for m in spec.heur_modes])
     if spec.deselect_notes:
         g.deselect_numeric_notes([_enum(fe.numerical_note, n) for n in spec.deselect_notes])
+    if spec.workspace_limit is not None:
+        g.deselect_workspace_greater_than(spec.workspace_limit)
     g.check_support()
     policy = fe.build_plan_policy.ALL if spec.autotune else fe.build_plan_policy.HEURISTICS_CHOICE
     g.build_plans(policy)

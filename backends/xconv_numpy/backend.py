@@ -7,10 +7,11 @@ import functools
 import numpy as np
 
 import xconv
-from xconv import Backend, Capabilities
+from xconv import Backend, Capabilities, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import fast, native, reference
+from . import fast, invariant, native, reference
+from .budget import check_im2col
 from .blas import single_threaded_blas
 
 
@@ -30,10 +31,14 @@ class NumpyBackend(Backend):
     registered as "numpy-exact"). The default runs :mod:`.fast`: chunked BLAS matrix products,
     accumulating float16, bfloat16 and float32 in float32 and float64 in float64, with extra
     memory bounded by a budget proportional to the call's operands. Results have the input dtype.
+    Every call is run-to-run deterministic; ``deterministic="batch_invariant"`` computes forward
+    outputs and input gradients one sample at a time (:mod:`.invariant`). The math is always
+    "keep_dtype" (no TF32; float16 and bfloat16 are accumulated in float32).
     """
 
     array_families = ("numpy",)
-    capabilities = Capabilities(transposed=False)  # transposed convolution comes from the core's mapping
+    capabilities = Capabilities(transposed=False,  # transposed convolution comes from the core's mapping
+                                batch_invariant=True)  # per sample (see .invariant)
 
     def __init__(self, exact: bool = False):
         self.exact = exact
@@ -56,35 +61,73 @@ class NumpyBackend(Backend):
     # The reference runs its matrix products with one BLAS thread (a threaded BLAS may split a
     # long dot product across threads, which changes its rounding with the thread count).
 
+    def _begin(self, p, op: str) -> bool:
+        """Note the delivered guarantees; for numpy-exact check (and report) its column buffer against the
+        workspace limit. True when this call runs per sample (batch_invariant, more than one sample)."""
+        per_sample = p.deterministic == "batch_invariant" and p.input_shape[0] > 1
+        if tracing.active():
+            tracing.note(math="keep_dtype", deterministic="batch_invariant" if p.deterministic == "batch_invariant"
+                         else "run_to_run")
+            if per_sample and op in ("fprop", "dgrad", "backward"):
+                tracing.note("per-sample (batch_invariant)")
+        if self.exact and op != "bgrad":   # float64 im2col: a chunk of columns, x or dx, the result
+            q = invariant.one_sample(p) if per_sample and op in ("fprop", "dgrad") else p
+            ops = ("dgrad", "wgrad") if op == "backward" else (op,)
+            check_im2col(self.name, q, ops, 8, "reference im2col (float64)")
+        return per_sample
+
     @_quiet
     def fprop(self, x, w, bias, p):
+        if self._begin(p, "fprop"):
+            return invariant.fprop(self._fprop, x, w, bias, p)
+        return self._fprop(x, w, bias, p)
+
+    @_quiet
+    def dgrad(self, dy, w, p):
+        if self._begin(p, "dgrad"):
+            return invariant.dgrad(self._dgrad, dy, w, p)
+        return self._dgrad(dy, w, p)
+
+    @_quiet
+    def wgrad(self, x, dy, p):
+        self._begin(p, "wgrad")
+        return self._wgrad(x, dy, p)
+
+    @_quiet
+    def bgrad(self, dy, p):
+        self._begin(p, "bgrad")
+        return self._bgrad(dy, p)
+
+    @_quiet
+    def backward(self, dy, x, w, p, mask):
+        if self._begin(p, "backward"):
+            return invariant.backward(self._backward, dy, x, w, p, mask)
+        return self._backward(dy, x, w, p, mask)
+
+    def _fprop(self, x, w, bias, p):
         if self.exact:
             with single_threaded_blas():
                 return reference.fprop(x, w, bias, p, self._acc(p))
         return fast.fprop(x, w, bias, p)
 
-    @_quiet
-    def dgrad(self, dy, w, p):
+    def _dgrad(self, dy, w, p):
         if self.exact:
             with single_threaded_blas():
                 return reference.dgrad(dy, w, p, self._acc(p))
         return fast.dgrad(dy, w, p)
 
-    @_quiet
-    def wgrad(self, x, dy, p):
+    def _wgrad(self, x, dy, p):
         if self.exact:
             with single_threaded_blas():
                 return reference.wgrad(x, dy, p, self._acc(p))
         return fast.wgrad(x, dy, p)
 
-    @_quiet
-    def bgrad(self, dy, p):
+    def _bgrad(self, dy, p):
         if self.exact:
             return reference.bgrad(dy, p, self._acc(p))
         return fast.bgrad(dy, p)
 
-    @_quiet
-    def backward(self, dy, x, w, p, mask):
+    def _backward(self, dy, x, w, p, mask):
         if self.exact:
-            return super().backward(dy, x, w, p, mask)
+            return super().backward(dy, x, w, p, mask)          # the public primitives (subclasses may wrap them)
         return fast.backward(dy, x, w, p, mask)

@@ -41,10 +41,12 @@ import threading
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
+from xconv.workspace import check_request
 
 from . import columns, compiled, direct, small
+from .budget import check_im2col
 from .blas import MAX_WORKERS, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
@@ -253,15 +255,21 @@ def release_memory() -> None:
 
 
 class _Lease:
-    """The scratch buffers of one call, handed back to the arena when the call ends."""
+    """The scratch buffers of one call, handed back to the arena when the call ends; their total is the
+    call's workspace (reported to the trace record, and kept within ``limit`` bytes or UnsupportedError)."""
 
-    def __init__(self):
+    def __init__(self, limit: int | None = None):
         self.bufs = []
+        self.limit = limit
+        self.sizes = []                             # bytes of each buffer taken (list.append: thread-safe)
 
     def empty(self, shape, dtype) -> np.ndarray:
         """An uninitialized array starting on a 64-byte boundary (a cache line: vector loads never split)."""
         dtype = np.dtype(dtype)
         n = math.prod(shape) * dtype.itemsize
+        self.sizes.append(n + 64)
+        if self.limit is not None:
+            check_request("numpy", sum(self.sizes), self.limit, "scratch (its smallest chunking)")
         raw = _ARENA.take(n + 64)
         self.bufs.append(raw)
         a = -raw.ctypes.data % 64
@@ -273,6 +281,8 @@ class _Lease:
     def __exit__(self, *exc):
         _ARENA.give(self.bufs)
         self.bufs = []
+        if tracing.active():
+            tracing.workspace(sum(self.sizes))
 
 
 class _GridBuf:
@@ -392,9 +402,15 @@ def _n_slots(io_bytes: int, w_bytes: int) -> int:
 # Chunk planning
 
 
-def _budget(nbytes: int) -> int:
-    """Working-set budget of one call: all chunks in flight together stay within it."""
-    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, BUDGET_FRACTION * nbytes)))
+def _budget(nbytes: int, p: ConvParams | None = None) -> int:
+    """Working-set budget of one call: all chunks in flight together stay within it. Under ``p.workspace_limit``
+    it is the limit less a reserve for the weight-sized scratch (layouts, accumulator slots: at most
+    3 + 2 * MAX_WORKERS weights in the compute dtype)."""
+    budget = int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, BUDGET_FRACTION * nbytes)))
+    if p is not None and p.workspace_limit is not None:
+        reserve = (3 + 2 * MAX_WORKERS) * math.prod(p.weight_shape) * compute_dtype(p).itemsize
+        budget = max(1, min(budget, p.workspace_limit - reserve))
+    return budget
 
 
 def _split(total: int, most: int):
@@ -545,27 +561,37 @@ def backward(dy, x, w, p: ConvParams, mask):
     need_dx, need_dw, need_db = mask
     dx = dw = None
     if need_dx or need_dw:
-        compiled_loops = direct.serves(p) or compiled.serves(p)   # they keep NaN/Inf where the reference does
+        # the depthwise loops' scratch is not leased: under a workspace limit the counted paths run
+        depthwise = direct.serves(p) and p.workspace_limit is None
+        compiled_loops = depthwise or compiled.serves(p)      # they keep NaN/Inf where the reference does
         if columns.serves(p) or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
                                                                                w if need_dx else None)):
+            check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
+                         compute_dtype(p).itemsize, "im2col columns (fallback)")
             dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
             return dx, dw, (bgrad(dy, p) if need_db else None)
-        if direct.serves(p):
+        if depthwise:
+            tracing.note("depthwise C loops")
             with single_threaded_blas() as workers:
                 return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
-        if not compiled_loops and small.serves(p, need_dx):      # the compiled loops, where they run, first
+        if not compiled_loops and p.workspace_limit is None and small.serves(p, need_dx):  # compiled loops first;
+            tracing.note("small-call columns")          # its scratch is not leased: not under a workspace limit
             with single_threaded_blas():
                 dx, dw = small.backward(dy, x, w, p, need_dx, need_dw)
             return dx, dw, (bgrad(dy, p) if need_db else None)
         geo = _geom(p)
-        with single_threaded_blas() as workers, _Lease() as lease:
+        with single_threaded_blas() as workers, _Lease(p.workspace_limit) as lease:
             if compiled.serves(p):                       # db from its copy of dy
-                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw))
+                tracing.note("C direct loops")
+                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw), p)
                 return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
             if geo.pointwise:                           # db from the samples it reads
+                tracing.note("pointwise per-sample GEMM")
                 return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
                                            lease)
             run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
+            tracing.note("blas-grid strategy A (dy-columns)" if run is _backward_a
+                         else "blas-grid strategy B (x-columns)")
             dx, dw = run(geo, dy, x if need_dw else None, w, need_dx, need_dw, workers, lease)
     return dx, dw, (bgrad(dy, p) if need_db else None)
 
@@ -581,6 +607,7 @@ def wgrad(x, dy, p: ConvParams):
 def bgrad(dy, p: ConvParams):
     """dy summed over N and the spatial dims: per block of samples (blocks fixed by the shape alone),
     blocks summed on the workers, partial sums added in block order."""
+    tracing.note("bias sum")
     cdt = compute_dtype(p)
     axes = (0,) + tuple(range(2, dy.ndim))
     N = dy.shape[0]
@@ -679,7 +706,7 @@ def _backward_a(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     unit_bytes = it * g * max(rest_n[ip] * (col_rows[ip] + (Cg * (1 + implicit[ip]) if need_dx else 0)
                                             + (Cg if need_dw else 0)) for ip in live)
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    budget = _budget(io)
+    budget = _budget(io, p)
     chunks, dy_lines, c_lines = _chunks_compact(geo, lo1, hi1, it * g * Cog * line, unit_bytes, budget, single)
     workers = _cap_workers(workers, budget, dy_lines * it * g * Cog * line + c_lines * unit_bytes)
     U = max(rest_n[ip] * (c_lines + ext[ip]) for ip in live)
@@ -839,7 +866,7 @@ def _backward_pointwise(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, need
     sample_bytes = it * g * P * (Cog * copy_dy + Cg * copy_x + Cg * (need_dx and out_dt != cdt)) \
         + (it * g * Cog * Cg if need_dw else 0)
     io = _io_bytes(geo, out_dt.itemsize, need_dx, need_dw)
-    budget = _budget(io)
+    budget = _budget(io, p)
     cap = max(1, budget // 2)
     nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))
     chunks = _split(N, nb)
@@ -901,7 +928,7 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
     nph = len(geo.phases)
     line_bytes = cdt.itemsize * line * g * (Cog + K * Cg * (need_dx + need_dw) + nph * Cg * (need_dx + need_dw))
     io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
-    budget = _budget(io)
+    budget = _budget(io, p)
     chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, budget)
     workers = _cap_workers(workers, budget, (lines + 2 * h) * line_bytes)
     hf = 0 if aligned else h           # dy lines before the chunk whose col2im reaches into it
@@ -956,11 +983,14 @@ def _backward_b(geo: _Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias, by x-columns (im2col of the x phases) and one GEMM per chunk."""
     if columns.serves(p):
+        check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, "im2col columns (fallback)")
         return columns.fprop(x, w, bias, p)
-    if direct.serves(p):
+    if direct.serves(p) and p.workspace_limit is None:      # its scratch is not leased: not under a limit
+        tracing.note("depthwise C loops")
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)
-    if small.serves(p):
+    if p.workspace_limit is None and small.serves(p):       # its scratch is not leased: not under a limit
+        tracing.note("small-call columns")
         with single_threaded_blas():
             return small.fprop(x, w, bias, p)
     geo = _geom(p)
@@ -968,10 +998,11 @@ def fprop(x, w, bias, p: ConvParams):
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
     nph = len(geo.phases)
     line_bytes = cdt.itemsize * line * g * (Cog + K * Cg + nph * Cg)
-    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, False, False, fprop=True))
+    budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, False, False, fprop=True), p)
     chunks, lines, _ = _chunks(geo, line_bytes, h, budget)
     R = lines * line
-    lease = _Lease()
+    lease = _Lease(p.workspace_limit)
+    tracing.note("blas-grid x-columns")
     chunk_bytes = (lines + h) * line_bytes
     wm = _weight_layout(w, geo, cdt, "gokc", lease).reshape(g, Cog, K * Cg)
     b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)

@@ -65,7 +65,7 @@ class Case:
     math: str
     mask: tuple
     layout: str
-    deterministic: bool
+    deterministic: bool | str    # False, True or "batch_invariant"
     bias_sizes: bool
     call: tuple = ()         # invalid cases: (argument, value) overrides of the call's keyword arguments
     tensors: tuple = ()      # invalid cases: (key, value) overrides such as ("weight_shape", [...])
@@ -119,7 +119,7 @@ class Case:
         if self.transposed:
             t.append("transposed")
         if self.deterministic:
-            t.append("deterministic")
+            t.append("batch_invariant" if self.deterministic == "batch_invariant" else "deterministic")
         if self.math != "keep_dtype":
             t.append(self.math)
         return t
@@ -143,7 +143,7 @@ def _label(key: str, value) -> str:
     if key == "transposed":
         return "T" if value else "direct"
     if key == "deterministic":
-        return "det" if value else "nondet"
+        return "batchinv" if value == "batch_invariant" else "det" if value else "nondet"
     if key == "math":
         return value
     if key == "padding" and isinstance(value, str):
@@ -175,6 +175,12 @@ def _padding(value, nd: int, where: str):
     raise CorpusError(f"{where}: padding must be an int, a string, [pre, post] or {nd} such pairs, not {value!r}")
 
 
+def _determinism(value, where: str):
+    if value == "batch_invariant" or isinstance(value, bool):
+        return value
+    raise CorpusError(f"{where}: deterministic must be true, false or \"batch_invariant\", not {value!r}")
+
+
 def _mask(value, where: str) -> tuple:
     if isinstance(value, str) and len(value) == 3 and set(value) <= {"0", "1"}:
         return tuple(c == "1" for c in value)
@@ -200,7 +206,7 @@ def _make_case(case_id: str, group: str, raw: dict, kind: str = "valid", call=No
         dilation=_per_dim(raw["dilation"], nd, "dilation", case_id), groups=raw["groups"],
         transposed=bool(raw["transposed"]), output_padding=_per_dim(raw["output_padding"], nd, "output_padding", case_id),
         dtype=raw["dtype"], math=raw["math"], mask=_mask(raw["mask"], case_id), layout=raw["layout"],
-        deterministic=bool(raw["deterministic"]), bias_sizes=bool(raw["bias_sizes"]),
+        deterministic=_determinism(raw["deterministic"], case_id), bias_sizes=bool(raw["bias_sizes"]),
         call=tuple(sorted((call or {}).items())), tensors=tuple(sorted((tensors or {}).items())), argument=argument)
     if case.c_in % case.groups or case.c_out % case.groups:
         raise CorpusError(f"case {case_id}: groups={case.groups} must divide c_in={case.c_in} and c_out={case.c_out}")

@@ -29,7 +29,7 @@ from collections import Counter
 
 import xconv
 
-from . import __version__, env
+from . import __version__, env, report
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
@@ -164,7 +164,8 @@ def run_backend(cases, backend: str, progress: Progress | None = None, keep_outp
 
 def _rows(cases, outcomes) -> list[dict]:
     return [{"id": c.id, "group": c.group, "dtype": c.dtype, "status": o.status, "ratio": o.ratio,
-             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr}
+             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr,
+             "ran": report.ran(o.record)}
             for c, o in zip(cases, outcomes)]
 
 

@@ -18,7 +18,7 @@ import itertools
 
 import numpy as np
 
-from . import tolerance
+from . import report, tolerance
 from .bundle import Bundle
 from .cases import load_corpus
 from .manifest_schema import printable
@@ -39,6 +39,7 @@ class CaseRow:
     problems: list
     samples: list                      # per bundle: {output: log10 ratios}
     messages: list
+    ran: list = dataclasses.field(default_factory=list)   # per bundle: what its call ran (its trace record)
 
     @property
     def disagrees(self) -> bool:
@@ -87,6 +88,7 @@ def _compare_case(case, bundles, records) -> CaseRow:
     statuses, ratios, samples, messages, problems = [], [], [], [], []
     results: list = [None] * n
     ref = reference_of(case) if case.kind == "valid" else None
+    ran = [report.ran((recs.get(case.id) or {}).get("record")) for recs in records]
     for i, (b, recs) in enumerate(zip(bundles, records)):
         rec = recs.get(case.id)
         samples.append({})
@@ -158,7 +160,7 @@ def _compare_case(case, bundles, records) -> CaseRow:
                     problems.append(f"[{_letter(i)}] and [{_letter(j)}] disagree on {name}: worst {w:.3g} x "
                                     f"(bound_a + bound_b) at {idx}")
             pairwise[(i, j)] = worst
-    return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages)
+    return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages, ran)
 
 
 def _letter(i: int) -> str:
@@ -226,7 +228,8 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
             for i in range(len(bundles)):
                 st = row.statuses[i]
                 cells.append(st if row.ratios[i] is None else f"{st} {_fmt(row.ratios[i])}")
-            cells.append("; ".join(row.problems)[:400] or "")
+            ran = "; ".join(f"[{_letter(i)}] {r}" for i, r in enumerate(row.ran) if r)
+            cells.append(("; ".join(row.problems)[:400] or "") + (f" (ran: {ran})" if ran else ""))
             table.append(cells)
         lines += _table(table)
     refused = [(row.case_id, _letter(i), row.messages[i]) for row in cmp.rows for i, s in enumerate(row.statuses)
@@ -267,7 +270,8 @@ def report_runs(cmp: Comparison) -> list[dict]:
                  "status": "failed" if row.statuses[i] not in ("crashed", "timed_out") and any(
                      p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
                      for p in row.problems) else row.statuses[i],
-                 "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i]}
+                 "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i],
+                 "ran": row.ran[i] if row.ran else ""}
                 for row in cmp.rows if row.statuses[i] != "absent"]
         runs.append({"label": f"[{_letter(i)}] {b.backend}", "detail": f"{m['backend'].get('version', '')} on "
                      f"{m['device']}; {m['created']}", "rows": rows})

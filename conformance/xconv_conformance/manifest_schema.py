@@ -213,6 +213,11 @@ DTYPE = Str(choices=tuple(STORED_DTYPES))
 OUTPUT_ENTRY = Obj({"key": Str(_KEY, expected="an array key such as '00012.grad_input'"), "dtype": DTYPE,
                     "shape": List(Int(0, MAX_DIM), MAX_RANK)}, closed=True)
 NAME = Str(plain=True)
+#: A case's xconv.trace() record (what its call ran); optional, written by kits since the trace records.
+RECORD = Obj({"op": NAME, "backend": NAME},
+             {"path": Optional(Str()), "math": Optional(NAME), "deterministic": Optional(NAME),
+              "legalized": List(Str()), "workspace_bytes": Optional(Int(0)), "plan_cache": Optional(NAME),
+              "seconds": Optional(Num()), "shapes": Map(List(Int(0), MAX_RANK)), "error": Optional(Str())})
 CASE = Obj(
     required={"id": Str(nonempty=True, plain=True), "status": Str(choices=STATUSES), "spec_digest": SHA256,
               "input_digest": SHA256, "dtype": DTYPE, "outputs": Map(OUTPUT_ENTRY, keys=OUTPUT_NAMES)},
@@ -220,7 +225,8 @@ CASE = Obj(
               "ratios": Map(Optional(Num()), keys=OUTPUT_NAMES),
               "worst_index": Map(Optional(List(Int(0), MAX_RANK)), keys=OUTPUT_NAMES),
               "digests": Optional(List(Optional(SHA256), len(OUTPUT_NAMES))), "seconds": Num(),
-              "signal": Optional(NAME), "stderr": Str()})       # crashed / timed_out cases
+              "signal": Optional(NAME), "stderr": Str(),       # crashed / timed_out cases
+              "record": RECORD})
 MANIFEST = Obj(
     required={"xconv_version": NAME, "kit_version": NAME,
               "backend": Obj({"name": Str(nonempty=True, plain=True)},

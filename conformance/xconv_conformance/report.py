@@ -25,6 +25,17 @@ th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 """
 
 
+def ran(record: dict | None) -> str:
+    """What a case's call ran, from its trace record (bundles keep it per case): path, math, determinism."""
+    if not record:
+        return ""
+    text = f"{record.get('backend')}: {record.get('path') or '-'} (math={record.get('math')}, " \
+           f"deterministic={record.get('deterministic')})"
+    if record.get("legalized"):
+        text += "; legalized: " + ", ".join(record["legalized"])
+    return text
+
+
 def _esc(v) -> str:
     return html.escape(str(v), quote=True)
 
@@ -163,12 +174,13 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
         rows = sorted((r for r in run["rows"] if isinstance(r.get("ratio"), (int, float))),
                       key=lambda r: -r["ratio"])[:25]
         body.append(f"<h3>{_esc(run['label'])}</h3><table><tr><th>case</th><th>dtype</th><th>status</th>"
-                    "<th>worst error/bound</th><th>per output</th></tr>")
+                    "<th>worst error/bound</th><th>per output</th><th>ran (path / engine)</th></tr>")
         for r in rows:
             per = ", ".join(f"{k} {_fmt_ratio(v)}" for k, v in (r.get("ratios") or {}).items())
             body.append(f"<tr><td><code>{_esc(r['id'])}</code></td><td>{_esc(r['dtype'])}</td>"
                         f"<td class='{_esc(r['status'])}'>{_esc(r['status'])}</td>"
-                        f"<td class='num'>{_fmt_ratio(r['ratio'])}</td><td class='small'>{_esc(per)}</td></tr>")
+                        f"<td class='num'>{_fmt_ratio(r['ratio'])}</td><td class='small'>{_esc(per)}</td>"
+                        f"<td class='small'>{_esc(r.get('ran', ''))}</td></tr>")
         body.append("</table>")
     problems = [(run["label"], r) for run in runs for r in run["rows"] if r["status"] in _FAILING + ("refused",)]
     problems.sort(key=lambda item: item[1]["status"] == "refused")     # failures, crashes and hangs first
@@ -176,11 +188,12 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
     if not problems:
         body.append("<p>None.</p>")
     else:
-        body.append("<table><tr><th>backend</th><th>case</th><th>status</th><th>message</th></tr>")
+        body.append("<table><tr><th>backend</th><th>case</th><th>status</th><th>message</th><th>ran</th></tr>")
         for label, r in problems[:500]:
             body.append(f"<tr><td>{_esc(label)}</td><td><code>{_esc(r['id'])}</code></td>"
                         f"<td class='{_esc(r['status'])}'>{_esc(r['status'].replace('_', ' '))}</td>"
-                        f"<td class='small'>{_esc(r.get('message', ''))[:2000]}{_stderr_html(r)}</td></tr>")
+                        f"<td class='small'>{_esc(r.get('message', ''))[:2000]}{_stderr_html(r)}</td>"
+                        f"<td class='small'>{_esc(r.get('ran', ''))}</td></tr>")
         body.append("</table>")
         if len(problems) > 500:
             body.append(f"<p>... and {len(problems) - 500} more.</p>")

@@ -29,7 +29,7 @@ import xconv
 from xconv import Backend, BackendUnavailableError, ShapeError, UnsupportedError
 from xconv.dtypes import dtype_name
 
-from . import tolerance
+from . import invariance, tolerance
 from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
 
@@ -57,13 +57,15 @@ class Outcome:
     live: tuple | None = dataclasses.field(default=None, repr=False)  # the backend's own result objects
     signal: str | None = None                       # crashed: the name of the signal that killed the worker
     stderr: str = ""                                # crashed / timed_out: the tail of what the case wrote there
+    record: dict | None = None                      # xconv.trace() record of the call: which path/engine ran
 
     @property
     def ok(self) -> bool:
         return self.status not in FAILING
 
     def summary(self) -> dict:
-        """JSON-able record (no arrays); crashed and timed-out cases add ``signal`` and ``stderr``."""
+        """JSON-able record (no arrays); crashed and timed-out cases add ``signal`` and ``stderr``, cases whose
+        call ran add ``record`` (its xconv.trace() record)."""
         record = {"id": self.case_id, "backend": self.backend, "status": self.status, "message": self.message,
                   "ratio": _json_float(self.ratio), "ratios": {k: _json_float(v) for k, v in self.ratios.items()},
                   "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
@@ -71,6 +73,8 @@ class Outcome:
                   "seconds": round(self.seconds, 6)}
         if self.status in ("crashed", "timed_out"):
             record.update(signal=self.signal, stderr=self.stderr)
+        if self.record:
+            record["record"] = self.record
         return record
 
 
@@ -292,6 +296,15 @@ def _call(case, backend, arrays):
     return xconv.convolution_backward(*arrays, backend=backend, **call_kwargs(case))
 
 
+def _traced_call(case, backend, arrays):
+    """(results, record as a dict or None): the call under xconv.trace() (its record: this thread's call of this
+    case's shapes, the trace being process-wide)."""
+    with xconv.trace() as t:
+        results = _call(case, backend, arrays)
+    mine = [r for r in t.records if r.shapes.get("input") == list(case.input_shape) and r.op == "backward"]
+    return results, (mine[-1].as_dict() if mine else None)
+
+
 def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat: bool) -> Outcome:
     name = b.name
     inputs = inputs_of(case)
@@ -300,7 +313,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
     except FamilyError as exc:
         return Outcome(case.id, name, "refused", f"the kit cannot make these inputs as {fam.name} arrays: {exc}")
     try:
-        results = _call(case, backend, arrays)
+        results, record = _traced_call(case, backend, arrays)
     except UnsupportedError as exc:
         return Outcome(case.id, name, "refused", str(exc))
     except BackendUnavailableError as exc:
@@ -356,11 +369,17 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
                 if digest(second) != digest(first):
                     differ = int(np.count_nonzero(first.view(np.uint8) != second.view(np.uint8)))
                     problems.append(f"{oname}: deterministic=True but a second call differs ({differ} bytes differ)")
+    if case.deterministic == "batch_invariant" and not problems:
+        try:
+            problems += invariance.problems(case, backend, _backend_arrays(case, inputs, fam), outputs[0], fam,
+                                            call_kwargs(case))
+        except UnsupportedError as exc:
+            return Outcome(case.id, name, "refused", f"batch-invariance check: {exc}")
     ratio = max(ratios.values()) if ratios else None
     status = "failed" if problems else "passed"
     return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
                    tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples,
-                   live=(fam, tuple(results)))
+                   live=(fam, tuple(results)), record=record)
 
 
 def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from xconv import Backend, BackendError, BackendUnavailableError, Capabilities, UnsupportedError
+from xconv import Backend, BackendError, BackendUnavailableError, Capabilities, UnsupportedError, tracing
 
 from . import devices
 from .settings import scoped
@@ -91,6 +91,9 @@ class TorchBackend(Backend):
         return tuple(r if bit else None for r, bit in zip(results, mask))
 
     def _run(self, op: str, p, run, *arrays):
+        if p.workspace_limit is not None:
+            raise UnsupportedError(f"backend {self.name!r} cannot bound the scratch memory of PyTorch's kernels "
+                                   f"(workspace_limit={p.workspace_limit}); unset it for this backend")
         try:
             torch = devices.torch_module()
         except Exception as exc:  # noqa: BLE001 - a torch that is installed but cannot be imported
@@ -112,6 +115,12 @@ class TorchBackend(Backend):
                                        f"{op}: {text.splitlines()[0]}") from exc
             raise BackendError(self.name, -1, type(exc).__name__, text.splitlines()[0] if text else "",
                                f"torch {op}") from exc
+        if tracing.active():   # what ran: the aten op on the device, fp32 precision, determinism (xconv.trace)
+            aten = {"fprop": "aten.convolution", "bgrad": "sum"}.get(op, "aten.convolution_backward")
+            tf32 = p.dtype == "float32" and p.math != "keep_dtype"
+            tracing.note(f"torch {aten} on {self.device_type}" + (" (computed in float32)" if widen else ""),
+                         math="allow_tf32" if tf32 else "keep_dtype",
+                         deterministic="run_to_run" if p.deterministic else "none")
         return tuple(placement.out(r) for r in results)
 
 
