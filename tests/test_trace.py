@@ -8,7 +8,14 @@ import pytest
 import xconv
 from core_helpers import SpyBackend, count_calls
 from xconv import legalize, tracing
-from xconv_numpy import columns, compiled, direct, fast
+from xconv_numpy import columns, compiled, direct, fast, small
+
+
+@pytest.fixture(autouse=True)
+def grid_paths(monkeypatch):
+    """These small shapes would take the small-call path; the tests below name the grid paths they spy on
+    (test_small_call_path_reported turns it back on)."""
+    monkeypatch.setattr(small, "ENABLED", False)
 
 
 def _conv(rng, xs, ws, dtype=np.float32, **kw):
@@ -184,3 +191,14 @@ def test_torch_functional_route_keeps_level_and_limit():
     assert all(0 < r.workspace_bytes <= 1 << 20 for r in t.records)
     with pytest.raises(xconv.UnsupportedError, match="workspace_limit=1000"):
         xconv.conv_fprop(x, w, padding=1, workspace_limit=1000)
+
+
+def test_small_call_path_reported(monkeypatch):
+    monkeypatch.setattr(small, "ENABLED", True)
+    ran = count_calls(monkeypatch, small, "backward")
+    x, w, dy = _conv(np.random.default_rng(9), (1, 4, 8, 8), (4, 4, 3, 3), padding=1)
+    with xconv.trace() as t:
+        xconv.convolution_backward(dy, x, w, padding=1)
+        xconv.conv_fprop(x, w, padding=1)
+    assert len(ran) == 1
+    assert [r.path for r in t.records] == ["small-call columns + bias sum", "small-call columns"]
