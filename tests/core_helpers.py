@@ -46,6 +46,16 @@ class SpyBackend(NumpyBackend):
         return super().bgrad(dy, p)
 
 
+def assert_same_non_finite(got, want, rtol: float, atol: float = 1e-4) -> None:
+    """Each pair of results has NaN, +Inf and -Inf at the same positions, and its finite values close."""
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+        np.testing.assert_array_equal(np.isposinf(g), np.isposinf(e))
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(e))
+        fin = np.isfinite(e)
+        np.testing.assert_allclose(g[fin], e[fin], rtol=rtol, atol=atol)
+
+
 def count_calls(monkeypatch, owner, name: str) -> list:
     """Wrap ``owner.name`` (for the test's duration) so that each call appends to the returned list."""
     calls = []

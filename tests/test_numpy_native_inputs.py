@@ -15,7 +15,7 @@ import pytest
 import xconv
 from xconv.params import make_params
 
-from core_helpers import count_calls  # noqa: E402
+from core_helpers import assert_same_non_finite, count_calls  # noqa: E402
 
 from xconv_numpy import compiled, direct  # noqa: E402
 
@@ -101,16 +101,6 @@ def test_every_array_kind_on_the_compiled_paths(path, shift, tmp_path, monkeypat
     assert len(calls) == len(dtypes) * len(KINDS)
 
 
-def _same_non_finite(got, want):
-    """Same NaN and +-Inf positions, and the finite values close."""
-    for g, e in zip(got, want):
-        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
-        np.testing.assert_array_equal(np.isposinf(g), np.isposinf(e))
-        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(e))
-        fin = np.isfinite(e)
-        np.testing.assert_allclose(g[fin], e[fin], rtol=1e-4, atol=1e-4)
-
-
 def test_one_inf_in_x_stays_where_the_exact_path_has_it_depthwise():
     """The depthwise form of the issue's reproducer: grad_weight [[inf, 9], [9, 9]], not NaN."""
     f = np.float32
@@ -135,10 +125,10 @@ def test_non_finite_values_propagate_as_on_the_exact_path(path, where):
         got = xconv.convolution_backward(dy, x, w, output_mask=mask, bias_sizes=(ws[0],), backend="numpy", **kw)
         want = xconv.convolution_backward(dy, x, w, output_mask=mask, bias_sizes=(ws[0],), backend="numpy-exact",
                                           **kw)
-        _same_non_finite([g for g in got if g is not None], [e for e in want if e is not None])
+        assert_same_non_finite([g for g in got if g is not None], [e for e in want if e is not None], rtol=1e-4)
     if where != "dy":
-        _same_non_finite([xconv.conv_fprop(x, w, backend="numpy", **kw)],
-                         [xconv.conv_fprop(x, w, backend="numpy-exact", **kw)])
+        assert_same_non_finite([xconv.conv_fprop(x, w, backend="numpy", **kw)],
+                               [xconv.conv_fprop(x, w, backend="numpy-exact", **kw)], rtol=1e-4)
 
 
 def test_inf_weight_leaves_the_other_grad_input_rows_finite():
