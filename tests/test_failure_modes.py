@@ -206,12 +206,10 @@ def test_the_argument_the_user_got_wrong_is_named(call, argument, fragments):
 
 
 def test_a_tensor_name_is_not_a_shape():
-    from xconv.api import _resolve
-
-    shapes = {"input": (1, 2, 3), "grad_output": (1, 4, 3)}
-    assert _resolve("input", shapes, "input_shape") == (1, 2, 3)
-    assert _resolve([1, np.int64(2), 3], shapes, "input_shape") == (1, 2, 3)
-    _raises(xconv.ShapeError, "input_shape", lambda: _resolve("grad_output", shapes, "input_shape"), "ints")
+    dy, w = ones(1, 2, 3, 3), ones(2, 2, 1, 1)
+    assert xconv.conv_dgrad(dy, w, [1, np.int64(2), 3, 3]).shape == (1, 2, 3, 3)
+    for name in ("grad_output", "input"):
+        _raises(xconv.ShapeError, "input_shape", lambda: xconv.conv_dgrad(dy, w, name), "ints")
 
 
 def test_dtype_mistakes_are_type_errors_and_shape_mistakes_value_errors():

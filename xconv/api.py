@@ -71,16 +71,6 @@ def params_for(shapes: dict, dtype: str, input_shape=None, weight_shape=None, **
     return p
 
 
-def _resolve(value, shapes: dict, name: str) -> tuple[int, ...]:
-    """For ``name`` "input_shape" or "weight_shape": the shape of the tensor "input" or "weight" when
-    ``value`` names it (internal callers), else ``value`` checked as an explicit shape. Another tensor's
-    name (say "grad_output" as input_shape) is refused, not taken for its shape."""
-    own = name[:-len("_shape")] if name.endswith("_shape") else name
-    if isinstance(value, str) and value == own and own in shapes:
-        return shapes[own]
-    return shape_arg(value, name)
-
-
 def _blame(explicit_input: bool, explicit_weight: bool):
     """Who is wrong when grad_output disagrees with the output shape: an explicit shape argument where the
     disagreeing dim follows from it (N and spatial dims from input_shape, C_out from weight_shape)."""
