@@ -219,7 +219,13 @@ class _Call:
     def run(self, name: str, phase1, args: list, phase2) -> list:
         """Phase 1 (``phase1(*args, &workspaceSize, &executor)``), workspace, phase 2, synchronize; the results."""
         size, executor = c_uint64(0), c_void_p()
-        status = phase1(*args, byref(size), byref(executor))
+        if self._restore_deterministic is None:
+            # a deterministic call on another thread restores the context slot, which also writes the process
+            # slot, before the process value: a phase 1 in that window would read a transient value
+            with _driver.DETERMINISM_LOCK:
+                status = phase1(*args, byref(size), byref(executor))
+        else:                                          # deterministic(): the lock is held until restore()
+            status = phase1(*args, byref(size), byref(executor))
         if self._restore_deterministic is not None:   # the option is read at phase 1: restore it now
             restore, self._restore_deterministic = self._restore_deterministic, None
             try:
