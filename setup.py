@@ -29,7 +29,9 @@ def _isas() -> dict:
 
 setup(ext_modules=[
     Extension(f"xconv_numpy._kernels_{isa}", sources=[f"{CSRC}kernels_{isa}.c"],
-              depends=[CSRC + n for n in ("kernels.c", "direct_conv.c", "depthwise.c", "depthwise_impl.h")],
+              depends=[CSRC + n for n in ("kernels.c", "direct_conv.c", "depthwise.c", "depthwise_impl.h",
+                                                           "small_cols.c", "small_cols_impl.h", "small_grid.c",
+                                                           "small_grid_impl.h")],
               extra_compile_args=FLAGS + flags, define_macros=[("XCONV_ISA", f'"{isa}"')], optional=True)
     for isa, flags in _isas().items()
 ])

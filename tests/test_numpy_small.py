@@ -29,6 +29,82 @@ def test_small_path_matches_exact(conv, seed, gather):
         compare(c, x, w, dy, mask, layout)
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), gather=st.booleans())
+def test_numpy_fallback_matches_exact(conv, seed, gather):
+    """Without the compiled copies (installed without a compiler, or XCONV_NUMPY_C=0) the NumPy gathers serve."""
+    c, mask, layout = conv
+    x, w, dy = random_arrays(np.random.default_rng(seed), c)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(small, "ENABLED", True)
+        mp.setattr(small, "compiled_available", lambda: False)
+        if gather:
+            mp.setattr(small, "_unit_stride", lambda p: False)
+        compare(c, x, w, dy, mask, layout)
+
+
+def test_compiled_copies_are_built_here():
+    """CI installs with a compiler: the compiled copies must be what the tests above exercise."""
+    assert small.compiled_available(), small._C.error
+
+
+def _awkward(a: np.ndarray, kind: str) -> np.ndarray:
+    """``a``'s values as a read-only, byte-swapped or unaligned array."""
+    if kind == "readonly":
+        b = a.copy()
+        b.flags.writeable = False
+        return b
+    if kind == "byteswapped":
+        return a.astype(a.dtype.newbyteorder(">" if a.dtype.byteorder != ">" else "<"))
+    raw = np.zeros(a.nbytes + 1, np.uint8)[1:].view(a.dtype).reshape(a.shape)   # unaligned
+    raw[...] = a
+    return raw
+
+
+@pytest.mark.parametrize("kind", ["readonly", "byteswapped", "unaligned"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_awkward_inputs_read_not_written(kind, stride):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 6, 7, 5)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    kw = dict(stride=stride, padding=1, groups=2)
+    dy = rng.standard_normal(xconv.output_shape(x.shape, w.shape, **kw)).astype(np.float32)
+    args = [_awkward(a, kind) for a in (dy, x, w)]
+    before = [a.copy() for a in args]
+    got = xconv.convolution_backward(*args, backend="numpy", **kw)
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      backend="numpy-exact", **kw)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
+    np.testing.assert_allclose(xconv.conv_fprop(args[1], args[2], backend="numpy", **kw),
+                               xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact",
+                                                **kw), rtol=1e-5, atol=1e-5)
+    for a, b in zip(args, before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_many_outputs_per_input_channel_leave_the_depthwise_loops(monkeypatch):
+    """One input channel to many (the digits decoder's direct form, a first layer): the small path's loops; a true
+    depthwise layer keeps the depthwise loops. Both against the exact path."""
+    from xconv_numpy import direct
+
+    rng = np.random.default_rng(3)
+    for xs, ws, kw, to_small in [((32, 32, 4, 4), (32, 1, 4, 4), dict(stride=2, padding=1, transposed=True), True),
+                                 ((32, 1, 8, 8), (16, 1, 3, 3), dict(padding=1), True),
+                                 ((8, 16, 8, 8), (16, 1, 3, 3), dict(padding=1, groups=16), False)]:
+        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+        dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
+        with pytest.MonkeyPatch.context() as mp:
+            calls = [count_calls(mp, small, "backward"), count_calls(mp, small, "fprop")]
+            dw_calls = [count_calls(mp, direct, "backward"), count_calls(mp, direct, "fprop")]
+            got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
+            assert (any(calls), any(dw_calls)) == (to_small, not to_small), (xs, ws)
+        want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                          backend="numpy-exact", **kw)
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-5 * np.abs(e).max())
+
+
 DIGITS = [
     ((1, 4, 8, 8), (4, 4, 3, 3), dict(padding=1)),
     ((32, 16, 8, 8), (32, 4, 3, 3), dict(padding=1, groups=4)),

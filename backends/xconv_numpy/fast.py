@@ -562,7 +562,7 @@ def backward(dy, x, w, p: ConvParams, mask):
     dx = dw = None
     if need_dx or need_dw:
         # the depthwise loops' scratch is not leased: under a workspace limit the counted paths run
-        depthwise = direct.serves(p) and p.workspace_limit is None
+        depthwise = direct.serves(p) and p.workspace_limit is None and not small.before_depthwise(p, need_dx)
         compiled_loops = depthwise or compiled.serves(p)      # they keep NaN/Inf where the reference does
         if columns.serves(p) or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
                                                                                w if need_dx else None)):
@@ -985,7 +985,7 @@ def fprop(x, w, bias, p: ConvParams):
     if columns.serves(p):
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, "im2col columns (fallback)")
         return columns.fprop(x, w, bias, p)
-    if direct.serves(p) and p.workspace_limit is None:      # its scratch is not leased: not under a limit
+    if direct.serves(p) and p.workspace_limit is None and not small.before_depthwise(p):  # scratch not leased
         tracing.note("depthwise C loops")
         with single_threaded_blas() as workers:
             return direct.fprop(x, w, bias, p, workers)

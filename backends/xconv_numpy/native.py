@@ -46,6 +46,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     for suf in ("f32", "f64"):
         sigs[f"xconv_depthwise_backward_{suf}"] = [p] * 12 + [i, i]
         sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 8 + [i, i]
+        sigs[f"xconv_small_im2col_{suf}"] = [p, p, p]
+        sigs[f"xconv_small_col2im_{suf}"] = [p, p, p]
+        sigs[f"xconv_small_fill_{suf}"] = [p, p, p]
+        sigs[f"xconv_small_corr_{suf}"] = [p, p, p, p, p]
+        sigs[f"xconv_small_dw_{suf}"] = [p, p, p, p, p, p]
+        sigs[f"xconv_small_crop_{suf}"] = [p, p, p]
     for name, args in sigs.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None

@@ -1,23 +1,23 @@
-"""Small calls: one gather and one matrix product per gradient, from index tables planned once per configuration.
+"""Small calls: compiled loops (or a handful of NumPy operations) planned once per configuration, on the calling thread.
 
-At digits sizes (8x8 images, a few channels) a call's time is its per-call work in Python, not its
-arithmetic: the grid path of :mod:`.fast` plans chunks, leases scratch and runs workers for a few
-thousand multiply-adds. Here each configuration's plan (cached) holds two index tables, and a call is
-a fixed handful of NumPy operations, on the calling thread:
+At digits sizes (8x8 images, a few channels) a call's time is its per-call work, not its arithmetic: the
+grid path of :mod:`.fast` plans chunks, leases scratch and runs workers for a few thousand multiply-adds.
+Here a call is a few C loops (csrc/small_grid.c, csrc/small_cols.c, built at install) and matrix products:
 
-- ``x`` is copied channel-major, ``(C, N*P + 1)`` (P input positions per sample), its last column
-  zero; the table ``fidx`` (K taps x N x Q output positions) gives, per tap and output position,
-  the flat input position it reads, or that zero (padding). ``cols = x[:, fidx]`` is the im2col
-  matrix ``(groups, C/g * K, N*Q)``; ``y = W @ cols`` (W as stored, ``(groups, C_out/g, C/g * K)``)
-  and ``dW = dy @ cols^T`` with dy copied channel-major ``(C_out, N*Q + 1)``.
-- ``dx`` gathers dy the same way: ``bidx`` gives, per tap and input position, the output position
-  whose tap reads it (when the stride divides), or the zero column; ``dx = W' @ cols_dy`` with
-  ``W'`` the weight transposed to ``(groups, C/g, C_out/g * K)``.
+- stride 1: x (and dy, for dx) copied onto zero-padded channel-major grids, on which every tap is a fixed
+  flat offset; y, dx (dy's grid with the kernel flipped) and dW are then vector loops over consecutive grid
+  positions, register-blocked over output channels and taps (no im2col matrix at all);
+- other strides: x's im2col columns ``(groups, C/g * K, N*Q)`` by one C loop, ``y = W @ cols`` and
+  ``dW = dy @ cols^T`` by BLAS, ``dx`` by ``W^T @ dy`` and a C col2im that adds each tap's columns in order.
 
-Each sum has the compute dtype (float32, float64 for float64) and a fixed order for given shapes, so
-results are bitwise reproducible. The zeros multiply weights and dy values (0 * inf is NaN), so the
-backend sends backward calls with non-finite inputs to :mod:`.columns` before this path (as for the
-grid). :func:`serves` takes calls whose gathered matrices are small (:data:`MAX_ELEMENTS`).
+Without the compiled loops (installed without a C compiler, or ``XCONV_NUMPY_C=0``) the same plans run as
+NumPy gathers: ``cols = x[:, fidx]`` (index tables per configuration), or at stride 1 one strided copy of a
+padded grid, and dx from dy's columns gathered the same way.
+
+Each sum has the compute dtype (float32, float64 for float64) and a fixed order for given shapes and build,
+so results are bitwise reproducible. Padding zeros are multiplied (0 * inf is NaN), so the backend sends
+calls with non-finite inputs to :mod:`.columns` before this path (as for the grid). :func:`serves` takes
+calls whose im2col matrices would be small (:data:`MAX_ELEMENTS`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import numpy as np
 
 from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
+
+from . import native
+from .lazy import Lazy
 
 #: Calls whose largest gathered matrix (x or dy columns) holds at most this many elements run here (measured on
 #: the digits layers: 1.5-6x faster than the grid path up to 590k elements, the grouped 32x16x8x8 layer).
@@ -42,6 +45,18 @@ def serves(p: ConvParams, need_dx: bool = False) -> bool:
     if ENABLED is False or p.transposed or min(p.input_shape) == 0 or p.output_shape[1] == 0:
         return False
     return ENABLED is True or _elements(p, need_dx) <= MAX_ELEMENTS
+
+
+#: One input channel per group and at least this many outputs per input channel: the small path's compiled
+#: loops beat the depthwise ones (a (32, 1, 8, 8) input to 16 or 32 channels: 1.1-4x faster, measured).
+DEPTHWISE_MULTIPLIER = 8
+
+
+def before_depthwise(p: ConvParams, need_dx: bool = False) -> bool:
+    """Whether a depthwise-shaped ``p`` (one input channel per group) runs here rather than in the depthwise loops:
+    many outputs per input channel, small, and the compiled copies built."""
+    return (p.output_shape[1] >= DEPTHWISE_MULTIPLIER * p.input_shape[1] and compiled_available()
+            and serves(p, need_dx))
 
 
 def _elements(p: ConvParams, need_dx: bool) -> int:
@@ -199,9 +214,191 @@ def _grids(p: ConvParams):
     return xg, dyg, keep
 
 
+# ---------------------------------------------------------------------------------------------
+# Compiled column copies (csrc/small_cols.c): x's columns by one C loop, dx by one GEMM and a C col2im
+
+
+_C = Lazy(native.load, "XCONV_NUMPY_C")
+
+
+def compiled_available() -> bool:
+    """Whether the compiled column copies serve (built at install, not disabled by XCONV_NUMPY_C=0)."""
+    return _C.available()
+
+
+@functools.lru_cache(maxsize=64)
+def _geo(p: ConvParams) -> np.ndarray:
+    """The C loops' geometry (see csrc/small_cols.c) of ``p`` lifted to 3-D; x's strides left to fill."""
+    lift = 3 - p.nd
+    one = (1,) * lift
+    geo = np.zeros(25, np.int64)
+    geo[:20] = (p.input_shape[0], p.input_shape[1], *one, *p.input_shape[2:], *one, *p.output_shape[2:],
+                *one, *p.kernel, *one, *p.stride, *one, *p.dilation, *(0,) * lift, *(a for a, _ in p.padding))
+    geo.flags.writeable = False
+    return geo
+
+
+def _readable(t: np.ndarray, cdt) -> np.ndarray:
+    """``t`` where it lies when the C loops can read it (compute dtype, native order, aligned), else a copy."""
+    return t if t.dtype == cdt and t.flags.aligned else np.ascontiguousarray(t, dtype=cdt)
+
+
+def _im2col(t: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
+    """x's columns (g, C/g * K, N * Q), channel-major then tap; zeros where a tap reads padding."""
+    t = _readable(t, cdt)
+    geo = _geo(p).copy()
+    geo[20:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
+    geo[20:] //= t.itemsize
+    cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
+    getattr(_C.get(), f"xconv_small_im2col_{_suffix(cdt)}")(t.ctypes.data, cols.ctypes.data, geo.ctypes.data)
+    return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
+
+
+def _col2im(dcols: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
+    """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
+    dx = np.empty(p.input_shape, cdt)
+    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(dcols.ctypes.data, dx.ctypes.data, _geo(p).ctypes.data)
+    return dx
+
+
+def _suffix(cdt) -> str:
+    return "f64" if cdt == np.float64 else "f32"
+
+
+#: Elements past a grid's last channel that vector loads may read (zeros): one 64-byte vector of floats.
+_SLACK = 16
+
+
+def _lift(values, nd: int, fill: int) -> tuple:
+    return (fill,) * (3 - nd) + tuple(values)
+
+
+def _tap_offsets(grid: _Grid) -> np.ndarray:
+    """Each tap's flat offset on ``grid`` (taps in row-major order)."""
+    off = np.array([sum(t * o for t, o in zip(tap, grid.tap)) for tap in np.ndindex(*grid.k)], np.int64)
+    off.flags.writeable = False
+    return off
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_plan(p: ConvParams):
+    """(x grid, dy grid, dy's kept extents, x taps' offsets, dy taps' offsets) of a stride-1 ``p``."""
+    xg, dyg, keep = _grids(p)
+    return xg, dyg, keep, _tap_offsets(xg), _tap_offsets(dyg)
+
+
+def _fill(t: np.ndarray, p: ConvParams, dims, at, keep, ps: int, planes: int, cdt) -> np.ndarray:
+    """``t`` (N, C, *spatial) on a channel-major grid: channel c's ``planes`` planes of ``ps`` elements from
+    c * planes * ps, sample n's box ``keep`` at ``at`` in a plane of ``dims``; zeros elsewhere and after."""
+    t = _readable(t, cdt)
+    N, C, nd = t.shape[0], t.shape[1], p.nd
+    ldc = planes * ps
+    grid = np.empty(C * ldc + _SLACK, cdt)
+    strides = [s // t.itemsize for s in t.strides]
+    geo = np.array((N, C, *_lift(keep, nd, 1), strides[0], strides[1], *_lift(strides[2:], nd, 0),
+                    *_lift(dims, nd, 1), *_lift(at, nd, 0), ps, ldc, _SLACK), np.int64)
+    getattr(_C.get(), f"xconv_small_fill_{_suffix(cdt)}")(t.ctypes.data, grid.ctypes.data, geo.ctypes.data)
+    return grid
+
+
+def _corr(grid: np.ndarray, w: np.ndarray, off: np.ndarray, f: _Plan, cig: int, cog: int, rows: int, ps: int,
+          ldi: int, base: int, cdt) -> np.ndarray:
+    """(g * cog, N * rows) channel-major: the stride-1 correlation of the grid with w (g * cog, cig, K)."""
+    out = np.empty((f.g * cog, f.N * rows), cdt)
+    geo = np.array((f.N, f.g, cig, cog, f.K, rows, ps, ldi, base, f.N * rows), np.int64)
+    getattr(_C.get(), f"xconv_small_corr_{_suffix(cdt)}")(grid.ctypes.data, w.ctypes.data, out.ctypes.data,
+                                                          off.ctypes.data, geo.ctypes.data)
+    return out
+
+
+def _crop(a: np.ndarray, grid: _Grid, p: ConvParams, shape, dt) -> np.ndarray:
+    """(C, N * rows) positions of ``grid`` (see _Grid.crop) as a new (N, C, *shape[2:]) array of dtype ``dt``."""
+    N, C, nd = shape[0], shape[1], p.nd
+    dims = (grid.rows // grid.gs[0],) + grid.dims[1:]
+    out = np.empty(shape, a.dtype)
+    geo = np.array((N, C, *_lift(shape[2:], nd, 1), *(0,) * 5, *_lift(dims, nd, 1), *(0,) * 3, grid.rows,
+                    N * grid.rows, 0), np.int64)
+    getattr(_C.get(), f"xconv_small_crop_{_suffix(a.dtype)}")(a.ctypes.data, out.ctypes.data, geo.ctypes.data)
+    return out.astype(dt, copy=False)
+
+
+def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
+    xg, _, _, off, _ = _grid_plan(p)
+    grid = _fill(x, p, xg.dims, xg.at, p.input_shape[2:], xg.size, f.N + 1, cdt)
+    wc = np.ascontiguousarray(w, dtype=cdt)
+    y = _corr(grid, wc, off, f, f.Cg, f.Cog, xg.rows, xg.size, (f.N + 1) * xg.size, 0, cdt)
+    if bias is not None:
+        y += np.asarray(bias, cdt).reshape(f.Co, 1)
+    return _crop(y, xg, p, p.output_shape, DTYPES[p.dtype])
+
+
+def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_dw: bool):
+    xg, dyg, keep, off_x, off_dy = _grid_plan(p)
+    out_dt = DTYPES[p.dtype]
+    dx = dw = None
+    dy_grid = _fill(dy, p, dyg.dims, dyg.at, keep, dyg.size, f.N + 1, cdt) if need_dx else None
+    if need_dw:
+        grid = _fill(x, p, xg.dims, xg.at, p.input_shape[2:], xg.size, f.N + 1, cdt)
+        if dy_grid is not None and tuple(keep) == p.output_shape[2:] and dyg.dims[1:] == xg.dims[1:]:
+            # dy's grid for dx has the x grid's rows: its box, read from its corner, is the weight gradient's dy
+            corner = sum(a * g for a, g in zip(dyg.at, dyg.gs))
+            dz, zg = dy_grid[corner:], np.array((dyg.size, (f.N + 1) * dyg.size), np.int64)
+        else:
+            dz = _fill(dy, p, (p.output_shape[2],) + xg.dims[1:], (0,) * p.nd, p.output_shape[2:], xg.rows, f.N,
+                       cdt)
+            zg = np.array((xg.rows, f.N * xg.rows), np.int64)
+        dw = np.empty(p.weight_shape, cdt)
+        geo = np.array((f.N, f.g, f.Cg, f.Cog, f.K, xg.rows, xg.size, (f.N + 1) * xg.size, 0, 0), np.int64)
+        getattr(_C.get(), f"xconv_small_dw_{_suffix(cdt)}")(dz.ctypes.data, grid.ctypes.data, dw.ctypes.data,
+                                                            off_x.ctypes.data, geo.ctypes.data, zg.ctypes.data)
+        dw = dw.astype(out_dt, copy=False)
+    if need_dx:
+        flip = (Ellipsis,) + (slice(None, None, -1),) * p.nd                                # taps reversed
+        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
+        wt = np.ascontiguousarray(wf.swapaxes(1, 2))                                       # (g, Cg, Cog, *k)
+        a = _corr(dy_grid, wt, off_dy, f, f.Cog, f.Cg, dyg.rows, dyg.size, (f.N + 1) * dyg.size, dyg.base, cdt)
+        dx = _crop(a, dyg, p, p.input_shape, out_dt)
+    return dx, dw
+
+
+def _dy_channel_major(dy: np.ndarray, f: _Plan, cdt) -> np.ndarray:
+    """dy as (g, C_out/g, N * Q) in the compute dtype."""
+    out = np.empty((f.Co, f.N, f.Q), cdt)
+    out[...] = dy.reshape(f.N, f.Co, f.Q).transpose(1, 0, 2)
+    return out.reshape(f.g, f.Cog, f.N * f.Q)
+
+
+def _fprop_compiled(x, w, bias, p: ConvParams, f: _Plan, cdt):
+    y = np.matmul(np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K), _im2col(x, p, f, cdt))   # (g, Cog, N*Q)
+    if bias is not None:
+        y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
+    return _from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
+
+
+def _backward_compiled(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_dw: bool):
+    out_dt = DTYPES[p.dtype]
+    dyc = _dy_channel_major(dy, f, cdt)
+    dx = dw = None
+    if need_dw:
+        cols = _im2col(x, p, f, cdt)
+        dw = np.matmul(dyc, cols.transpose(0, 2, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
+    if need_dx:
+        wt = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)             # (g, Cg*K, Cog)
+        dx = _col2im(np.matmul(wt, dyc), p, f, cdt).astype(out_dt, copy=False)
+    return dx, dw
+
+
+# ---------------------------------------------------------------------------------------------
+# The calls
+
+
 def fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias."""
     f, cdt = _plan(p), accumulation_dtype(p.dtype)
+    if compiled_available():
+        if _unit_stride(p):
+            return _fprop_grid(x, w, bias, p, f, cdt)
+        return _fprop_compiled(x, w, bias, p, f, cdt)
     if _unit_stride(p):
         xg, _, _ = _grids(p)
         cols = xg.columns(xg.fill(x, f.N, f.C, p.input_shape[2:], cdt), f.N, f.g)
@@ -241,6 +438,10 @@ def _backward_unit_stride(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool)
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
     """(dx, dw), None where not needed."""
+    if compiled_available():
+        if _unit_stride(p):
+            return _backward_grid(dy, x, w, p, _plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
+        return _backward_compiled(dy, x, w, p, _plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
     if _unit_stride(p):
         return _backward_unit_stride(dy, x, w, p, need_dx, need_dw)
     f, cdt = _plan(p), accumulation_dtype(p.dtype)

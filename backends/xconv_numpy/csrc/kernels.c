@@ -3,6 +3,8 @@
  * picks the best one the CPU runs, asking the baseline build's xconv_cpu_level(). */
 #include "direct_conv.c"
 #include "depthwise.c"
+#include "small_cols.c"
+#include "small_grid.c"
 
 #ifndef XCONV_ISA
 #define XCONV_ISA "baseline"

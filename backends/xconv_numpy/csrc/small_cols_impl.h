@@ -1,0 +1,78 @@
+/* The column copies of small_cols.c for one element type T (suffix SUF). */
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+
+void CAT(xconv_small_im2col, SUF)(const T *x, T *cols, const int64_t *g) {
+    const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W];
+    const int64_t OD = g[S_OD], OH = g[S_OH], OW = g[S_OW], KD = g[S_KD], KH = g[S_KH], KW = g[S_KW];
+    const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
+    const int64_t pd = g[S_PD], ph = g[S_PH], pw = g[S_PW];
+    const int64_t xn = g[S_XS], xc = g[S_XS + 1], xd = g[S_XS + 2], xh = g[S_XS + 3], xw = g[S_XS + 4];
+    const int64_t Q = OD * OH * OW, NQ = N * Q;
+    T *row = cols;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t kd = 0; kd < KD; kd++)
+            for (int64_t kh = 0; kh < KH; kh++)
+                for (int64_t kw = 0; kw < KW; kw++, row += NQ) {
+                    const int64_t offw = kw * dw - pw;
+                    int64_t lo, hi;
+                    xconv_valid_range(offw, sw, W, OW, &lo, &hi);
+                    for (int64_t n = 0; n < N; n++) {
+                        T *out = row + n * Q;
+                        for (int64_t od = 0; od < OD; od++) {
+                            const int64_t id = od * sd - pd + kd * dd;
+                            for (int64_t oh = 0; oh < OH; oh++, out += OW) {
+                                const int64_t ih = oh * sh - ph + kh * dh;
+                                if (id < 0 || id >= D || ih < 0 || ih >= H) {
+                                    memset(out, 0, (size_t)OW * sizeof(T));
+                                    continue;
+                                }
+                                const T *in = x + n * xn + c * xc + id * xd + ih * xh + offw * xw;
+                                for (int64_t o = 0; o < lo; o++) out[o] = 0;
+                                if (sw == 1 && xw == 1)
+                                    for (int64_t o = lo; o < hi; o++) out[o] = in[o];
+                                else
+                                    for (int64_t o = lo; o < hi; o++) out[o] = in[o * sw * xw];
+                                for (int64_t o = hi; o < OW; o++) out[o] = 0;
+                            }
+                        }
+                    }
+                }
+}
+
+void CAT(xconv_small_col2im, SUF)(const T *dcols, T *dx, const int64_t *g) {
+    const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W];
+    const int64_t OD = g[S_OD], OH = g[S_OH], OW = g[S_OW], KD = g[S_KD], KH = g[S_KH], KW = g[S_KW];
+    const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
+    const int64_t pd = g[S_PD], ph = g[S_PH], pw = g[S_PW];
+    const int64_t K = KD * KH * KW, Q = OD * OH * OW, NQ = N * Q, P = D * H * W;
+    memset(dx, 0, (size_t)(N * C * P) * sizeof(T));
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t n = 0; n < N; n++) {
+            T *plane = dx + (n * C + c) * P;
+            const T *row = dcols + c * K * NQ + n * Q;
+            for (int64_t kd = 0; kd < KD; kd++)
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = 0; kw < KW; kw++, row += NQ) {
+                        const int64_t offw = kw * dw - pw;
+                        int64_t lo, hi;
+                        xconv_valid_range(offw, sw, W, OW, &lo, &hi);
+                        const T *src = row;
+                        for (int64_t od = 0; od < OD; od++) {
+                            const int64_t id = od * sd - pd + kd * dd;
+                            for (int64_t oh = 0; oh < OH; oh++, src += OW) {
+                                const int64_t ih = oh * sh - ph + kh * dh;
+                                if (id < 0 || id >= D || ih < 0 || ih >= H) continue;
+                                T *dst = plane + (id * H + ih) * W + offw;
+                                if (sw == 1)
+                                    for (int64_t o = lo; o < hi; o++) dst[o] += src[o];
+                                else
+                                    for (int64_t o = lo; o < hi; o++) dst[o * sw] += src[o];
+                            }
+                        }
+                    }
+        }
+}
+
+#undef CAT
+#undef CAT_

@@ -1,0 +1,155 @@
+/* The loops of small_grid.c for one element type T (suffix SUF). */
+#define SG_CAT_(a, b) a##_##b
+#define SG_CAT(a, b) SG_CAT_(a, b)
+#define SG(name) SG_CAT(name, SUF)
+#define VW ((int64_t)(SG_BYTES / sizeof(T)))
+#define OB 8 /* output channels per block */
+
+typedef T SG(sgvec) __attribute__((vector_size(SG_BYTES)));
+
+static inline SG(sgvec) SG(sg_load)(const T *p) { SG(sgvec) v; memcpy(&v, p, sizeof v); return v; }
+
+void SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
+    const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
+    const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
+    for (int64_t c = 0; c < C; c++) {
+        T *chan = grid + c * ldc;
+        memset(chan, 0, (size_t)ldc * sizeof(T));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < KD; d++)
+                for (int64_t h = 0; h < KH; h++) {
+                    T *dst = chan + n * ps + ((g[F_AD] + d) * GH + g[F_AH] + h) * GW + g[F_AW];
+                    const T *s = src + n * g[F_SN] + c * g[F_SC] + d * g[F_SD] + h * g[F_SH];
+                    const int64_t sw = g[F_SW];
+                    if (sw == 1)
+                        for (int64_t w = 0; w < KW; w++) dst[w] = s[w];
+                    else
+                        for (int64_t w = 0; w < KW; w++) dst[w] = s[w * sw];
+                }
+    }
+    memset(grid + C * ldc, 0, (size_t)g[F_TAIL] * sizeof(T));
+}
+
+void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, const int64_t *g) {
+    const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
+    const int64_t ps = g[C_PS], ldi = g[C_LDI], base = g[C_BASE], ldo = g[C_LDO];
+    for (int64_t gr = 0; gr < G; gr++)
+        for (int64_t ob = 0; ob < Cog; ob += OB) {
+            const int64_t nb = Cog - ob < OB ? Cog - ob : OB;
+            const T *wb = w + (gr * Cog + ob) * Cig * K;
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t r = 0; r < rows; r += VW) {
+                    SG(sgvec) acc[OB];
+                    for (int o = 0; o < OB; o++) acc[o] = (SG(sgvec)){0};
+                    const T *src0 = in + gr * Cig * ldi + base + n * ps + r;
+                    for (int64_t i = 0; i < Cig; i++) {
+                        const T *src = src0 + i * ldi;
+                        const T *wi = wb + i * K;
+                        if (nb == OB)
+                            for (int64_t t = 0; t < K; t++) {
+                                SG(sgvec) xv = SG(sg_load)(src + off[t]);
+                                for (int o = 0; o < OB; o++) acc[o] += wi[o * Cig * K + t] * xv;
+                            }
+                        else if (nb == 4)
+                            for (int64_t t = 0; t < K; t++) {
+                                SG(sgvec) xv = SG(sg_load)(src + off[t]);
+                                for (int o = 0; o < 4; o++) acc[o] += wi[o * Cig * K + t] * xv;
+                            }
+                        else
+                            for (int64_t t = 0; t < K; t++) {
+                                SG(sgvec) xv = SG(sg_load)(src + off[t]);
+                                for (int o = 0; o < nb; o++) acc[o] += wi[o * Cig * K + t] * xv;
+                            }
+                    }
+                    const int64_t m = rows - r < VW ? rows - r : VW;
+                    for (int o = 0; o < nb; o++) {
+                        T *dst = out + (gr * Cog + ob + o) * ldo + n * rows + r;
+                        if (m == VW)
+                            memcpy(dst, &acc[o], sizeof acc[o]);
+                        else
+                            for (int64_t k = 0; k < m; k++) dst[k] = acc[o][k];
+                    }
+                }
+        }
+}
+
+#define TB 3 /* taps per block of the weight gradient */
+#define OBW 4 /* output channels per block of the weight gradient */
+
+/* One (output channel block, tap block) of the weight gradient over positions [0, m) of every sample: NB channels
+ * and NT taps known at compile time (the generic block takes nb, tb at run time). */
+#define SG_DW_BODY(NB, NT)                                                                              \
+    for (int64_t n = 0; n < N; n++) {                                                                   \
+        const T *s = src0 + n * ps;                                                                     \
+        const T *d = dzb + n * pz;                                                                      \
+        for (int64_t r = 0; r < rows; r += VW) {                                                        \
+            SG(sgvec) xv[TB], dv[OBW];                                                                  \
+            if (rows - r >= VW) {                                                                       \
+                for (int o = 0; o < (NB); o++) dv[o] = SG(sg_load)(d + o * ldz + r);                    \
+            } else {                                                                                    \
+                for (int o = 0; o < (NB); o++) {                                                        \
+                    dv[o] = (SG(sgvec)){0};                                                             \
+                    for (int64_t k = 0; k < rows - r; k++) dv[o][k] = d[o * ldz + r + k];              \
+                }                                                                                       \
+            }                                                                                           \
+            for (int t = 0; t < (NT); t++) xv[t] = SG(sg_load)(s + offb[t] + r);                        \
+            for (int o = 0; o < (NB); o++)                                                              \
+                for (int t = 0; t < (NT); t++) acc[o][t] += dv[o] * xv[t];                             \
+        }                                                                                               \
+    }
+
+/* dz: dy on a grid of the x grid's plane geometry, channel o's sample n at dz[o * ldz + n * pz], zero wherever no
+ * output lies among the first rows positions (the positions past rows are not read). */
+void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *off, const int64_t *g, const int64_t *zg) {
+    const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
+    const int64_t ps = g[C_PS], ldi = g[C_LDI], base = g[C_BASE], pz = zg[0], ldz = zg[1];
+    for (int64_t gr = 0; gr < G; gr++)
+        for (int64_t ob = 0; ob < Cog; ob += OBW) {
+            const int64_t nb = Cog - ob < OBW ? Cog - ob : OBW;
+            const T *dzb = dz + (gr * Cog + ob) * ldz;
+            for (int64_t i = 0; i < Cig; i++)
+                for (int64_t t0 = 0; t0 < K; t0 += TB) {
+                    const int64_t tb = K - t0 < TB ? K - t0 : TB;
+                    SG(sgvec) acc[OBW][TB];
+                    int64_t offb[TB];
+                    for (int o = 0; o < OBW; o++)
+                        for (int t = 0; t < TB; t++) acc[o][t] = (SG(sgvec)){0};
+                    for (int t = 0; t < TB; t++) offb[t] = off[t0 + (t < tb ? t : 0)];
+                    const T *src0 = in + (gr * Cig + i) * ldi + base;
+                    if (nb == OBW && tb == TB) {
+                        SG_DW_BODY(OBW, TB)
+                    } else {
+                        SG_DW_BODY(nb, tb)
+                    }
+                    for (int o = 0; o < nb; o++)
+                        for (int t = 0; t < tb; t++) {
+                            T sum = 0;
+                            for (int64_t k = 0; k < VW; k++) sum += acc[o][t][k];
+                            dw[((gr * Cog + ob + o) * Cig + i) * K + t0 + t] = sum;
+                        }
+                }
+        }
+}
+#undef SG_DW_BODY
+
+/* out (N, C, *keep) contiguous <- grid: channel c's sample n at grid[c * ldc + n * ps], box keep at the plane's
+ * origin in a plane of dims (geo as fill's: N, C, keep, -, grid dims, -, ps, ldc). */
+void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
+    const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
+    const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            const T *plane = grid + c * ldc + n * ps;
+            for (int64_t d = 0; d < KD; d++)
+                for (int64_t h = 0; h < KH; h++, out += KW)
+                    memcpy(out, plane + (d * GH + h) * GW, (size_t)KW * sizeof(T));
+        }
+}
+
+#undef OB
+#undef OBW
+#undef TB
+#undef VW
+#undef SG
+#undef SG_CAT
+#undef SG_CAT_
