@@ -48,13 +48,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 8 + [i, i]
         sigs[f"xconv_small_im2col_{suf}"] = [p, p, p]
         sigs[f"xconv_small_col2im_{suf}"] = [p, p, p]
-        sigs[f"xconv_small_fill_{suf}"] = [p, p, p]
-        sigs[f"xconv_small_corr_{suf}"] = [p, p, p, p, p]
-        sigs[f"xconv_small_dw_{suf}"] = [p, p, p, p, p, p]
-        sigs[f"xconv_small_crop_{suf}"] = [p, p, p]
+        sigs[f"xconv_small_s1_fprop_{suf}"] = [p] * 6
+        sigs[f"xconv_small_s1_backward_{suf}"] = [p] * 8
     for name, args in sigs.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
+        fn.argtypes, fn.restype = args, (ctypes.c_int if name.startswith("xconv_small_s1_") else None)
     lib.xconv_build_isa.argtypes, lib.xconv_build_isa.restype = [], ctypes.c_char_p
     lib.xconv_cpu_level.argtypes, lib.xconv_cpu_level.restype = [], ctypes.c_int
 

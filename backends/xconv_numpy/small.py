@@ -257,7 +257,8 @@ def _im2col(t: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
 def _col2im(dcols: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
     dx = np.empty(p.input_shape, cdt)
-    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(dcols.ctypes.data, dx.ctypes.data, _geo(p).ctypes.data)
+    geo = _geo(p)                                  # held here: the cache may drop it meanwhile
+    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(dcols.ctypes.data, dx.ctypes.data, geo.ctypes.data)
     return dx
 
 
@@ -265,7 +266,7 @@ def _suffix(cdt) -> str:
     return "f64" if cdt == np.float64 else "f32"
 
 
-#: Elements past a grid's last channel that vector loads may read (zeros): one 64-byte vector of floats.
+#: Elements past a grid's last channel that vector loads may read (zeros): csrc/small_grid.c's SG_SLACK.
 _SLACK = 16
 
 
@@ -273,92 +274,84 @@ def _lift(values, nd: int, fill: int) -> tuple:
     return (fill,) * (3 - nd) + tuple(values)
 
 
-def _tap_offsets(grid: _Grid) -> np.ndarray:
+def _tap_offsets(grid: _Grid) -> list:
     """Each tap's flat offset on ``grid`` (taps in row-major order)."""
-    off = np.array([sum(t * o for t, o in zip(tap, grid.tap)) for tap in np.ndindex(*grid.k)], np.int64)
-    off.flags.writeable = False
-    return off
+    return [sum(t * o for t, o in zip(tap, grid.tap)) for tap in np.ndindex(*grid.k)]
+
+
+class _S1Plan:
+    """The C loops' plan of a stride-1 call (the layout csrc/small_grid.c's P_* names), and its address."""
+
+    def __init__(self, p: ConvParams, f: _Plan):
+        xg, dyg, keep = _grids(p)
+        nd = p.nd
+
+        def grid(gr: _Grid):
+            return (*_lift(gr.dims, nd, 1), *_lift(gr.at, nd, 0), gr.size, gr.rows)
+
+        # dW reads dy from dx's dy grid when that grid holds all of dy and has the x grid's rows
+        from_grid = tuple(keep) == p.output_shape[2:] and dyg.dims[1:] == xg.dims[1:]
+        corner = sum(a * g for a, g in zip(dyg.at, dyg.gs))
+        self.vector = np.array((f.N, f.C, f.Co, f.g, f.Cg, f.Cog, f.K, *grid(xg), *grid(dyg), dyg.base,
+                                *_lift(keep, nd, 1), *_lift(p.input_shape[2:], nd, 1),
+                                *_lift(p.output_shape[2:], nd, 1), int(from_grid), corner,
+                                *_lift((xg.rows // xg.gs[0],) + xg.dims[1:], nd, 1),
+                                *_lift((dyg.rows // dyg.gs[0],) + dyg.dims[1:], nd, 1),
+                                *_tap_offsets(xg), *_tap_offsets(dyg)), np.int64)
+        self.vector.flags.writeable = False
+        self.address = self.vector.ctypes.data
+        self.lift = (0,) * (3 - nd)
 
 
 @functools.lru_cache(maxsize=64)
-def _grid_plan(p: ConvParams):
-    """(x grid, dy grid, dy's kept extents, x taps' offsets, dy taps' offsets) of a stride-1 ``p``."""
-    xg, dyg, keep = _grids(p)
-    return xg, dyg, keep, _tap_offsets(xg), _tap_offsets(dyg)
+def _s1_plan(p: ConvParams) -> _S1Plan:
+    return _S1Plan(p, _plan(p))
 
 
-def _fill(t: np.ndarray, p: ConvParams, dims, at, keep, ps: int, planes: int, cdt) -> np.ndarray:
-    """``t`` (N, C, *spatial) on a channel-major grid: channel c's ``planes`` planes of ``ps`` elements from
-    c * planes * ps, sample n's box ``keep`` at ``at`` in a plane of ``dims``; zeros elsewhere and after."""
-    t = _readable(t, cdt)
-    N, C, nd = t.shape[0], t.shape[1], p.nd
-    ldc = planes * ps
-    grid = np.empty(C * ldc + _SLACK, cdt)
-    strides = [s // t.itemsize for s in t.strides]
-    geo = np.array((N, C, *_lift(keep, nd, 1), strides[0], strides[1], *_lift(strides[2:], nd, 0),
-                    *_lift(dims, nd, 1), *_lift(at, nd, 0), ps, ldc, _SLACK), np.int64)
-    getattr(_C.get(), f"xconv_small_fill_{_suffix(cdt)}")(t.ctypes.data, grid.ctypes.data, geo.ctypes.data)
-    return grid
+def _strides(t: np.ndarray, lift) -> np.ndarray:
+    """Element strides (n, c, d, h, w) of ``t`` (lifted to 3 spatial dims)."""
+    it = t.itemsize
+    s = t.strides
+    return np.array((s[0] // it, s[1] // it, *lift, *(v // it for v in s[2:])), np.int64)
 
 
-def _corr(grid: np.ndarray, w: np.ndarray, off: np.ndarray, f: _Plan, cig: int, cog: int, rows: int, ps: int,
-          ldi: int, base: int, cdt) -> np.ndarray:
-    """(g * cog, N * rows) channel-major: the stride-1 correlation of the grid with w (g * cog, cig, K)."""
-    out = np.empty((f.g * cog, f.N * rows), cdt)
-    geo = np.array((f.N, f.g, cig, cog, f.K, rows, ps, ldi, base, f.N * rows), np.int64)
-    getattr(_C.get(), f"xconv_small_corr_{_suffix(cdt)}")(grid.ctypes.data, w.ctypes.data, out.ctypes.data,
-                                                          off.ctypes.data, geo.ctypes.data)
-    return out
+def _scratch_failed(p: ConvParams):
+    from xconv.errors import ResourceError
 
-
-def _crop(a: np.ndarray, grid: _Grid, p: ConvParams, shape, dt) -> np.ndarray:
-    """(C, N * rows) positions of ``grid`` (see _Grid.crop) as a new (N, C, *shape[2:]) array of dtype ``dt``."""
-    N, C, nd = shape[0], shape[1], p.nd
-    dims = (grid.rows // grid.gs[0],) + grid.dims[1:]
-    out = np.empty(shape, a.dtype)
-    geo = np.array((N, C, *_lift(shape[2:], nd, 1), *(0,) * 5, *_lift(dims, nd, 1), *(0,) * 3, grid.rows,
-                    N * grid.rows, 0), np.int64)
-    getattr(_C.get(), f"xconv_small_crop_{_suffix(a.dtype)}")(a.ctypes.data, out.ctypes.data, geo.ctypes.data)
-    return out.astype(dt, copy=False)
+    return ResourceError("numpy: the scratch grids of a small-call path", 0, None,
+                         f"malloc failed for input {p.input_shape}, weight {p.weight_shape}")
 
 
 def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
-    xg, _, _, off, _ = _grid_plan(p)
-    grid = _fill(x, p, xg.dims, xg.at, p.input_shape[2:], xg.size, f.N + 1, cdt)
-    wc = np.ascontiguousarray(w, dtype=cdt)
-    y = _corr(grid, wc, off, f, f.Cg, f.Cog, xg.rows, xg.size, (f.N + 1) * xg.size, 0, cdt)
-    if bias is not None:
-        y += np.asarray(bias, cdt).reshape(f.Co, 1)
-    return _crop(y, xg, p, p.output_shape, DTYPES[p.dtype])
+    plan = _s1_plan(p)
+    x = _readable(x, cdt)
+    w = np.ascontiguousarray(w, dtype=cdt)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
+    y = np.empty(p.output_shape, cdt)
+    xs = _strides(x, plan.lift)                    # held here: the C call reads it
+    if getattr(_C.get(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
+            x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data, plan.address,
+            xs.ctypes.data):
+        raise _scratch_failed(p)
+    return y.astype(DTYPES[p.dtype], copy=False)
 
 
 def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_dw: bool):
-    xg, dyg, keep, off_x, off_dy = _grid_plan(p)
+    plan = _s1_plan(p)
+    dy = _readable(dy, cdt)
+    x = _readable(x, cdt) if need_dw else None
+    w = np.ascontiguousarray(w, dtype=cdt) if need_dx else None
+    dx = np.empty(p.input_shape, cdt) if need_dx else None
+    dw = np.empty(p.weight_shape, cdt) if need_dw else None
+    dys, xs = _strides(dy, plan.lift), (None if x is None else _strides(x, plan.lift))   # held: the C call reads them
+    if getattr(_C.get(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
+            dy.ctypes.data, None if x is None else x.ctypes.data, None if w is None else w.ctypes.data,
+            None if dx is None else dx.ctypes.data, None if dw is None else dw.ctypes.data, plan.address,
+            dys.ctypes.data, None if xs is None else xs.ctypes.data):
+        raise _scratch_failed(p)
     out_dt = DTYPES[p.dtype]
-    dx = dw = None
-    dy_grid = _fill(dy, p, dyg.dims, dyg.at, keep, dyg.size, f.N + 1, cdt) if need_dx else None
-    if need_dw:
-        grid = _fill(x, p, xg.dims, xg.at, p.input_shape[2:], xg.size, f.N + 1, cdt)
-        if dy_grid is not None and tuple(keep) == p.output_shape[2:] and dyg.dims[1:] == xg.dims[1:]:
-            # dy's grid for dx has the x grid's rows: its box, read from its corner, is the weight gradient's dy
-            corner = sum(a * g for a, g in zip(dyg.at, dyg.gs))
-            dz, zg = dy_grid[corner:], np.array((dyg.size, (f.N + 1) * dyg.size), np.int64)
-        else:
-            dz = _fill(dy, p, (p.output_shape[2],) + xg.dims[1:], (0,) * p.nd, p.output_shape[2:], xg.rows, f.N,
-                       cdt)
-            zg = np.array((xg.rows, f.N * xg.rows), np.int64)
-        dw = np.empty(p.weight_shape, cdt)
-        geo = np.array((f.N, f.g, f.Cg, f.Cog, f.K, xg.rows, xg.size, (f.N + 1) * xg.size, 0, 0), np.int64)
-        getattr(_C.get(), f"xconv_small_dw_{_suffix(cdt)}")(dz.ctypes.data, grid.ctypes.data, dw.ctypes.data,
-                                                            off_x.ctypes.data, geo.ctypes.data, zg.ctypes.data)
-        dw = dw.astype(out_dt, copy=False)
-    if need_dx:
-        flip = (Ellipsis,) + (slice(None, None, -1),) * p.nd                                # taps reversed
-        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
-        wt = np.ascontiguousarray(wf.swapaxes(1, 2))                                       # (g, Cg, Cog, *k)
-        a = _corr(dy_grid, wt, off_dy, f, f.Cog, f.Cg, dyg.rows, dyg.size, (f.N + 1) * dyg.size, dyg.base, cdt)
-        dx = _crop(a, dyg, p, p.input_shape, out_dt)
-    return dx, dw
+    return (None if dx is None else dx.astype(out_dt, copy=False),
+            None if dw is None else dw.astype(out_dt, copy=False))
 
 
 def _dy_channel_major(dy: np.ndarray, f: _Plan, cdt) -> np.ndarray:

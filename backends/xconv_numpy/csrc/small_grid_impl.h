@@ -9,7 +9,7 @@ typedef T SG(sgvec) __attribute__((vector_size(SG_BYTES)));
 
 static inline SG(sgvec) SG(sg_load)(const T *p) { SG(sgvec) v; memcpy(&v, p, sizeof v); return v; }
 
-void SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
+static void SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
     const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
     const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
     for (int64_t c = 0; c < C; c++) {
@@ -30,7 +30,7 @@ void SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
     memset(grid + C * ldc, 0, (size_t)g[F_TAIL] * sizeof(T));
 }
 
-void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, const int64_t *g) {
+static void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, const int64_t *g) {
     const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
     const int64_t ps = g[C_PS], ldi = g[C_LDI], base = g[C_BASE], ldo = g[C_LDO];
     for (int64_t gr = 0; gr < G; gr++)
@@ -100,7 +100,7 @@ void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, c
 
 /* dz: dy on a grid of the x grid's plane geometry, channel o's sample n at dz[o * ldz + n * pz], zero wherever no
  * output lies among the first rows positions (the positions past rows are not read). */
-void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *off, const int64_t *g, const int64_t *zg) {
+static void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *off, const int64_t *g, const int64_t *zg) {
     const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
     const int64_t ps = g[C_PS], ldi = g[C_LDI], base = g[C_BASE], pz = zg[0], ldz = zg[1];
     for (int64_t gr = 0; gr < G; gr++)
@@ -134,7 +134,7 @@ void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *off, con
 
 /* out (N, C, *keep) contiguous <- grid: channel c's sample n at grid[c * ldc + n * ps], box keep at the plane's
  * origin in a plane of dims (geo as fill's: N, C, keep, -, grid dims, -, ps, ldc). */
-void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
+static void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
     const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
     const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
     for (int64_t n = 0; n < N; n++)
@@ -144,6 +144,96 @@ void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
                 for (int64_t h = 0; h < KH; h++, out += KW)
                     memcpy(out, plane + (d * GH + h) * GW, (size_t)KW * sizeof(T));
         }
+}
+
+/* The whole stride-1 small call in one C call: the grids as malloc'd scratch (freed before returning), then the
+ * loops above. plan: see small.py (_S1Plan); xs, dys: x's and dy's element strides (n, c, d, h, w). Returns 0, or 1
+ * when scratch could not be allocated (nothing written). */
+static int64_t *SG(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C, const int64_t *keep, const int64_t *s,
+                                const int64_t *dims, const int64_t *at, int64_t ps, int64_t ldc, int64_t tail) {
+    g[F_N] = plan[P_N]; g[F_C] = C;
+    for (int k = 0; k < 3; k++) { g[F_KD + k] = keep[k]; g[F_GD + k] = dims[k]; g[F_AD + k] = at[k]; }
+    for (int k = 0; k < 5; k++) g[F_SN + k] = s[k];
+    g[F_PS] = ps; g[F_LDC] = ldc; g[F_TAIL] = tail;
+    return g;
+}
+
+int SG(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, const int64_t *plan, const int64_t *xs) {
+    const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], size = plan[P_XG + 6], rows = plan[P_XG + 7];
+    const int64_t ldc = (N + 1) * size;
+    T *grid = malloc((size_t)(C * ldc + SG_SLACK) * sizeof(T));
+    T *acc = malloc((size_t)(Co * N * rows) * sizeof(T));
+    if (!grid || !acc) { free(grid); free(acc); return 1; }
+    int64_t fg[F_TAIL + 1], cg[C_LDO + 1];
+    SG(xconv_small_fill)(x, grid, SG(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3, size,
+                                                  ldc, SG_SLACK));
+    cg[C_N] = N; cg[C_G] = plan[P_G]; cg[C_CIG] = plan[P_CIG]; cg[C_COG] = plan[P_COG]; cg[C_K] = plan[P_K];
+    cg[C_ROWS] = rows; cg[C_PS] = size; cg[C_LDI] = ldc; cg[C_BASE] = 0; cg[C_LDO] = N * rows;
+    SG(xconv_small_corr)(grid, w, acc, plan + P_OFF, cg);
+    if (bias)
+        for (int64_t o = 0; o < Co; o++)
+            for (int64_t k = 0; k < N * rows; k++) acc[o * N * rows + k] += bias[o];
+    static const int64_t zero5[5] = {0};
+    SG(xconv_small_crop)(acc, y, SG(sg_fill_geo)(fg, plan, Co, plan + P_O, zero5, plan + P_YCROP, zero5, rows,
+                                                 N * rows, 0));
+    free(grid);
+    free(acc);
+    return 0;
+}
+
+int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *dw, const int64_t *plan,
+                                const int64_t *dys, const int64_t *xs) {
+    const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], G = plan[P_G], Cig = plan[P_CIG];
+    const int64_t Cog = plan[P_COG], K = plan[P_K];
+    const int64_t xsize = plan[P_XG + 6], xrows = plan[P_XG + 7], xldc = (N + 1) * xsize;
+    const int64_t dsize = plan[P_DG + 6], drows = plan[P_DG + 7], dldc = (N + 1) * dsize;
+    const int dz_from_grid = plan[P_DZ] != 0;
+    const int need_dygrid = dx != NULL || (dw != NULL && dz_from_grid);
+    static const int64_t zero5[5] = {0};
+    int64_t fg[F_TAIL + 1], cg[C_LDO + 1], zg[2];
+    T *dgrid = need_dygrid ? malloc((size_t)(Co * dldc + SG_SLACK) * sizeof(T)) : NULL;
+    T *xgrid = dw ? malloc((size_t)(C * xldc + SG_SLACK) * sizeof(T)) : NULL;
+    T *dz = dw && !dz_from_grid ? malloc((size_t)(Co * N * xrows + SG_SLACK) * sizeof(T)) : NULL;
+    T *acc = dx ? malloc((size_t)(C * N * drows) * sizeof(T)) : NULL;
+    T *wt = dx ? malloc((size_t)(C * Cog * K) * sizeof(T)) : NULL;
+    if ((need_dygrid && !dgrid) || (dw && !xgrid) || (dw && !dz_from_grid && !dz) || (dx && (!acc || !wt))) {
+        free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
+        return 1;
+    }
+    if (need_dygrid)
+        SG(xconv_small_fill)(dy, dgrid, SG(sg_fill_geo)(fg, plan, Co, plan + P_KEEP, dys, plan + P_DG, plan + P_DG + 3,
+                                                        dsize, dldc, SG_SLACK));
+    cg[C_N] = N; cg[C_G] = G; cg[C_K] = K;
+    if (dw) {
+        SG(xconv_small_fill)(x, xgrid, SG(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3,
+                                                       xsize, xldc, SG_SLACK));
+        const T *dzp;
+        if (dz_from_grid) {
+            dzp = dgrid + plan[P_CORNER]; zg[0] = dsize; zg[1] = dldc;
+        } else {
+            SG(xconv_small_fill)(dy, dz, SG(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, plan + P_YCROP, zero5, xrows,
+                                                         N * xrows, SG_SLACK));
+            dzp = dz; zg[0] = xrows; zg[1] = N * xrows;
+        }
+        cg[C_CIG] = Cig; cg[C_COG] = Cog; cg[C_ROWS] = xrows; cg[C_PS] = xsize; cg[C_LDI] = xldc; cg[C_BASE] = 0;
+        cg[C_LDO] = 0;
+        SG(xconv_small_dw)(dzp, xgrid, dw, plan + P_OFF, cg, zg);
+    }
+    if (dx) {
+        /* the weights per group transposed (C/g x C_out/g) and their taps reversed */
+        for (int64_t gr = 0; gr < G; gr++)
+            for (int64_t o = 0; o < Cog; o++)
+                for (int64_t i = 0; i < Cig; i++)
+                    for (int64_t t = 0; t < K; t++)
+                        wt[((gr * Cig + i) * Cog + o) * K + (K - 1 - t)] = w[((gr * Cog + o) * Cig + i) * K + t];
+        cg[C_CIG] = Cog; cg[C_COG] = Cig; cg[C_ROWS] = drows; cg[C_PS] = dsize; cg[C_LDI] = dldc;
+        cg[C_BASE] = plan[P_DBASE]; cg[C_LDO] = N * drows;
+        SG(xconv_small_corr)(dgrid, wt, acc, plan + P_OFF + K, cg);
+        SG(xconv_small_crop)(acc, dx, SG(sg_fill_geo)(fg, plan, C, plan + P_S, zero5, plan + P_XCROP, zero5, drows,
+                                                      N * drows, 0));
+    }
+    free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
+    return 0;
 }
 
 #undef OB
