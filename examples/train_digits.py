@@ -184,6 +184,7 @@ def run(epochs=5, batch_size=32, max_batches=None, lr=0.05, seed=0, backend="num
     models = {"torch": torch_model, "f64": f64_model, "xconv": xconv_model}
     optims = {k: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for k, m in models.items()}
     probe = ConvProbe(xconv_model)
+    ConvProbe(torch_model)   # the same recording hooks (unread) on the torch model: both timings carry their cost
     order_gen = torch.Generator().manual_seed(seed)
     n = len(labels)
     rows = []
