@@ -56,16 +56,18 @@ def assert_same_non_finite(got, want, rtol: float, atol: float = 1e-4) -> None:
         np.testing.assert_allclose(g[fin], e[fin], rtol=rtol, atol=atol)
 
 
-def count_calls(monkeypatch, owner, name: str) -> list:
-    """Wrap ``owner.name`` (for the test's duration) so that each call appends to the returned list."""
+def count_calls(monkeypatch, owner, *names: str) -> list:
+    """Wrap each ``owner.name`` (for the test's duration) so that each call of any appends to the returned list."""
     calls = []
-    real = getattr(owner, name)
 
-    def wrapper(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
+    def wrap(real):
+        def wrapper(*args, **kwargs):
+            calls.append(args)
+            return real(*args, **kwargs)
+        return wrapper
 
-    monkeypatch.setattr(owner, name, wrapper)
+    for name in names:
+        monkeypatch.setattr(owner, name, wrap(getattr(owner, name)))
     return calls
 
 

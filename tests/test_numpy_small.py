@@ -13,7 +13,7 @@ import xconv
 from core_helpers import count_calls
 from test_numpy_fast import compare, convolutions, random_arrays
 
-from xconv_numpy import small  # noqa: E402
+from xconv_numpy import columns, small  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,7 +95,7 @@ def test_many_outputs_per_input_channel_leave_the_depthwise_loops(monkeypatch):
         x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
         dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
         with pytest.MonkeyPatch.context() as mp:
-            calls = [count_calls(mp, small, "backward"), count_calls(mp, small, "fprop")]
+            calls = [count_calls(mp, small, "backward", "compiled_backward"), count_calls(mp, small, "fprop")]
             dw_calls = [count_calls(mp, direct, "backward"), count_calls(mp, direct, "fprop")]
             got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
             assert (any(calls), any(dw_calls)) == (to_small, not to_small), (xs, ws)
@@ -121,7 +121,8 @@ def test_digits_layers_take_the_small_path(xs, ws, kw, monkeypatch):
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     y = xconv.conv_fprop(x, w, backend="numpy", **kw)
     dy = rng.standard_normal(y.shape).astype(np.float32)
-    bwd, fwd = count_calls(monkeypatch, small, "backward"), count_calls(monkeypatch, small, "fprop")
+    bwd = count_calls(monkeypatch, small, "backward", "compiled_backward")
+    fwd = count_calls(monkeypatch, small, "fprop")
     got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
     y2 = xconv.conv_fprop(x, w, backend="numpy", **kw)
     assert len(bwd) == 1 and len(fwd) == 1
@@ -135,6 +136,52 @@ def test_digits_layers_take_the_small_path(xs, ws, kw, monkeypatch):
                                                    backend="numpy-exact", **kw), rtol=2e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("poisoned", ["grad_output", "input", "weight"])
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False)])
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_one_c_call_finds_non_finite_inputs_it_reads(poisoned, mask, value, dtype, monkeypatch):
+    """The stride-1 C call checks what it reads (dy; x for dW; w for dx) and hands a call with an inf or a NaN there
+    to the column path; a poisoned input it does not read leaves it on the C loops. Either way the NaN and inf
+    pattern and the finite values are the exact path's."""
+    if not small.compiled_available():
+        pytest.skip("the compiled loops are not built here (the C call is what this test checks)")
+    rng = np.random.default_rng(5)
+    arrays = {"grad_output": rng.standard_normal((3, 4, 6, 6)), "input": rng.standard_normal((3, 2, 6, 6)),
+              "weight": rng.standard_normal((4, 2, 3, 3))}
+    arrays = {k: v.astype(dtype) for k, v in arrays.items()}
+    arrays[poisoned][1, 1, 2, 2] = value
+    read = {"grad_output": True, "input": mask[1], "weight": mask[0]}[poisoned]
+    on_c, exact = count_calls(monkeypatch, small, "compiled_backward"), count_calls(monkeypatch, columns, "backward")
+    got = xconv.convolution_backward(arrays["grad_output"], arrays["input"], arrays["weight"], padding=1,
+                                     output_mask=mask, backend="numpy")
+    want = xconv.convolution_backward(*(arrays[k].astype(np.float64) for k in ("grad_output", "input", "weight")),
+                                      padding=1, output_mask=mask, backend="numpy-exact")
+    assert len(on_c) == 1 and len(exact) == (1 if read else 0)
+    for g, e in zip(got, want):
+        assert (g is None) == (e is None)
+        if g is not None:
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+            np.testing.assert_array_equal(np.isinf(g), np.isinf(e))
+            fin = np.isfinite(e)
+            np.testing.assert_allclose(g[fin], e[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_bias_gradient_of_the_c_call_is_summed_in_double():
+    """db from the one C call: float32 values whose float32 running sum loses them (1 + 2**-24 repeated) come out
+    as the float64 sum rounded once."""
+    if not small.compiled_available():
+        pytest.skip("the compiled loops are not built here (the C call is what this test checks)")
+    dy = np.full((4, 2, 8, 8), 2.0 ** -24, np.float32)
+    dy[0, :, 0, 0] = 1.0
+    x = np.ones((4, 3, 8, 8), np.float32)
+    w = np.ones((2, 3, 3, 3), np.float32)
+    _, _, db = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
+    exact = 1.0 + (4 * 64 - 1) * 2.0 ** -24
+    assert db.dtype == np.float32 and db.tolist() == [np.float32(exact)] * 2
+    assert np.float32(exact) != np.float32(1.0)
+
+
 def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
     """The small path multiplies padding zeros; calls with an infinity go to the column path (no NaN from 0 * inf)."""
     rng = np.random.default_rng(1)
@@ -143,10 +190,10 @@ def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
     dy = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
     w[1, 2, 0, 0] = np.inf
     x[0, 1, 2, 2] = -np.inf
-    calls = count_calls(monkeypatch, small, "backward")
+    calls, exact = count_calls(monkeypatch, small, "backward"), count_calls(monkeypatch, columns, "backward")
     got = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
     want = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy-exact")
-    assert calls == []
+    assert calls == [] and len(exact) == 1
     for g, e in zip(got, want):
         np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
         np.testing.assert_array_equal(np.isinf(g), np.isinf(e))

@@ -195,7 +195,7 @@ def test_torch_functional_route_keeps_level_and_limit():
 
 def test_small_call_path_reported(monkeypatch):
     monkeypatch.setattr(small, "ENABLED", True)
-    ran = count_calls(monkeypatch, small, "backward")
+    ran = count_calls(monkeypatch, small, "backward", "compiled_backward")
     x, w, dy = _conv(np.random.default_rng(9), (1, 4, 8, 8), (4, 4, 3, 3), padding=1)
     with xconv.trace() as t:
         xconv.convolution_backward(dy, x, w, padding=1)

@@ -19,6 +19,7 @@ dtype (float32, float64 for float64), memory bounded by the reference's chunk si
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -45,6 +46,7 @@ def n_phases(p: ConvParams) -> int:
     return math.prod(min(k, s // math.gcd(s, d)) for k, s, d in zip(p.kernel, p.stride, p.dilation))
 
 
+@functools.lru_cache(maxsize=256)
 def serves(p: ConvParams) -> bool:
     """Whether ``p``'s geometry runs here rather than on the grid."""
     grid = math.prod(-(-(n + a + b) // s) for n, (a, b), s in zip(p.input_shape[2:], p.padding, p.stride))

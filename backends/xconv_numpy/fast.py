@@ -564,8 +564,18 @@ def backward(dy, x, w, p: ConvParams, mask):
         # the depthwise loops' scratch is not leased: under a workspace limit the counted paths run
         depthwise = direct.serves(p) and p.workspace_limit is None and not small.before_depthwise(p, need_dx)
         compiled_loops = depthwise or compiled.serves(p)      # they keep NaN/Inf where the reference does
-        if columns.serves(p) or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
-                                                                               w if need_dx else None)):
+        on_grid = not columns.serves(p)
+        if (on_grid and not compiled_loops and p.workspace_limit is None and small.serves(p, need_dx)
+                and small.grid_compiled(p)):             # one C call, which checks for NaN/Inf itself; no BLAS
+            results = small.compiled_backward(dy, x, w, p, need_dx, need_dw, need_db)
+            if results is not None:
+                tracing.note("small-call columns")
+                if need_db:
+                    tracing.note("bias sum")
+                return results
+            on_grid = False                                   # NaN/Inf: the exact-zero path, as below
+        if not on_grid or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
+                                                                         w if need_dx else None)):
             check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
                          compute_dtype(p).itemsize, "im2col columns (fallback)")
             dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
@@ -991,6 +1001,8 @@ def fprop(x, w, bias, p: ConvParams):
             return direct.fprop(x, w, bias, p, workers)
     if p.workspace_limit is None and small.serves(p):       # its scratch is not leased: not under a limit
         tracing.note("small-call columns")
+        if small.grid_compiled(p):                          # one C call, no BLAS
+            return small.fprop(x, w, bias, p)
         with single_threaded_blas():
             return small.fprop(x, w, bias, p)
     geo = _geom(p)

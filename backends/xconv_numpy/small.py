@@ -22,6 +22,7 @@ calls whose im2col matrices would be small (:data:`MAX_ELEMENTS`).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 
@@ -250,7 +251,7 @@ def _im2col(t: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     geo[20:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
     geo[20:] //= t.itemsize
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
-    getattr(_C.get(), f"xconv_small_im2col_{_suffix(cdt)}")(t.ctypes.data, cols.ctypes.data, geo.ctypes.data)
+    getattr(_C.get(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
     return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
 
 
@@ -258,7 +259,7 @@ def _col2im(dcols: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
     dx = np.empty(p.input_shape, cdt)
     geo = _geo(p)                                  # held here: the cache may drop it meanwhile
-    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(dcols.ctypes.data, dx.ctypes.data, geo.ctypes.data)
+    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
     return dx
 
 
@@ -301,6 +302,7 @@ class _S1Plan:
         self.vector.flags.writeable = False
         self.address = self.vector.ctypes.data
         self.lift = (0,) * (3 - nd)
+        self.dx_size, self.dw_size = math.prod(p.input_shape), math.prod(p.weight_shape)
 
 
 @functools.lru_cache(maxsize=64)
@@ -308,11 +310,34 @@ def _s1_plan(p: ConvParams) -> _S1Plan:
     return _S1Plan(p, _plan(p))
 
 
-def _strides(t: np.ndarray, lift) -> np.ndarray:
-    """Element strides (n, c, d, h, w) of ``t`` (lifted to 3 spatial dims)."""
-    it = t.itemsize
-    s = t.strides
-    return np.array((s[0] // it, s[1] // it, *lift, *(v // it for v in s[2:])), np.int64)
+_STRIDES: dict = {}
+
+
+def _strides(t: np.ndarray, lift) -> tuple:
+    """(array, its address): ``t``'s element strides (n, c, d, h, w) (lifted to 3 spatial dims) as a read-only int64
+    array, kept per distinct strides (a handful: most calls pass contiguous arrays). The caller holds the array
+    while C reads it (another thread may drop it from the table)."""
+    key = (t.strides, t.itemsize, lift)
+    held = _STRIDES.get(key)
+    if held is None:
+        it = t.itemsize
+        a = np.array((t.strides[0] // it, t.strides[1] // it, *lift, *(v // it for v in t.strides[2:])), np.int64)
+        a.flags.writeable = False
+        if len(_STRIDES) > 256:
+            _STRIDES.clear()
+        held = _STRIDES[key] = (a, a.ctypes.data)
+    return held
+
+
+_BYTE = ctypes.c_char
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of ``a``'s first element (``a.ctypes.data``, faster for a writable C-contiguous array)."""
+    try:
+        return ctypes.addressof(_BYTE.from_buffer(a))
+    except TypeError:                                   # read-only or not C-contiguous
+        return a.ctypes.data
 
 
 def _scratch_failed(p: ConvParams):
@@ -328,30 +353,38 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     y = np.empty(p.output_shape, cdt)
-    xs = _strides(x, plan.lift)                    # held here: the C call reads it
+    xs = _strides(x, plan.lift)                        # held: the C call reads it
     if getattr(_C.get(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
-            x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data, plan.address,
-            xs.ctypes.data):
+            _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1]):
         raise _scratch_failed(p)
     return y.astype(DTYPES[p.dtype], copy=False)
 
 
-def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_dw: bool):
+def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_dw: bool, need_db: bool = False,
+                   finite_only: bool = False):
+    """(dx, dw, db) by one C call, None where not needed; with ``finite_only``, None instead when dy, x (read for
+    dw) or w (read for dx) holds an inf or a NaN (see :func:`compiled_backward`)."""
     plan = _s1_plan(p)
     dy = _readable(dy, cdt)
     x = _readable(x, cdt) if need_dw else None
     w = np.ascontiguousarray(w, dtype=cdt) if need_dx else None
-    dx = np.empty(p.input_shape, cdt) if need_dx else None
-    dw = np.empty(p.weight_shape, cdt) if need_dw else None
+    sizes = (plan.dx_size if need_dx else 0, plan.dw_size if need_dw else 0, f.Co if need_db else 0)
+    out = np.empty(sum(sizes), cdt)                     # dx, dw, db: one buffer, one address
+    at = _address(out)
+    it = out.itemsize
     dys, xs = _strides(dy, plan.lift), (None if x is None else _strides(x, plan.lift))   # held: the C call reads them
-    if getattr(_C.get(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
-            dy.ctypes.data, None if x is None else x.ctypes.data, None if w is None else w.ctypes.data,
-            None if dx is None else dx.ctypes.data, None if dw is None else dw.ctypes.data, plan.address,
-            dys.ctypes.data, None if xs is None else xs.ctypes.data):
+    rc = getattr(_C.get(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
+        _address(dy), None if x is None else _address(x), None if w is None else _address(w),
+        at if need_dx else None, at + it * sizes[0] if need_dw else None,
+        at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1])
+    if rc == 2 and finite_only:
+        return None
+    if rc == 1:
         raise _scratch_failed(p)
-    out_dt = DTYPES[p.dtype]
-    return (None if dx is None else dx.astype(out_dt, copy=False),
-            None if dw is None else dw.astype(out_dt, copy=False))
+    out = out.astype(DTYPES[p.dtype], copy=False)
+    dx = out[:sizes[0]].reshape(p.input_shape) if need_dx else None
+    dw = out[sizes[0]:sizes[0] + sizes[1]].reshape(p.weight_shape) if need_dw else None
+    return dx, dw, (out[sizes[0] + sizes[1]:] if need_db else None)
 
 
 def _dy_channel_major(dy: np.ndarray, f: _Plan, cdt) -> np.ndarray:
@@ -429,11 +462,25 @@ def _backward_unit_stride(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool)
     return dx, dw
 
 
+def grid_compiled(p: ConvParams) -> bool:
+    """Whether ``p`` (served here) runs as one C call on zero-padded grids (stride 1, loops built): the call that
+    checks its inputs for infinities and NaNs itself (:func:`compiled_backward`) and uses no BLAS."""
+    return _unit_stride(p) and compiled_available()
+
+
+def compiled_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool):
+    """(dx, dw, db) of a :func:`grid_compiled` call, None where not needed; or None when an input the call reads
+    (dy; x for dw; w for dx) holds an inf or a NaN, which must run where padding zeros are not multiplied. db is
+    summed in double (a fixed order), whatever the dtype."""
+    return _backward_grid(dy, x, w, p, _plan(p), accumulation_dtype(p.dtype), need_dx, need_dw, need_db, True)
+
+
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
-    """(dx, dw), None where not needed."""
+    """(dx, dw), None where not needed (inputs finite: see the module docstring)."""
     if compiled_available():
         if _unit_stride(p):
-            return _backward_grid(dy, x, w, p, _plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
+            dx, dw, _ = _backward_grid(dy, x, w, p, _plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
+            return dx, dw
         return _backward_compiled(dy, x, w, p, _plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
     if _unit_stride(p):
         return _backward_unit_stride(dy, x, w, p, need_dx, need_dw)

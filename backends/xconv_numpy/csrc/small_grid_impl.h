@@ -9,9 +9,11 @@ typedef T SG(sgvec) __attribute__((vector_size(SG_BYTES)));
 
 static inline SG(sgvec) SG(sg_load)(const T *p) { SG(sgvec) v; memcpy(&v, p, sizeof v); return v; }
 
-static void SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
+/* Returns nonzero when a copied value is not finite (inf or NaN: v - v is not 0). */
+static int SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
     const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
     const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
+    int bad = 0;
     for (int64_t c = 0; c < C; c++) {
         T *chan = grid + c * ldc;
         memset(chan, 0, (size_t)ldc * sizeof(T));
@@ -22,13 +24,43 @@ static void SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
                     const T *s = src + n * g[F_SN] + c * g[F_SC] + d * g[F_SD] + h * g[F_SH];
                     const int64_t sw = g[F_SW];
                     if (sw == 1)
-                        for (int64_t w = 0; w < KW; w++) dst[w] = s[w];
+                        for (int64_t w = 0; w < KW; w++) { dst[w] = s[w]; bad |= s[w] - s[w] != 0; }
                     else
-                        for (int64_t w = 0; w < KW; w++) dst[w] = s[w * sw];
+                        for (int64_t w = 0; w < KW; w++) { dst[w] = s[w * sw]; bad |= s[w * sw] - s[w * sw] != 0; }
                 }
     }
     memset(grid + C * ldc, 0, (size_t)g[F_TAIL] * sizeof(T));
+    return bad;
 }
+
+#define SG_LANES 8 /* independent partial sums of the bias gradient */
+
+/* db[o] = sum of dy[n, o, ...] over samples and positions, in double: per (n, o) row of the last dim, element k into
+ * lane k % SG_LANES, the lanes added in order at the end (a fixed order). Returns nonzero when a sum is not finite
+ * (dy holds an inf or a NaN; for double dy also an overflow, which only sends the call to the exact-zero path).
+ * db may be NULL (the check alone). geo as the fill's (N, C = C_out, kept = dy's extents, strides). */
+static int SG(xconv_small_bias)(const T *dy, T *db, const int64_t *g) {
+    const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW], sw = g[F_SW];
+    int bad = 0;
+    for (int64_t c = 0; c < C; c++) {
+        double lanes[SG_LANES] = {0};
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < KD; d++)
+                for (int64_t h = 0; h < KH; h++) {
+                    const T *s = dy + n * g[F_SN] + c * g[F_SC] + d * g[F_SD] + h * g[F_SH];
+                    int64_t w = 0;
+                    for (; w + SG_LANES <= KW; w += SG_LANES)
+                        for (int k = 0; k < SG_LANES; k++) lanes[k] += (double)s[(w + k) * sw];
+                    for (int k = 0; w < KW; w++, k++) lanes[k] += (double)s[w * sw];
+                }
+        double sum = 0;
+        for (int k = 0; k < SG_LANES; k++) sum += lanes[k];
+        bad |= sum - sum != 0;
+        if (db) db[c] = (T)sum;
+    }
+    return bad;
+}
+#undef SG_LANES
 
 static void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, const int64_t *g) {
     const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
@@ -147,8 +179,10 @@ static void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
 }
 
 /* The whole stride-1 small call in one C call: the grids as malloc'd scratch (freed before returning), then the
- * loops above. plan: see small.py (_S1Plan); xs, dys: x's and dy's element strides (n, c, d, h, w). Returns 0, or 1
- * when scratch could not be allocated (nothing written). */
+ * loops above. plan: see small.py (_S1Plan); xs, dys: x's and dy's element strides (n, c, d, h, w). Returns 0, 1
+ * when scratch could not be allocated (nothing written), or (backward) 2 when an input it reads (dy; x for dW; w for
+ * dx) holds an inf or a NaN: the grids multiply padding zeros the definition never multiplies, so the caller runs
+ * such a call on the exact-zero path instead (the outputs are then partly written). */
 static int64_t *SG(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C, const int64_t *keep, const int64_t *s,
                                 const int64_t *dims, const int64_t *at, int64_t ps, int64_t ldc, int64_t tail) {
     g[F_N] = plan[P_N]; g[F_C] = C;
@@ -181,7 +215,7 @@ int SG(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, const 
     return 0;
 }
 
-int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *dw, const int64_t *plan,
+int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *dw, T *db, const int64_t *plan,
                                 const int64_t *dys, const int64_t *xs) {
     const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], G = plan[P_G], Cig = plan[P_CIG];
     const int64_t Cog = plan[P_COG], K = plan[P_K];
@@ -200,12 +234,13 @@ int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *d
         free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
         return 1;
     }
+    int bad = SG(xconv_small_bias)(dy, db, SG(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, zero5, zero5, 0, 0, 0));
     if (need_dygrid)
         SG(xconv_small_fill)(dy, dgrid, SG(sg_fill_geo)(fg, plan, Co, plan + P_KEEP, dys, plan + P_DG, plan + P_DG + 3,
                                                         dsize, dldc, SG_SLACK));
     cg[C_N] = N; cg[C_G] = G; cg[C_K] = K;
     if (dw) {
-        SG(xconv_small_fill)(x, xgrid, SG(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3,
+        bad |= SG(xconv_small_fill)(x, xgrid, SG(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3,
                                                        xsize, xldc, SG_SLACK));
         const T *dzp;
         if (dz_from_grid) {
@@ -224,8 +259,11 @@ int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *d
         for (int64_t gr = 0; gr < G; gr++)
             for (int64_t o = 0; o < Cog; o++)
                 for (int64_t i = 0; i < Cig; i++)
-                    for (int64_t t = 0; t < K; t++)
-                        wt[((gr * Cig + i) * Cog + o) * K + (K - 1 - t)] = w[((gr * Cog + o) * Cig + i) * K + t];
+                    for (int64_t t = 0; t < K; t++) {
+                        const T v = w[((gr * Cog + o) * Cig + i) * K + t];
+                        wt[((gr * Cig + i) * Cog + o) * K + (K - 1 - t)] = v;
+                        bad |= v - v != 0;
+                    }
         cg[C_CIG] = Cog; cg[C_COG] = Cig; cg[C_ROWS] = drows; cg[C_PS] = dsize; cg[C_LDI] = dldc;
         cg[C_BASE] = plan[P_DBASE]; cg[C_LDO] = N * drows;
         SG(xconv_small_corr)(dgrid, wt, acc, plan + P_OFF + K, cg);
@@ -233,7 +271,7 @@ int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *d
                                                       N * drows, 0));
     }
     free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
-    return 0;
+    return bad ? 2 : 0;
 }
 
 #undef OB
