@@ -3,6 +3,8 @@ operators' machinery is needed (double backward, fake tensors, functorch transfo
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from core_helpers import TORCH_MISSING
@@ -83,3 +85,49 @@ def test_steps_aside_for_fake_tensors_and_transforms():
     batch = torch.randn(4, 1, 2, 5, 5)
     out = torch.func.vmap(xmod)(batch)                    # vmap over the module: the operator's path
     torch.testing.assert_close(out, torch.stack([xmod(b) for b in batch]))
+
+
+def _spy_views(monkeypatch) -> list:
+    """Each _as_numpy result of the test: True where the call took NumPy views, False where it went through DLPack."""
+    seen = []
+    real = torch_fast._as_numpy
+    monkeypatch.setattr(torch_fast, "_as_numpy", lambda *a: seen.append(real(*a) is not None) or real(*a))
+    return seen
+
+
+def test_plain_cpu_tensors_cross_as_numpy_views(monkeypatch):
+    """float32 tensors (a Parameter that requires grad among them) reach the NumPy backend as Tensor.numpy() views,
+    forward and backward, and come back as tensors with torch's values; the results own no torch storage of ours."""
+    torch.manual_seed(1)
+    module = nn.Conv2d(3, 4, 3, padding=1)
+    xmod = xt.convert(module)
+    seen = _spy_views(monkeypatch)
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    y = xmod(x)
+    y.sum().backward()
+    assert seen == [True, True]
+    ref_x = x.detach().clone().requires_grad_(True)
+    module(ref_x).sum().backward()
+    torch.testing.assert_close(y, module(x).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xmod.weight.grad, module.weight.grad, rtol=1e-5, atol=1e-4)
+
+
+def test_tensors_numpy_cannot_view_take_dlpack(monkeypatch):
+    """bfloat16, a negative-bit view and a backend that takes torch tensors itself: not NumPy views; the values are
+    still the convolution's (the negative bit resolved, not dropped)."""
+    torch.manual_seed(2)
+    module = nn.Conv2d(2, 3, 3, padding=1)
+    seen = _spy_views(monkeypatch)
+    x = torch.randn(1, 2, 5, 5)
+    xb = xt.convert(nn.Conv2d(2, 3, 3, padding=1)).to(torch.bfloat16)
+    xb.load_state_dict({k: v.to(torch.bfloat16) for k, v in module.state_dict().items()})
+    torch.testing.assert_close(xb(x.to(torch.bfloat16)).float(), module(x.to(torch.bfloat16).float()).detach(),
+                               rtol=2e-2, atol=2e-2)
+    xmod = xt.convert(copy.deepcopy(module))
+    neg = torch._neg_view(x)
+    assert neg.is_neg()
+    torch.testing.assert_close(xmod(neg).detach(), module(-x).detach(), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("XCONV_BACKEND", "torch-cpu")
+    torch.testing.assert_close(xmod(x).detach(), module(x).detach(), rtol=1e-5, atol=1e-5)
+    assert seen == [False, False, False]

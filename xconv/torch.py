@@ -73,7 +73,7 @@ class _XConvMixin:
                               tuple(output_padding) if self.transposed else (0,) * nd,
                               check_deterministic(self.deterministic), check_math(self.math),
                               torch_ops.backend_token(self.backend))
-        out = torch_fast.fprop(input, weight, bias, conf.args())      # the xconv::fprop operator, or its eager fast path
+        out = torch_fast.fprop(input, weight, bias, conf)       # the xconv::fprop operator, or its eager fast path
         return out.squeeze(0) if unbatched else out
 
     def extra_repr(self):

@@ -15,12 +15,16 @@ bits). Whenever the operators' machinery matters the operators run instead:
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import torch_ops
+from . import interop, torch_ops
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: dtypes whose CPU tensors ``Tensor.numpy()`` views (bfloat16 crosses through DLPack as its bit pattern instead)
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
 def usable(*tensors) -> bool:
@@ -31,39 +35,64 @@ def usable(*tensors) -> bool:
     return all(t is None or (type(t) in _PLAIN and t.device.type == "cpu") for t in tensors)
 
 
-def fprop(input, weight, bias, conf_args: tuple):
-    """``xconv::fprop(input, weight, bias, *conf_args)``: by the fast path when :func:`usable`, else the operator."""
+def fprop(input, weight, bias, conf: torch_ops.Conf):
+    """``xconv::fprop(input, weight, bias, *conf.args())``: by the fast path when :func:`usable`, else the operator."""
     if usable(input, weight, bias):
-        return _Fprop.apply(input, weight, bias, conf_args)
-    return torch_ops.fprop_op(input, weight, bias, *conf_args)
+        return _Fprop.apply(input, weight, bias, conf)
+    return torch_ops.fprop_op(input, weight, bias, *conf.args())
 
 
-def _fprop_kernel(input, weight, bias, conf_args):
-    conf = torch_ops.Conf.from_args(*conf_args)
+def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
+    """The tensors (None entries kept) as NumPy views (``Tensor.numpy()``, no DLPack capsules) when the public
+    functions would hand NumPy views of them to the backend anyway: the call's backend does not take torch tensors
+    itself, and each is a plain strided tensor of a dtype NumPy has, without a conjugate or negative bit (those go
+    through :mod:`.interop`, which resolves the bits or names the argument it cannot view). Else None."""
+    views = []
+    for t in tensors:
+        if t is None:
+            views.append(None)
+            continue
+        if t.dtype not in _NUMPY_DTYPES or t.layout != torch.strided or t.is_conj() or t.is_neg():
+            return None
+        views.append(t.detach().numpy())
+    backend = conf.backend if conf.backend is not None else (os.environ.get("XCONV_BACKEND") or None)
+    if backend is not None and "torch" in interop._families_of(torch_ops._backend(conf.backend)):
+        return None
+    return views
+
+
+def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
+    fmt = torch_ops.memory_format(input, weight)
+    views = _as_numpy(conf, input, weight, bias)
+    if views is not None:
+        return torch_ops._as(torch.from_numpy(torch_ops.xconv.conv_fprop(*views[:2], bias=views[2], **conf.kwargs())),
+                             fmt)
     with torch_ops._plain(input.device):
         y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
-    return torch_ops._as(y, torch_ops.memory_format(input, weight))
+    return torch_ops._as(y, fmt)
 
 
-def _backward_kernel(grad_output, input, weight, mask, conf_args):
-    conf = torch_ops.Conf.from_args(*conf_args)
-    groups, transposed = conf_args[3], conf_args[4]
-    c_out = weight.shape[1] * groups if transposed else weight.shape[0]
-    with torch_ops._plain(input.device):
-        results = torch_ops.xconv.convolution_backward(grad_output, input, weight,
-                                                       bias_sizes=[c_out] if mask[2] else None,
-                                                       output_mask=tuple(mask), **conf.kwargs())
+def _backward_kernel(grad_output, input, weight, mask, conf: torch_ops.Conf):
+    c_out = weight.shape[1] * conf.groups if conf.transposed else weight.shape[0]
+    kwargs = dict(bias_sizes=[c_out] if mask[2] else None, output_mask=tuple(mask), **conf.kwargs())
     fmt = torch_ops.memory_format(input, weight)
+    views = _as_numpy(conf, grad_output, input, weight)
+    if views is not None:
+        results = [None if r is None else torch.from_numpy(r)
+                   for r in torch_ops.xconv.convolution_backward(*views, **kwargs)]
+    else:
+        with torch_ops._plain(input.device):
+            results = torch_ops.xconv.convolution_backward(grad_output, input, weight, **kwargs)
     return tuple(None if r is None else (torch_ops._as(r, fmt) if i < 2 else r) for i, r in enumerate(results))
 
 
 class _Fprop(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, conf_args):
+    def forward(ctx, input, weight, bias, conf):
         ctx.save_for_backward(input, weight)
-        ctx.conf_args = conf_args
+        ctx.conf = conf
         ctx.has_bias = bias is not None
-        return _fprop_kernel(input, weight, bias, conf_args)
+        return _fprop_kernel(input, weight, bias, conf)
 
     @staticmethod
     def backward(ctx, grad):
@@ -73,7 +102,7 @@ class _Fprop(torch.autograd.Function):
         if not any(mask):
             return None, None, None, None
         if torch.is_grad_enabled() or not usable(grad, input, weight):   # create_graph: differentiable operator
-            gx, gw, gb = torch_ops.backward_op(grad, input, weight, mask, *ctx.conf_args)
+            gx, gw, gb = torch_ops.backward_op(grad, input, weight, mask, *ctx.conf.args())
         else:
-            gx, gw, gb = _backward_kernel(grad, input, weight, mask, ctx.conf_args)
+            gx, gw, gb = _backward_kernel(grad, input, weight, mask, ctx.conf)
         return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None, None)
