@@ -197,3 +197,17 @@ def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
     for g, e in zip(got, want):
         np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
         np.testing.assert_array_equal(np.isinf(g), np.isinf(e))
+
+
+def test_xconv_backends_names_the_small_call_loops(monkeypatch):
+    """`xconv backends` (native.describe) lists the small-call loops among the compiled paths, and says why they are
+    off when XCONV_NUMPY_C=0 turns them off."""
+    from xconv_numpy import native
+
+    if not small.compiled_available():
+        assert "small calls off" in native.describe() or "none" in native.describe()
+        return
+    assert "small calls" in native.describe().split(";")[0]
+    monkeypatch.setenv("XCONV_NUMPY_C", "0")
+    text = native.describe()
+    assert "small calls off: XCONV_NUMPY_C=0" in text and not small.compiled_available()

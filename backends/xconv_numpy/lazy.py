@@ -22,6 +22,9 @@ class Lazy:
 
     def get(self):
         """The loaded value, or None if loading failed."""
+        value = self._value
+        if value is not None:                   # loaded: no lock needed to read it
+            return value
         with self._lock:
             if self._value is None and self.error is None:
                 try:

@@ -84,13 +84,20 @@ def isa(lib: ctypes.CDLL) -> str:
 
 
 def describe() -> str:
-    """Which paths of the backend run compiled loops, and which build (for ``xconv backends``)."""
-    from . import compiled, direct
+    """Which paths of the backend run compiled loops, which build, and why any other is off (``xconv backends``)."""
+    from . import compiled, direct, small
 
-    parts = [name for name, part in (("depthwise", direct), ("dense C loops", compiled)) if part.available()]
+    def why(lazy, error):
+        return f"{lazy._env}=0" if os.environ.get(lazy._env, "1") == "0" else (error or "not loaded")
+
+    states = [("depthwise", direct.available(), lambda: why(direct._KERNELS, direct.import_error())),
+              ("dense C loops", compiled.available(), lambda: why(compiled._LIB, compiled.build_error())),
+              ("small calls", small.compiled_available(), lambda: why(small._C, small._C.error))]
+    parts = [name for name, on, _ in states if on]
     if parts:
-        lib = compiled._LIB.get() or direct._KERNELS.get()
-        off = "" if compiled.available() or not direct.available() else f"; dense C loops off: {compiled.build_error()}"
-        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}{off}"
-    why = compiled.build_error() or direct.import_error() or "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
-    return f"compiled loops: none, NumPy paths only ({why})"
+        lib = compiled._LIB.get() or direct._KERNELS.get() or small._C.get()
+        off = "; ".join(f"{name} off: {reason()}" for name, on, reason in states if not on)
+        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}" + (f"; {off}" if off else "")
+    why_none = compiled.build_error() or direct.import_error() or small._C.error or \
+        "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
+    return f"compiled loops: none, NumPy paths only ({why_none})"
