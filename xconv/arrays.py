@@ -7,6 +7,7 @@ never imports a vendor array library itself.
 from __future__ import annotations
 
 import importlib
+import sys
 
 from .errors import ShapeError
 
@@ -41,10 +42,11 @@ def host_ready(array, name: str):
 
     if array is None or not isinstance(array, np.ndarray):
         return array
-    if isinstance(array, np.ma.MaskedArray):
-        raise ShapeError(name, "masked arrays are not taken (the mask has no meaning in a convolution)",
-                         expected="a plain array, e.g. .filled(0)", given=type(array).__name__)
     if type(array) is not np.ndarray:
+        ma = sys.modules.get("numpy.ma")          # no masked array exists before numpy.ma is imported (not by us)
+        if ma is not None and isinstance(array, ma.MaskedArray):
+            raise ShapeError(name, "masked arrays are not taken (the mask has no meaning in a convolution)",
+                             expected="a plain array, e.g. .filled(0)", given=type(array).__name__)
         array = array.view(np.ndarray)
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
