@@ -68,21 +68,26 @@ def compiled_loops_info() -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name and its vector extensions (from /proc/cpuinfo where there is one)."""
+    """The CPU's model name, family and model numbers (which tell CPU generations apart where the name does not:
+    AMD family 25 is Zen 3/4, 26 Zen 5; Intel family 6 model 143 Sapphire Rapids) and its vector extensions (from
+    /proc/cpuinfo where there is one)."""
     import platform
-    name, flags = platform.processor() or platform.machine(), set()
+    name, flags, ids = platform.processor() or platform.machine(), set(), {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
                     name = line.split(":", 1)[1].strip()
+                elif line.startswith(("cpu family", "model\t")):
+                    ids.setdefault(line.split(":", 1)[0].strip(), line.split(":", 1)[1].strip())
                 elif line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return f"{name} ({os.cpu_count()} logical CPUs; {' '.join(isa) or 'no AVX2'})"
+    family = f"family {ids['cpu family']} model {ids.get('model', '?')}; " if "cpu family" in ids else ""
+    return f"{name} ({family}{os.cpu_count()} logical CPUs; {' '.join(isa) or 'no AVX2'})"
 
 
 def flops(case: dict, out_spatial) -> float:
