@@ -30,9 +30,13 @@ import numpy as np
 # PyTorch's OpenMP threads (libgomp) spin after each parallel region by default; in one process
 # on 2 cores that spinning steals the cores from whatever runs next (measured: xconv's 1x1 case
 # 4.1 ms after a torch call with PASSIVE, 8.0 ms without; torch's own time unchanged). Must be
-# set before torch loads libgomp; an explicit setting is respected.
+# set before torch loads libgomp; an explicit setting is respected, and OMP_WAIT_POLICY=default runs
+# with libgomp's own default (spin a while after each region, then sleep: what a user's process has).
 _USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if _USER_OMP_WAIT_POLICY == "default":
+    del os.environ["OMP_WAIT_POLICY"]
+else:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "backends"))
@@ -286,7 +290,7 @@ def own_process_times(cases: list, threads: int, reps: int, pause: float) -> dic
     torch's process with the OpenMP wait policy the user set, or its default."""
     import subprocess
     env = dict(os.environ)
-    if _USER_OMP_WAIT_POLICY is None:
+    if _USER_OMP_WAIT_POLICY in (None, "default"):
         env.pop("OMP_WAIT_POLICY", None)
     out = {"xconv": {}, "torch": {}}
     for i, case in enumerate(cases):

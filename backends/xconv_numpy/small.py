@@ -336,7 +336,7 @@ def _address(a: np.ndarray) -> int:
     """The address of ``a``'s first element (``a.ctypes.data``, faster for a writable C-contiguous array)."""
     try:
         return ctypes.addressof(_BYTE.from_buffer(a))
-    except TypeError:                                   # read-only or not C-contiguous
+    except (TypeError, ValueError):                     # read-only, not C-contiguous, or empty
         return a.ctypes.data
 
 

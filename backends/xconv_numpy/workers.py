@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import omp_team
+
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 _POOLS_PID = os.getpid()
@@ -86,9 +88,12 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
                     on_error()
                 return
 
-    helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]
-    loop()
-    for f in helpers:
-        f.result()
+    if workers > 1 and omp_team.parallel(loop, workers):    # on torch's OpenMP threads, when torch is here
+        pass
+    else:
+        helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]
+        loop()
+        for f in helpers:
+            f.result()
     if failed:
         raise failed[0]
