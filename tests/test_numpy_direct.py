@@ -116,3 +116,17 @@ def test_direct_against_torch():
     got = xconv.convolution_backward(dy, x, w, bias_sizes=(32,), backend="numpy", **kw)
     for g, t in zip(got, (tx.grad, tw.grad, tb.grad)):
         np.testing.assert_allclose(g, t.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_depthwise_calls_take_blas_s_worker_count_without_pinning_it(monkeypatch):
+    """The depthwise loops call no BLAS: BLAS is not set to one thread around them, and they get the workers the
+    pinned paths would get (NumPy's BLAS thread count, capped)."""
+    from xconv_numpy import blas
+
+    with blas.single_threaded_blas() as pinned:
+        inside = blas.blas_workers()
+    assert blas.blas_workers() == pinned == inside
+    pins, workers = count_calls(monkeypatch, blas._Blas, "__enter__"), count_calls(monkeypatch, direct, "fprop")
+    x = np.random.default_rng(0).standard_normal((4, 8, 16, 16)).astype(np.float32)
+    xconv.conv_fprop(x, np.ones((8, 1, 3, 3), np.float32), padding=1, groups=8)
+    assert pins == [] and workers[0][-1] == pinned

@@ -95,9 +95,30 @@ class _Blas:
                         set_(n)
 
 
+    def worker_count(self) -> int:
+        """The number of workers ``with`` would give, without setting BLAS to one thread (for calls that run no
+        BLAS: the compiled loops)."""
+        with self.lock:
+            if self.libs is None:
+                self._find()
+            if not self.libs:
+                return 1
+            if self.depth:
+                return self.workers
+            counts = [max(1, int(get())) for get, _, _ in self.libs]
+            mine = [n for (_, _, is_numpy), n in zip(self.libs, counts) if is_numpy]
+            return min(max(mine or counts), MAX_WORKERS, _CPUS)
+
+
 _BLAS = _Blas()
 
 
 def single_threaded_blas() -> _Blas:
     """Context manager: BLAS runs one thread inside it; ``with`` gives the number of Python workers to use."""
     return _BLAS
+
+
+def blas_workers() -> int:
+    """The number of Python workers a call gets (NumPy's BLAS thread count, at most MAX_WORKERS and the CPU count),
+    BLAS left as it is: for paths that call no BLAS."""
+    return _BLAS.worker_count()

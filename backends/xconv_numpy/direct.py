@@ -34,6 +34,7 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import native
+from .native import address
 from .lazy import Lazy
 from .workers import even_ranges, run
 
@@ -111,6 +112,7 @@ class _Plan:
         self.K = kh * kw
         for a in (self.tab, self.taps):
             a.flags.writeable = False
+        self.tab_at, self.taps_at = self.tab.ctypes.data, self.taps.ctypes.data     # held with the arrays
 
     def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds, finite_w: bool = True) -> np.ndarray:
         """The C loops' geometry vector (see csrc/depthwise.c) with element strides xs of x and ds of dy."""
@@ -190,8 +192,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]) * (need_dw + need_dx))
     x_bytes, w_bytes = math.prod(p.input_shape) * out_dt.itemsize, math.prod(p.weight_shape) * out_dt.itemsize
     io = dy.nbytes + (x_bytes + w_bytes) * (need_dx + need_dw)      # inputs and outputs of this call
-    dwb_all = dwp.ctypes.data
-    dbb_all = dbp.ctypes.data
+    dwb_all = address(dwp)
+    dbb_all = address(dbp)
     for n0, n1 in ([(0, N)] if in_place else plan.sample_blocks(per_sample, io)):
         dyb = dy4[n0:n1] if in_place else np.ascontiguousarray(dy4[n0:n1], dtype=cdt)
         xb = (x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)) if need_dw else None
@@ -200,15 +202,15 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         geo = plan.geo(need_dx, need_dw, need_db, xs, _elem_strides(dyb, plan.out4), finite_w)
         Co = plan.out4[1]
         # the C loop indexes samples from its block's start: offset the partials' pointers to the block
-        args = (dyb.ctypes.data, xb.ctypes.data if need_dw else None, w2.ctypes.data if need_dx else None,
-                dxb.ctypes.data if need_dx else None,
+        args = (address(dyb), address(xb) if need_dw else None, address(w2) if need_dx else None,
+                address(dxb) if need_dx else None,
                 dwb_all + n0 * Co * plan.K * cdt.itemsize if need_dw else None,
                 dbb_all + n0 * Co * cdt.itemsize if need_db else None,
-                geo.ctypes.data, plan.taps.ctypes.data, plan.tab.ctypes.data)
+                address(geo), plan.taps_at, plan.tab_at)
 
         def task(ws, _i, a, b, args=args, n0=n0):
             g, xph, acc = ws
-            fn(*args, g.ctypes.data, xph.ctypes.data, acc.ctypes.data, a - n0 * C, b - n0 * C)
+            fn(*args, address(g), address(xph), address(acc), a - n0 * C, b - n0 * C)
 
         run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, need_dx), workers)
         if need_dx and out_dt != cdt:
@@ -242,11 +244,10 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
         xb = x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)
         yb = y[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.out4[1:], cdt)
         geo = plan.geo(False, False, False, _elem_strides(xb, plan.in4), (0, 0, 0, 0))
-        args = (xb.ctypes.data, w2.ctypes.data, yb.ctypes.data, geo.ctypes.data, plan.taps.ctypes.data,
-                plan.tab.ctypes.data)
+        args = (address(xb), address(w2), address(yb), address(geo), plan.taps_at, plan.tab_at)
 
         def task(ws, _i, a, b_, args=args, n0=n0):
-            fn(*args, ws[0].ctypes.data, ws[1].ctypes.data, a - n0 * C, b_ - n0 * C)
+            fn(*args, address(ws[0]), address(ws[1]), a - n0 * C, b_ - n0 * C)
 
         run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, False), workers)
         if b is not None:

@@ -47,7 +47,7 @@ from xconv.workspace import check_request
 
 from . import columns, compiled, direct, small
 from .budget import check_im2col
-from .blas import MAX_WORKERS, single_threaded_blas
+from .blas import MAX_WORKERS, blas_workers, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
 
 #: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
@@ -581,9 +581,8 @@ def backward(dy, x, w, p: ConvParams, mask):
             dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
             return dx, dw, (bgrad(dy, p) if need_db else None)
         if depthwise:
-            tracing.note("depthwise C loops")
-            with single_threaded_blas() as workers:
-                return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
+            tracing.note("depthwise C loops")                   # no BLAS: not pinned
+            return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, blas_workers())
         if not compiled_loops and p.workspace_limit is None and small.serves(p, need_dx):  # compiled loops first;
             tracing.note("small-call columns")          # its scratch is not leased: not under a workspace limit
             with single_threaded_blas():
@@ -996,9 +995,8 @@ def fprop(x, w, bias, p: ConvParams):
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, "im2col columns (fallback)")
         return columns.fprop(x, w, bias, p)
     if direct.serves(p) and p.workspace_limit is None and not small.before_depthwise(p):  # scratch not leased
-        tracing.note("depthwise C loops")
-        with single_threaded_blas() as workers:
-            return direct.fprop(x, w, bias, p, workers)
+        tracing.note("depthwise C loops")                       # no BLAS: not pinned
+        return direct.fprop(x, w, bias, p, blas_workers())
     if p.workspace_limit is None and small.serves(p):       # its scratch is not leased: not under a limit
         tracing.note("small-call columns")
         if small.grid_compiled(p):                          # one C call, no BLAS

@@ -83,6 +83,18 @@ def isa(lib: ctypes.CDLL) -> str:
     return lib.xconv_build_isa().decode()
 
 
+_BYTE = ctypes.c_char
+
+
+def address(a) -> int:
+    """The address of ndarray ``a``'s first element: ``a.ctypes.data``, about 4x faster for a writable C-contiguous
+    array (no ``ctypes`` helper object; a hot path's calls pass several)."""
+    try:
+        return ctypes.addressof(_BYTE.from_buffer(a))
+    except (TypeError, ValueError):                     # read-only, not C-contiguous, or empty
+        return a.ctypes.data
+
+
 def describe() -> str:
     """Which paths of the backend run compiled loops, which build, and why any other is off (``xconv backends``)."""
     from . import compiled, direct, small

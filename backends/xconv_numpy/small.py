@@ -22,7 +22,6 @@ calls whose im2col matrices would be small (:data:`MAX_ELEMENTS`).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 
@@ -329,15 +328,7 @@ def _strides(t: np.ndarray, lift) -> tuple:
     return held
 
 
-_BYTE = ctypes.c_char
-
-
-def _address(a: np.ndarray) -> int:
-    """The address of ``a``'s first element (``a.ctypes.data``, faster for a writable C-contiguous array)."""
-    try:
-        return ctypes.addressof(_BYTE.from_buffer(a))
-    except (TypeError, ValueError):                     # read-only, not C-contiguous, or empty
-        return a.ctypes.data
+_address = native.address
 
 
 def _scratch_failed(p: ConvParams):
