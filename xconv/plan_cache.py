@@ -79,13 +79,18 @@ def _array_key(a):
 
 
 def _key(tensors: dict, backend, outputs, args: dict, bias):
-    if backend is None or type(backend) is str:
-        backend_key = backend
-    else:
-        backend_key = ("object", id(backend))
-    return (tuple((name, _array_key(a)) for name, a in tensors.items()), _array_key(bias), tuple(outputs),
-            tuple((name, _value_key(v)) for name, v in args.items() if name != "bias"), backend_key,
-            os.environ.get("XCONV_BACKEND"), os.environ.get(limits.ENV), limits.UNCHECKED_BYTES, registry.generation())
+    """One flat tuple: the tensors' names and (type, shape, dtype), the bias's, the outputs, each argument's name
+    and typed value, the backend, the environment and registry state validation reads."""
+    key = [backend if backend is None or type(backend) is str else ("object", id(backend)), tuple(outputs),
+           os.environ.get("XCONV_BACKEND"), os.environ.get(limits.ENV), limits.UNCHECKED_BYTES, registry.generation(),
+           _array_key(bias), tuple(tensors), tuple(args)]         # the names fix where each entry below belongs
+    for a in tensors.values():
+        key.append(_array_key(a))
+    for name, v in args.items():
+        if name != "bias":
+            t = type(v)
+            key += (t, v) if t in _SCALARS else (t, _value_key(v))
+    return tuple(key)
 
 
 def _static_guard(p, outputs, tensors: dict, bias) -> bool:
