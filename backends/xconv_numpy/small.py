@@ -15,9 +15,10 @@ NumPy gathers: ``cols = x[:, fidx]`` (index tables per configuration), or at str
 padded grid, and dx from dy's columns gathered the same way.
 
 Each sum has the compute dtype (float32, float64 for float64) and a fixed order for given shapes and build,
-so results are bitwise reproducible. Padding zeros are multiplied (0 * inf is NaN), so the backend sends
-calls with non-finite inputs to :mod:`.columns` before this path (as for the grid). :func:`serves` takes
-calls whose im2col matrices would be small (:data:`MAX_ELEMENTS`).
+so results are bitwise reproducible. Padding zeros are multiplied (0 * inf is NaN), so calls with non-finite
+inputs run in :mod:`.columns` instead (as for the grid): the stride-1 C call checks what it reads on the way
+and says so (:func:`compiled_backward`); for the others the backend checks first. :func:`serves` takes calls
+whose im2col matrices would be small (:data:`MAX_ELEMENTS`).
 """
 
 from __future__ import annotations
