@@ -15,8 +15,6 @@ bits). Whenever the operators' machinery matters the operators run instead:
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -47,18 +45,12 @@ def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
     functions would hand NumPy views of them to the backend anyway: the call's backend does not take torch tensors
     itself, and each is a plain strided tensor of a dtype NumPy has, without a conjugate or negative bit (those go
     through :mod:`.interop`, which resolves the bits or names the argument it cannot view). Else None."""
-    views = []
-    for t in tensors:
-        if t is None:
-            views.append(None)
-            continue
-        if t.dtype not in _NUMPY_DTYPES or t.layout != torch.strided or t.is_conj() or t.is_neg():
-            return None
-        views.append(t.detach().numpy())
-    backend = conf.backend if conf.backend is not None else (os.environ.get("XCONV_BACKEND") or None)
-    if backend is not None and "torch" in interop._families_of(torch_ops._backend(conf.backend)):
+    if "torch" in interop._families_of(torch_ops._backend(conf.backend)):   # None: $XCONV_BACKEND, else none
         return None
-    return views
+    if any(t is not None and (t.dtype not in _NUMPY_DTYPES or t.layout != torch.strided or t.is_conj() or t.is_neg())
+           for t in tensors):
+        return None
+    return [None if t is None else t.detach().numpy() for t in tensors]
 
 
 def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):

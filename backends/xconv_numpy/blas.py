@@ -75,12 +75,11 @@ class _Blas:
             if not self.libs:
                 return 1
             if self.depth == 0:
-                self.saved = [max(1, int(get())) for get, _, _ in self.libs]
+                self.saved = self._counts()
                 for (_, set_, _), n in zip(self.libs, self.saved):
                     if n != 1:
                         set_(1)
-                mine = [n for (_, _, is_numpy), n in zip(self.libs, self.saved) if is_numpy]
-                self.workers = min(max(mine or self.saved), MAX_WORKERS, _CPUS)
+                self.workers = self._workers(self.saved)
             self.depth += 1
             return self.workers
 
@@ -94,6 +93,13 @@ class _Blas:
                     if n != 1:
                         set_(n)
 
+    def _counts(self) -> list:
+        return [max(1, int(get())) for get, _, _ in self.libs]
+
+    def _workers(self, counts) -> int:
+        """Workers for BLAS thread ``counts`` (one per library): NumPy's own count, at most MAX_WORKERS and the CPUs."""
+        mine = [n for (_, _, is_numpy), n in zip(self.libs, counts) if is_numpy]
+        return min(max(mine or counts), MAX_WORKERS, _CPUS)
 
     def worker_count(self) -> int:
         """The number of workers ``with`` would give, without setting BLAS to one thread (for calls that run no
@@ -103,11 +109,7 @@ class _Blas:
                 self._find()
             if not self.libs:
                 return 1
-            if self.depth:
-                return self.workers
-            counts = [max(1, int(get())) for get, _, _ in self.libs]
-            mine = [n for (_, _, is_numpy), n in zip(self.libs, counts) if is_numpy]
-            return min(max(mine or counts), MAX_WORKERS, _CPUS)
+            return self.workers if self.depth else self._workers(self._counts())
 
 
 _BLAS = _Blas()

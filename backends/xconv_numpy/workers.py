@@ -88,10 +88,8 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
                     on_error()
                 return
 
-    if workers > 1 and omp_team.parallel(loop, workers):    # on torch's OpenMP threads, when torch is here
-        pass
-    else:
-        helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]
+    if not (workers > 1 and omp_team.parallel(loop, workers)):    # torch's OpenMP threads when torch is here,
+        helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]     # else Python threads
         loop()
         for f in helpers:
             f.result()
