@@ -37,8 +37,6 @@ from .report import write_report
 from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
 from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
 
-SUBCOMMANDS = ("check", "run", "compare", "cases", "list")
-
 
 def phase(text: str, stream=None):
     """Report one preparation phase as one line on stderr, terminal or not: "text ... 1.2 s" (a context manager)."""

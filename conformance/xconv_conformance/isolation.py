@@ -322,11 +322,3 @@ class FreshDigests:
     def close(self) -> None:
         self.worker.close()
 
-
-def fresh_process_digests(backend: str, cases, imports=(), case_timeout: float = DEFAULT_CASE_TIMEOUT) -> dict:
-    """{case id: digests, or the text or Died saying why not} of ``cases`` computed in another process."""
-    fresh = FreshDigests(backend, imports, case_timeout)
-    try:
-        return {c.id: fresh.digest(c) for c in cases}
-    finally:
-        fresh.close()

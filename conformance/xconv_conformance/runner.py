@@ -3,7 +3,7 @@
 Per valid case: the call's results have the right structure, shapes and dtypes; masked
 gradients are None; every unmasked gradient is within the error bound of the float64 oracle
 (:mod:`.tolerance`); for ``deterministic=True`` a second call is bitwise identical (and, via
-:func:`fresh_process_digests`, so is a call in a fresh process) unless the backend refused;
+:class:`.isolation.FreshDigests`, so is a call in a fresh process) unless the backend refused;
 results stay unchanged by later calls (:class:`Watch`).
 Per invalid case: :class:`xconv.ShapeError` naming the expected argument, with no backend
 primitive called.
