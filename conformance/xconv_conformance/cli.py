@@ -29,7 +29,7 @@ from collections import Counter
 
 import xconv
 
-from . import __version__, env, report
+from . import __version__, env, report, status
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
@@ -175,14 +175,12 @@ def _fmt(r) -> str:
 
 def summary_table(results: dict, seconds: dict) -> str:
     """``results``: {backend: [(case, outcome)]} -> the summary table text."""
-    rows = [["backend", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "worst error/bound",
-             "worst case", "time"]]
+    rows = [["backend", *(status.LABELS[s] for s in status.STATUSES), "worst error/bound", "worst case", "time"]]
     for name, pairs in results.items():
         counts = Counter(o.status for _, o in pairs)
         ratios = [(o.ratio, c.id) for c, o in pairs if o.ratio is not None]
         worst = max(ratios) if ratios else (None, "")
-        rows.append([name, *(str(counts.get(s, 0)) for s in ("passed", "failed", "crashed", "timed_out", "refused",
-                                                              "unavailable")),
+        rows.append([name, *(str(counts.get(s, 0)) for s in status.STATUSES),
                      _fmt(worst[0]), worst[1], f"{seconds.get(name, 0.0):.1f}s"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
@@ -196,7 +194,7 @@ def _details(results: dict, verbose: bool) -> str:
             lines.append(f"{name}: unavailable: {unavailable[0]}")
             continue
         for c, o in pairs:
-            if o.status in ("crashed", "timed_out"):
+            if o.status in status.DIED:
                 lines.append(f"{o.status.upper().replace('_', ' ')} {c.id} on {name}: "
                              f"{o.message.splitlines()[0] if o.message else ''}"[:600])
                 if verbose and o.stderr.strip():

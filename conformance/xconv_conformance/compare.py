@@ -23,9 +23,10 @@ from .bundle import Bundle
 from .cases import load_corpus
 from .manifest_schema import printable
 from .runner import _log_ratio_sample, reference_of
+from .status import ABSENT, DIED, LABELS, STATUSES
 
 OUTPUTS = tolerance.OUTPUTS
-_COUNTED = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable", "absent")
+_COUNTED = (*STATUSES, ABSENT)
 
 
 @dataclasses.dataclass
@@ -104,7 +105,7 @@ def _compare_case(case, bundles, records) -> CaseRow:
             continue
         if rec["status"] == "failed":
             problems.append(f"{tag} failed on its machine: {messages[-1][:300]}")
-        elif rec["status"] in ("crashed", "timed_out"):
+        elif rec["status"] in DIED:
             how = f"crashed ({rec.get('signal') or 'exit'})" if rec["status"] == "crashed" else "timed out"
             problems.append(f"{tag} {how} on its machine: {messages[-1][:300]}")
         if case.kind != "valid":
@@ -187,8 +188,7 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
         lines.append(f"  note: {note}")
     lines.append("")
     lines.append("Against the reference (float64 oracle recomputed here): results per bundle")
-    header = ["bundle", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "absent",
-              "outside bound", "worst error/bound"]
+    header = ["bundle", *(LABELS[s] for s in _COUNTED), "outside bound", "worst error/bound"]
     table = [header]
     for i in range(len(bundles)):
         counts = {s: 0 for s in _COUNTED}
@@ -267,7 +267,7 @@ def report_runs(cmp: Comparison) -> list[dict]:
     for i, b in enumerate(cmp.bundles):
         m = b.manifest
         rows = [{"id": row.case_id, "group": row.group, "dtype": row.dtype,
-                 "status": "failed" if row.statuses[i] not in ("crashed", "timed_out") and any(
+                 "status": "failed" if row.statuses[i] not in DIED and any(
                      p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
                      for p in row.problems) else row.statuses[i],
                  "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i],

@@ -24,9 +24,10 @@ import numpy as np
 
 from xconv.errors import XconvError
 
+from .status import STATUSES  # every status a case record may hold  # noqa: F401
+
 FORMAT = "xconv-conformance-bundle"
 FORMAT_VERSION = 1
-STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")     # every status a case record may hold
 OUTPUT_NAMES = ("grad_input", "grad_weight", "grad_bias")
 STORED_DTYPES = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "float64": "float64"}
 MAX_CASES = 20_000                  # cases in one bundle (the corpus holds a few hundred)

@@ -8,11 +8,12 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from . import status
+
 LO, HI, STEP = -10.0, 2.0, 0.25          # histogram range of log10(error / bound)
-_STATUS_COLOR = {"passed": "#2e7d32", "failed": "#c62828", "crashed": "#6a1b9a", "timed_out": "#ad1457",
-                 "refused": "#ef6c00", "unavailable": "#757575"}
-_COUNTED = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
-_FAILING = ("failed", "crashed", "timed_out")
+_STATUS_COLOR = status.COLORS
+_COUNTED = status.STATUSES
+_FAILING = status.FAILING
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1400px}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}

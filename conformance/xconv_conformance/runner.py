@@ -8,10 +8,8 @@ results stay unchanged by later calls (:class:`Watch`).
 Per invalid case: :class:`xconv.ShapeError` naming the expected argument, with no backend
 primitive called.
 
-Outcomes: "passed", "failed", "refused" (the backend raised UnsupportedError: reported, never a
-pass), "unavailable" (with the backend's reason), and, when cases run in worker processes
-(:mod:`.isolation`), "crashed" (the case killed its worker: ``signal`` and ``stderr`` say how) and
-"timed_out" (it ran past the case timeout). Crashed and timed-out cases count as failures.
+Outcomes: the statuses of :mod:`.status` ("crashed" and "timed_out" come from worker processes,
+:mod:`.isolation`). Crashed and timed-out cases count as failures.
 """
 
 from __future__ import annotations
@@ -32,10 +30,9 @@ from xconv.dtypes import dtype_name
 from . import invariance, tolerance
 from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
+from .status import DIED, FAILING, STATUSES  # noqa: F401  (runner.FAILING: the spelling front ends import)
 
 ORACLE = "numpy-exact"
-STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
-FAILING = ("failed", "crashed", "timed_out")
 OUTPUTS = tolerance.OUTPUTS
 
 
@@ -71,7 +68,7 @@ class Outcome:
                   "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
                   "digests": list(self.digests) if self.digests is not None else None,
                   "seconds": round(self.seconds, 6)}
-        if self.status in ("crashed", "timed_out"):
+        if self.status in DIED:
             record.update(signal=self.signal, stderr=self.stderr)
         if self.record:
             record["record"] = self.record
@@ -445,7 +442,7 @@ def apply_fresh_process(outcome: Outcome, fresh) -> Outcome:
     """
     if outcome.status != "passed" or outcome.digests is None:
         return outcome
-    if getattr(fresh, "status", None) in ("crashed", "timed_out"):
+    if getattr(fresh, "status", None) in DIED:
         from .isolation import _hint
         outcome.status, outcome.signal, outcome.stderr = fresh.status, fresh.signal, fresh.stderr
         outcome.message = f"in the fresh process of the determinism check: {fresh.detail}{_hint(fresh.stderr)}"
