@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import math
 import os
 import platform
 import sys
@@ -18,9 +19,9 @@ import time
 
 import numpy as np
 
-from . import api, registry, tracing
+from . import api, limits, registry, tracing
 from .dtypes import DTYPES
-from .errors import BackendError, XconvError
+from .errors import BackendError, ResourceError, XconvError
 from .params import MATH_MODES, output_shape
 from .workspace import parse_bytes
 
@@ -93,6 +94,19 @@ def default_weight(input_shape, groups: int, transposed: bool) -> list[int]:
     return [2 * c_in, c_in // max(groups, 1), *([3] * nd)]
 
 
+def check_run_memory(input_shape, weight_shape, out_shape, dtype) -> None:
+    """Refuse (ResourceError naming --input) random data ``xconv run`` could not allocate: the float64 draw
+    of the largest array, then x, w and grad_output in ``dtype`` and results of the same sizes."""
+    sizes = [math.prod(s) for s in (input_shape, weight_shape, out_shape)]
+    total = 8 * max(sizes) + 2 * np.dtype(dtype).itemsize * sum(sizes)
+    limit = limits.memory_limit()
+    if limit is not None and total > limit:
+        dims = "x".join(map(str, input_shape))
+        raise ResourceError(f"--input {dims}: the random data and results (weight {tuple(weight_shape)}, output "
+                            f"{tuple(out_shape)}, {np.dtype(dtype).name})", total, limit,
+                            f"choose smaller shapes, or set ${limits.ENV} to change the limit")
+
+
 def cmd_run(args) -> int:
     rng = np.random.default_rng(args.seed)
     if args.weight is None:
@@ -103,9 +117,10 @@ def cmd_run(args) -> int:
                 dilation=args.dilation if len(args.dilation) > 1 else args.dilation[0],
                 groups=args.groups, transposed=args.transposed,
                 output_padding=args.output_padding if len(args.output_padding) > 1 else args.output_padding[0])
+    out_shape = output_shape(args.input, args.weight, **conv)   # validates the shapes before anything is allocated
+    check_run_memory(args.input, args.weight, out_shape, dtype)
     x = rng.standard_normal(args.input).astype(dtype)
     w = rng.standard_normal(args.weight).astype(dtype)
-    out_shape = output_shape(args.input, args.weight, **conv)
     dy = rng.standard_normal(out_shape).astype(dtype)
     common = dict(conv, math=args.math, deterministic=args.deterministic, backend=args.backend,
                   workspace_limit=args.workspace_limit)

@@ -29,7 +29,7 @@ from collections import Counter
 
 import xconv
 
-from . import __version__, env, report, status
+from . import __version__, env, outpaths, report, status
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
@@ -276,7 +276,8 @@ def cmd_check(args) -> int:
     if args.report:
         runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs])}
                 for name, pairs in results.items()]
-        write_report(args.report, "xconv conformance report", runs, _intro(cases))
+        outpaths.writing("--report", args.report,
+                         lambda: write_report(args.report, "xconv conformance report", runs, _intro(cases)))
         print(f"report: {args.report}")
     if any(o.status in FAILING for pairs in results.values() for _, o in pairs):
         return 1
@@ -337,7 +338,7 @@ def cmd_run(args, argv) -> int:
     seconds = time.perf_counter() - start
     manifest, arrays = build(manifest_for(args.backend, cases, argv),
                              [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
-    write_bundle(args.out, manifest, arrays)
+    outpaths.writing("--out", args.out, lambda: write_bundle(args.out, manifest, arrays))
     results = {args.backend: list(zip(cases, outcomes))}
     print(f"xconv conformance run: {len(cases)} cases on {args.backend} ({manifest['device']})")
     print(summary_table(results, {args.backend: seconds}))
@@ -348,9 +349,9 @@ def cmd_run(args, argv) -> int:
         print(f"note: {note}")
     print(f"bundle: {args.out}")
     if args.report:
-        write_report(args.report, f"xconv conformance: {args.backend}", [
-            {"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes)}],
-            _intro(cases))
+        runs = [{"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes)}]
+        outpaths.writing("--report", args.report, lambda: write_report(
+            args.report, f"xconv conformance: {args.backend}", runs, _intro(cases)))
         print(f"report: {args.report}")
     return 1 if any(o.status in FAILING for o in outcomes) else 0
 
@@ -364,9 +365,10 @@ def cmd_compare(args) -> int:
     cmp = compare_bundles(bundles)
     print(format_comparison(cmp, show_all=args.all))
     if args.report:
-        write_report(args.report, "xconv conformance comparison", report_runs(cmp),
-                     f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
-                     + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
+        intro = (f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
+                 + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
+        outpaths.writing("--report", args.report,
+                         lambda: write_report(args.report, "xconv conformance comparison", report_runs(cmp), intro))
         print(f"report: {args.report}")
     return 1 if cmp.disagreements else 0
 
@@ -445,7 +447,13 @@ def with_default_subcommand(argv: list[str]) -> list[str]:
 
 
 def dispatch(args, argv: list[str]) -> int:
-    """Run the parsed subcommand; ``argv`` is what followed ``xconv conformance`` (for bundle manifests)."""
+    """Run the parsed subcommand; ``argv`` is what followed ``xconv conformance`` (for bundle manifests).
+    Every output path is checked first: a bad one ends the command (exit 2, one line) before any work."""
+    name = f"xconv conformance {args.subcommand or 'check'}"
+    bad = outpaths.check({"--out": getattr(args, "out", None), "--report": getattr(args, "report", None)})
+    if bad:
+        print(f"{name}: {bad}", file=sys.stderr)
+        return 2
     try:
         if args.subcommand == "run":
             return cmd_run(args, argv)
@@ -461,6 +469,9 @@ def dispatch(args, argv: list[str]) -> int:
         return int(exc.code or 0)
     except BundleError as exc:
         print(f"xconv conformance: {exc}", file=sys.stderr)
+        return 2
+    except outpaths.WriteFailed as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
 
 
