@@ -5,7 +5,8 @@ subcommands (``xconv conformance SUBCOMMAND --help`` describes each):
            [--backend NAME]...`` is ``xconv conformance check ...``); every registered backend but
            the oracle "numpy-exact" unless --backend names some
   run      run on one backend and write a portable result bundle (--backend NAME --out FILE.xcr)
-  compare  hold bundles against the reference and against each other; exit 1 on a disagreement
+  compare  hold bundles against the reference and against each other; exit 1 on a disagreement,
+           or when a bundle gives nothing to compare (no case, unknown ids, all refused/unavailable)
   cases    list the case ids or their specs (also: list)
 
 check and run run the backend in worker processes: a case that crashes its worker is recorded as
@@ -370,7 +371,7 @@ def cmd_compare(args) -> int:
         outpaths.writing("--report", args.report,
                          lambda: write_report(args.report, "xconv conformance comparison", report_runs(cmp), intro))
         print(f"report: {args.report}")
-    return 1 if cmp.disagreements else 0
+    return 0 if cmp.passes else 1
 
 
 def cmd_cases(args) -> int:
@@ -427,7 +428,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _common(run)
     compare = sub.add_parser("compare", help="compare bundles against the reference and pairwise",
                              description="Compare bundles against the float64 reference and pairwise; "
-                                         "exit 1 on a disagreement, 2 on an unreadable bundle.")
+                                         "exit 1 on a disagreement or when a bundle gives nothing to compare "
+                                         "(no case, unknown ids, every case refused or unavailable), 2 on an "
+                                         "unreadable bundle. The same bundle twice is a warning.")
     compare.add_argument("bundles", nargs="+", metavar="BUNDLE.xcr")
     compare.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report")
     compare.add_argument("--all", action="store_true", help="list every case, not only disagreements")
