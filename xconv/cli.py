@@ -76,13 +76,44 @@ def _checksum(a) -> str:
     return f"shape={tuple(data.shape)} dtype={data.dtype} sum={f64.sum():.6e} abs_sum={np.abs(f64).sum():.6e} sha256={digest}"
 
 
+WIDTH = 100   # columns of `xconv backends` without -v
+
+
+def emulation_of(name: str) -> str:
+    """What backend ``name`` runs on when that is an emulator or fake (its optional ``emulation()``), else ""."""
+    try:
+        method = getattr(registry.get_backend(name), "emulation", None)
+        return str(method() or "").strip() if callable(method) else ""
+    except Exception:  # noqa: BLE001 - a label must not end the listing
+        return ""
+
+
 def cmd_backends(args) -> int:
-    rows = [("name", "available", "version", "devices", "reason")]
-    for r in registry.list_backends():
-        rows.append((r.name, "yes" if r.available else "no", r.version, ",".join(r.devices), r.reason))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row[:4], widths)) + "  " + str(row[4]))
+    """A table within :data:`WIDTH` columns: name, availability, devices or the reason (wrapped); -v: every field."""
+    import textwrap
+
+    infos = registry.list_backends()
+    fakes = {r.name: emulation_of(r.name) for r in infos if r.available}
+    if args.verbose:
+        for r in infos:
+            print(f"{r.name}: {'available' if r.available else 'unavailable'}"
+                  + (" (emulated)" if fakes.get(r.name) else ""))
+            for field, value in (("version", r.version), ("devices", ", ".join(r.devices)),
+                                 ("emulated by", fakes.get(r.name, "")), ("reason", r.reason)):
+                if value:
+                    print(textwrap.fill(value, WIDTH, initial_indent=f"  {field}: ",
+                                        subsequent_indent=" " * (len(field) + 4)))
+        return 0
+    states = {r.name: ("yes (emulated)" if fakes.get(r.name) else "yes") if r.available else "no" for r in infos}
+    name_w = max([len(r.name) for r in infos] + [4])
+    state_w = max([len(s) for s in states.values()] + [len("available")])
+    indent = " " * (name_w + state_w + 4)
+    print(f"{'name'.ljust(name_w)}  {'available'.ljust(state_w)}  devices, or why not (-v: versions too)")
+    for r in infos:
+        detail = (", ".join(r.devices) if r.available else r.reason) or "-"
+        first = f"{r.name.ljust(name_w)}  {states[r.name].ljust(state_w)}  "
+        print(textwrap.fill(detail, WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False,
+                            break_long_words=True))
     return 0
 
 
@@ -186,9 +217,12 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print xconv's version and each backend's, then exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{backends,run,conformance}",
                                 title="subcommands")
-    sub.add_parser("backends", help="list registered backends, availability, reason and version",
-                   description="List the registered backends: availability, version, devices and, when "
-                               "unavailable, the reason (with what to install).")
+    backends = sub.add_parser("backends", help="list registered backends, availability, devices or reason",
+                              description="List the registered backends, one line each within 100 columns: "
+                                          "availability (\"yes (emulated)\" on an emulator or fake), devices, "
+                                          "or the reason it is unavailable. -v: every field in full (versions, "
+                                          "reasons with what to install, what emulates the device).")
+    backends.add_argument("-v", "--verbose", action="store_true", help="every field of every backend, in full")
     run = sub.add_parser("run", help="run fprop or backward on random data; print shapes, checksums, time",
                          description="Run one convolution (fprop, or backward with a mask) on random data and "
                                      "print the shapes, checksums of the results and the time. Only --input is "

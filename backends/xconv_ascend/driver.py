@@ -63,6 +63,7 @@ class Driver:
         self.libs: dict[str, ctypes.CDLL] = {}
         self.lib_dir: str | None = None
         self.source = ""
+        self.emulation = ""       # what the loaded libraries are when they are an emulator (see loader)
         self.inventory: discovery.Inventory | None = None
         self._initialized = False
         self._device: int | None = None
@@ -100,6 +101,7 @@ class Driver:
             self.inventory = discovery.inventory(path, self.environ)
             bound = loader.bind(path, source, self.inventory, self.environ)
             self.libs, self.fn, self.lib_dir, self.source = bound.libs, bound.fn, bound.lib_dir, bound.source
+            self.emulation = bound.emulation
 
     def report(self) -> str:
         """What discovery found (after load()): the libraries and ASCEND_OPP_PATH's state, or ""."""
@@ -179,6 +181,13 @@ class Driver:
     @property
     def device(self) -> int | None:
         return self._device
+
+    def device_label(self) -> str | None:
+        """"ascend:0 (Ascend910B2)", "ascend:0 (Ascend910B2, on the CANN emulator)"; None before initialize()."""
+        if self._device is None:
+            return None
+        on = ", on the CANN emulator" if self.emulation else ""
+        return f"ascend:{self._device} ({self.soc_name or 'unknown SoC'}{on})"
 
     # -----------------------------------------------------------------------------------------
     # Errors

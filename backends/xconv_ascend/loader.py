@@ -59,14 +59,34 @@ def locate(lib_dir: str | None, environ) -> tuple[str, str]:
     return path, source
 
 
+#: The symbol xconv's CANN emulator (tests/fake_cann) exports and real CANN lacks: ``const char *(void)``,
+#: what the emulator is in words.
+EMULATOR_MARKER = "xconv_cann_emulator"
+
+
 @dataclasses.dataclass
 class Bound:
-    """The loaded libraries of one directory and their declared functions."""
+    """The loaded libraries of one directory and their declared functions. ``emulation``: "" on real
+    CANN, else what the emulator says it is (its :data:`EMULATOR_MARKER`)."""
 
     libs: dict[str, ctypes.CDLL]
     fn: Functions
     lib_dir: str
     source: str
+    emulation: str = ""
+
+
+def emulation(handles) -> str:
+    """What the emulator among ``handles`` (loaded libraries) says it is, or "" when none exports the marker."""
+    for lib in handles:
+        try:
+            marker = getattr(lib, EMULATOR_MARKER)
+        except AttributeError:
+            continue
+        marker.restype, marker.argtypes = ctypes.c_char_p, []
+        text = marker()
+        return (text.decode(errors="replace").strip() if text else "") or "an emulator of CANN"
+    return ""
 
 
 def bind(path: str, source: str, inv: discovery.Inventory, environ) -> Bound:
@@ -103,4 +123,4 @@ def bind(path: str, source: str, inv: discovery.Inventory, environ) -> Bound:
             raise LoadError(f"symbol {symbol} missing from {', '.join(file for file, _ in ops)}{where}")
         f.restype, f.argtypes = restype, argtypes
         setattr(fn, symbol, f)
-    return Bound(libs, fn, path, source)
+    return Bound(libs, fn, path, source, emulation([*libs.values(), *(lib for _, lib in ops)]))

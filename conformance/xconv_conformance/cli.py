@@ -266,6 +266,8 @@ def cmd_check(args) -> int:
         results[name] = list(zip(cases, outcomes))
         seconds[name] = time.perf_counter() - start
     progress.close()
+    emulations = {n: env.emulation(resolve(n)) for n in runnable}
+    notes += [f"{n}: {env.emulated_words(text)}" for n, text in emulations.items() if text]
     print(f"xconv conformance: {len(cases)} cases (corpus {corpus_hash(load_corpus())[:12]}), "
           f"xconv {xconv.__version__}, kit {__version__}")
     print(summary_table(results, seconds))
@@ -275,8 +277,8 @@ def cmd_check(args) -> int:
     for note in notes:
         print(f"note: {note}")
     if args.report:
-        runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs])}
-                for name, pairs in results.items()]
+        runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs]),
+                 "emulation": emulations.get(name, "")} for name, pairs in results.items()]
         outpaths.writing("--report", args.report,
                          lambda: write_report(args.report, "xconv conformance report", runs, _intro(cases)))
         print(f"report: {args.report}")
@@ -289,10 +291,14 @@ def cmd_check(args) -> int:
 
 def _backend_detail(name: str) -> str:
     try:
-        info = resolve(name).info()
+        b = resolve(name)
+        info = b.info()
     except xconv.BackendUnavailableError as exc:
         return exc.reason
-    return f"{info.version} on {env.device_name(info.devices)}" if info.available else info.reason
+    if not info.available:
+        return info.reason
+    emulated = env.emulated_words(env.emulation(b))
+    return f"{info.version} on {env.device_name(info.devices)}" + (f"; {emulated}" if emulated else "")
 
 
 def _intro(cases) -> str:
@@ -305,9 +311,11 @@ def manifest_for(name: str, cases, argv) -> dict:
     b = resolve(name)
     info = b.info()
     caps = b.capabilities
+    emulation = env.emulation(b)
     return {
         "xconv_version": xconv.__version__, "kit_version": __version__,
         "backend": {"name": info.name, "version": info.version, "devices": list(info.devices),
+                    "emulated": bool(emulation), "emulation": emulation,
                     "array_families": list(info.array_families),
                     "capabilities": {"spatial_dims": sorted(caps.spatial_dims), "dtypes": sorted(caps.dtypes),
                                      "transposed": caps.transposed, "strided": caps.strided,
@@ -342,6 +350,8 @@ def cmd_run(args, argv) -> int:
     outpaths.writing("--out", args.out, lambda: write_bundle(args.out, manifest, arrays))
     results = {args.backend: list(zip(cases, outcomes))}
     print(f"xconv conformance run: {len(cases)} cases on {args.backend} ({manifest['device']})")
+    if manifest["backend"]["emulated"]:
+        print(f"note: {env.emulated_words(manifest['backend']['emulation'])}")
     print(summary_table(results, {args.backend: seconds}))
     details = _details(results, args.verbose)
     if details:
@@ -350,7 +360,8 @@ def cmd_run(args, argv) -> int:
         print(f"note: {note}")
     print(f"bundle: {args.out}")
     if args.report:
-        runs = [{"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes)}]
+        runs = [{"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes),
+                 "emulation": manifest["backend"]["emulation"]}]
         outpaths.writing("--report", args.report, lambda: write_report(
             args.report, f"xconv conformance: {args.backend}", runs, _intro(cases)))
         print(f"report: {args.report}")

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from . import report, tolerance, verify
+from . import env, report, tolerance, verify
 from .bundle import Bundle
 from .cases import corpus_hash, load_corpus
 from .manifest_schema import printable
@@ -208,6 +208,14 @@ def _compare_case(case, bundles, records) -> CaseRow:
     return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages, ran)
 
 
+def emulated(b: Bundle) -> str:
+    """What bundle ``b``'s results ran on when its manifest records an emulator or fake, else ""."""
+    backend = b.manifest["backend"]
+    if not backend.get("emulated"):
+        return ""
+    return backend.get("emulation") or "an emulator"
+
+
 def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"#{i + 1}"
 
@@ -228,6 +236,8 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
                      f"({m['backend'].get('version', '')}) on {m['device']}; xconv {m['xconv_version']}; "
                      f"{m['platform'].get('platform', '')}; {m['created']}; {len(m['cases'])} cases, corpus "
                      f"{m['corpus']['hash'][:12]}")
+        if emulated(b):
+            lines.append(f"      {env.emulated_words(emulated(b))}")
     for note in cmp.notes:
         lines.append(f"  note: {note}")
     for warning in cmp.warnings:
@@ -291,8 +301,10 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
     lines.append("")
     n_bad = len(cmp.disagreements)
     empty = cmp.nothing_compared
+    fakes = [f"[{_letter(i)}]" for i, b in enumerate(bundles) if emulated(b)]
     lines.append(count_line(cmp) + ": " + (f"{n_bad} disagreement(s)" if n_bad else empty if empty
-                                           else "all agree within the error bounds"))
+                                           else "all agree within the error bounds")
+                 + (f" ({', '.join(fakes)} emulated, not vendor hardware)" if fakes else ""))
     return "\n".join(lines)
 
 
@@ -326,5 +338,5 @@ def report_runs(cmp: Comparison) -> list[dict]:
                  "ran": row.ran[i] if row.ran else ""}
                 for row in cmp.rows if row.statuses[i] != "absent"]
         runs.append({"label": f"[{_letter(i)}] {b.backend}", "detail": f"{m['backend'].get('version', '')} on "
-                     f"{m['device']}; {m['created']}", "rows": rows})
+                     f"{m['device']}; {m['created']}", "rows": rows, "emulation": emulated(b)})
     return runs

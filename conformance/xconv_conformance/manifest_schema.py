@@ -232,6 +232,7 @@ MANIFEST = Obj(
     required={"xconv_version": NAME, "kit_version": NAME,
               "backend": Obj({"name": Str(nonempty=True, plain=True)},
                              {"version": NAME, "devices": List(NAME), "array_families": List(NAME),
+                              "emulated": Bool(), "emulation": Str(),
                               "capabilities": Map(AnyOf(Bool(), NAME, Int(), List(AnyOf(NAME, Int()))))}),
               "libraries": Map(NAME), "device": NAME, "platform": Map(NAME), "created": NAME,
               "corpus": Obj({"hash": SHA256, "case_ids": List(NAME, MAX_CASES)},

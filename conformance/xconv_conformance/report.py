@@ -22,7 +22,7 @@ th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.zero{color:#9e9e9e}.refused{color:#ef6c00}.unavailable{color:#757575}
 .crashed{color:#6a1b9a;font-weight:bold}.timed_out{color:#ad1457;font-weight:bold}
 .plots{display:flex;flex-wrap:wrap;gap:1em}.plot{border:1px solid #eee;padding:.3em}
-.small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}
+.small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}.emulated{color:#6a1b9a}
 """
 
 
@@ -132,7 +132,8 @@ def summary_table(runs: list[dict]) -> str:
         counts = Counter(r["status"] for r in run["rows"])
         ratios = [(r["ratio"], r["id"]) for r in run["rows"] if isinstance(r.get("ratio"), (int, float))]
         worst = max(ratios) if ratios else (None, "")
-        out.append(f'<tr><td>{_esc(run["label"])}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
+        fake = '<br><b class="emulated">EMULATED</b>' if run.get("emulation") else ""
+        out.append(f'<tr><td>{_esc(run["label"])}{fake}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
                    + "".join(_count_cell(s, counts.get(s, 0)) for s in _COUNTED)
                    + f'<td class="num">{_fmt_ratio(worst[0])}</td><td>{_esc(worst[1])}</td></tr>')
     out.append("</table>")
@@ -145,6 +146,11 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
     body = [f"<h1>{_esc(title)}</h1>"]
     if intro:
         body.append(f"<p class='small'>{intro}</p>")
+    fakes = [run for run in runs if run.get("emulation")]
+    if fakes:
+        body.append("<p class='emulated'>Emulated results: " + "; ".join(
+            f"{_esc(run['label'])} ran on {_esc(run['emulation'])}" for run in fakes)
+            + ". They show the software path, not the vendor's hardware.</p>")
     body.append("<h2>Summary</h2>" + summary_table(runs))
     if extra_html:
         body.append(extra_html)
