@@ -26,17 +26,17 @@ import importlib
 import json
 import sys
 import time
-from collections import Counter
 
 import xconv
 
-from . import __version__, env, outpaths, report, status
+from . import __version__, env, outpaths, summary
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
 from .report import write_report
-from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
+from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests
 from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
+from .summary import summary_table  # noqa: F401  (re-exported: cli.summary_table stays importable)
 
 
 def phase(text: str, stream=None):
@@ -133,12 +133,21 @@ class Progress:
             self.stream.flush()
 
 
+class Interrupted(Exception):
+    """Ctrl-C during :func:`run_backend`: ``outcomes`` holds the cases that finished, in order."""
+
+    def __init__(self, outcomes: list):
+        super().__init__(f"interrupted after {len(outcomes)} case(s)")
+        self.outcomes = outcomes
+
+
 def run_backend(cases, backend: str, progress: Progress | None = None, keep_outputs: bool = False,
                 imports=(), isolate: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT, notes=None) -> list:
     """Outcomes of ``cases`` on ``backend`` (in a worker process unless not ``isolate``), with the
     fresh-process determinism check of the deterministic cases that passed. Lines worth telling
-    the user (a run that could not be isolated) are appended to ``notes``."""
-    outcomes = []
+    the user (a run that could not be isolated) are appended to ``notes``. Ctrl-C raises
+    :class:`Interrupted` with the outcomes of the cases that finished."""
+    outcomes, checked = [], set()
     det_ids = {c.id for c in cases if c.deterministic and c.kind == "valid"}
     fresh = FreshDigests(backend, imports, case_timeout)
     try:
@@ -156,59 +165,15 @@ def run_backend(cases, backend: str, progress: Progress | None = None, keep_outp
         for c, o in zip(cases, outcomes):
             if c.id in det_ids and o.status == "passed":
                 apply_fresh_process(o, fresh.digest(c))
+            checked.add(c.id)
+    except KeyboardInterrupt:
+        for c, o in zip(cases, outcomes):
+            if c.id in det_ids and o.status == "passed" and c.id not in checked:
+                o.message = (o.message + "; " if o.message else "") + "fresh-process check not run: interrupted"
+        raise Interrupted(outcomes) from None
     finally:
         fresh.close()
     return outcomes
-
-
-def _rows(cases, outcomes) -> list[dict]:
-    return [{"id": c.id, "group": c.group, "dtype": c.dtype, "status": o.status, "ratio": o.ratio,
-             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr,
-             "ran": report.ran(o.record)}
-            for c, o in zip(cases, outcomes)]
-
-
-def _fmt(r) -> str:
-    if r is None:
-        return "-"
-    return "inf" if r == float("inf") else f"{r:.3g}"
-
-
-def summary_table(results: dict, seconds: dict) -> str:
-    """``results``: {backend: [(case, outcome)]} -> the summary table text."""
-    rows = [["backend", *(status.LABELS[s] for s in status.STATUSES), "worst error/bound", "worst case", "time"]]
-    for name, pairs in results.items():
-        counts = Counter(o.status for _, o in pairs)
-        ratios = [(o.ratio, c.id) for c, o in pairs if o.ratio is not None]
-        worst = max(ratios) if ratios else (None, "")
-        rows.append([name, *(str(counts.get(s, 0)) for s in status.STATUSES),
-                     _fmt(worst[0]), worst[1], f"{seconds.get(name, 0.0):.1f}s"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def _details(results: dict, verbose: bool) -> str:
-    lines = []
-    for name, pairs in results.items():
-        unavailable = [o.message for _, o in pairs if o.status == "unavailable"]
-        if unavailable and len(unavailable) == len(pairs):
-            lines.append(f"{name}: unavailable: {unavailable[0]}")
-            continue
-        for c, o in pairs:
-            if o.status in status.DIED:
-                lines.append(f"{o.status.upper().replace('_', ' ')} {c.id} on {name}: "
-                             f"{o.message.splitlines()[0] if o.message else ''}"[:600])
-                if verbose and o.stderr.strip():
-                    lines += ["    | " + line[:300] for line in stderr_excerpt(o.stderr)]
-        failed = [(c, o) for c, o in pairs if o.status == "failed"]
-        for c, o in failed[: None if verbose else 20]:
-            lines.append(f"FAILED {c.id} on {name}: {o.message.splitlines()[0] if o.message else ''}"[:600])
-        if len(failed) > 20 and not verbose:
-            lines.append(f"... and {len(failed) - 20} more failures on {name} (--verbose lists them all)")
-        reasons = Counter(o.message.split(":")[0][:160] if o.message else "" for _, o in pairs if o.status == "refused")
-        for reason, n in reasons.most_common(5 if not verbose else None):
-            lines.append(f"refused {n} case(s) on {name}: {reason}")
-    return "\n".join(lines)
 
 
 def _import(modules) -> None:
@@ -254,34 +219,46 @@ def cmd_check(args) -> int:
     for n in runnable:
         prepare(n, quiet=args.no_progress, isolate=not args.no_isolate)
     progress = Progress(len(cases) * len(runnable), False if args.no_progress else None)
-    results, seconds, notes = {}, {}, []
+    results, seconds, notes, stopped = {}, {}, [], None
     from .runner import Outcome
     for name in names:
         start = time.perf_counter()
         if avail[name][0]:
-            outcomes = run_backend(cases, name, progress, imports=args.imports, isolate=not args.no_isolate,
-                                   case_timeout=args.case_timeout, notes=notes)
+            try:
+                outcomes = run_backend(cases, name, progress, imports=args.imports, isolate=not args.no_isolate,
+                                       case_timeout=args.case_timeout, notes=notes)
+            except Interrupted as exc:
+                outcomes = exc.outcomes
+                stopped = (f"interrupted (Ctrl-C) after {len(outcomes)} of {len(cases)} case(s) on {name}; "
+                           f"not started: {', '.join(names[names.index(name) + 1:]) or 'none'}. "
+                           "The summary covers what finished.")
         else:
             outcomes = [Outcome(c.id, name, "unavailable", avail[name][1]) for c in cases]
         results[name] = list(zip(cases, outcomes))
         seconds[name] = time.perf_counter() - start
+        if stopped:
+            break
     progress.close()
     emulations = {n: env.emulation(resolve(n)) for n in runnable}
     notes += [f"{n}: {env.emulated_words(text)}" for n, text in emulations.items() if text]
     print(f"xconv conformance: {len(cases)} cases (corpus {corpus_hash(load_corpus())[:12]}), "
           f"xconv {xconv.__version__}, kit {__version__}")
     print(summary_table(results, seconds))
-    details = _details(results, args.verbose)
+    details = summary.details(results, args.verbose, named=args.backend or ())
     if details:
         print(details)
     for note in notes:
         print(f"note: {note}")
     if args.report:
-        runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs]),
+        runs = [{"label": name, "detail": _backend_detail(name), "rows": summary.rows(cases, [o for _, o in pairs]),
                  "emulation": emulations.get(name, "")} for name, pairs in results.items()]
-        outpaths.writing("--report", args.report,
-                         lambda: write_report(args.report, "xconv conformance report", runs, _intro(cases)))
+        title = "xconv conformance report" + (" (interrupted)" if stopped else "")
+        outpaths.writing("--report", args.report, lambda: write_report(args.report, title, runs, _intro(cases)))
         print(f"report: {args.report}")
+    if stopped:
+        print(f"xconv conformance: {stopped}")
+        print("xconv: interrupted", file=sys.stderr)
+        return 130
     if any(o.status in FAILING for pairs in results.values() for _, o in pairs):
         return 1
     if explicit and any(not avail[n][0] for n in names):
@@ -341,30 +318,42 @@ def cmd_run(args, argv) -> int:
     progress = Progress(len(cases), False if args.no_progress else None)
     start = time.perf_counter()
     notes = []
-    outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports,
-                           isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
+    total, stopped = len(cases), False
+    try:
+        outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports,
+                               isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
+    except Interrupted as exc:                   # a partial bundle of the cases that finished, marked so
+        outcomes, stopped = exc.outcomes, True
+        cases = cases[:len(outcomes)]
     progress.close()
     seconds = time.perf_counter() - start
-    manifest, arrays = build(manifest_for(args.backend, cases, argv),
-                             [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
+    base = manifest_for(args.backend, cases, argv)
+    if stopped:
+        base["interrupted"] = {"after": len(cases), "of": total}
+    manifest, arrays = build(base, [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
     outpaths.writing("--out", args.out, lambda: write_bundle(args.out, manifest, arrays))
     results = {args.backend: list(zip(cases, outcomes))}
     print(f"xconv conformance run: {len(cases)} cases on {args.backend} ({manifest['device']})")
     if manifest["backend"]["emulated"]:
         print(f"note: {env.emulated_words(manifest['backend']['emulation'])}")
     print(summary_table(results, {args.backend: seconds}))
-    details = _details(results, args.verbose)
+    details = summary.details(results, args.verbose)
     if details:
         print(details)
     for note in notes:
         print(f"note: {note}")
-    print(f"bundle: {args.out}")
+    print(f"bundle: {args.out}" + (f" (partial: interrupted after {len(cases)} of {total} cases)" if stopped else ""))
     if args.report:
-        runs = [{"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes),
+        runs = [{"label": args.backend, "detail": _backend_detail(args.backend), "rows": summary.rows(cases, outcomes),
                  "emulation": manifest["backend"]["emulation"]}]
         outpaths.writing("--report", args.report, lambda: write_report(
             args.report, f"xconv conformance: {args.backend}", runs, _intro(cases)))
         print(f"report: {args.report}")
+    if stopped:
+        print(f"xconv conformance run: interrupted (Ctrl-C) after {len(cases)} of {total} case(s); the bundle "
+              "holds those, marked interrupted")
+        print("xconv: interrupted", file=sys.stderr)
+        return 130
     return 1 if any(o.status in FAILING for o in outcomes) else 0
 
 

@@ -25,6 +25,7 @@ from .bundle import Bundle
 from .cases import corpus_hash, load_corpus
 from .manifest_schema import printable
 from .runner import _log_ratio_sample, reference_of
+from .summary import with_floor
 from .status import ABSENT, DIED, LABELS, REFUSED, STATUSES, UNAVAILABLE
 
 OUTPUTS = tolerance.OUTPUTS
@@ -44,6 +45,8 @@ class CaseRow:
     samples: list                      # per bundle: {output: log10 ratios}
     messages: list
     ran: list = dataclasses.field(default_factory=list)   # per bundle: what its call ran (its trace record)
+    per_output: list = dataclasses.field(default_factory=list)  # per bundle: {output: worst error/bound}
+    floor: float | None = None         # the worst rounding floor over the case's outputs (tolerance.rounding_floor)
 
     @property
     def disagrees(self) -> bool:
@@ -136,13 +139,14 @@ def compare_bundles(bundles: list[Bundle], corpus=None) -> Comparison:
 
 def _compare_case(case, bundles, records) -> CaseRow:
     n = len(bundles)
-    statuses, ratios, samples, messages, problems = [], [], [], [], []
+    statuses, ratios, samples, messages, problems, per_output = [], [], [], [], [], []
     results: list = [None] * n
     ref = reference_of(case) if case.kind == "valid" else None
     ran = [report.ran((recs.get(case.id) or {}).get("record")) for recs in records]
     for i, (b, recs) in enumerate(zip(bundles, records)):
         rec = recs.get(case.id)
         samples.append({})
+        per_output.append({})
         if rec is None:
             statuses.append("absent"), ratios.append(None), messages.append("")
             continue
@@ -181,6 +185,7 @@ def _compare_case(case, bundles, records) -> CaseRow:
             ratio = tolerance.error_ratio(got, ref.exact[k], ref.bounds[k])
             w, idx = tolerance.worst(ratio)
             samples[i][name] = _log_ratio_sample(ratio)
+            per_output[i][name] = w
             if not w <= 1.0:
                 problems.append(f"{tag} {name} is outside the bound: worst {w:.3g} x bound at {idx}")
             worst = max(worst, w)
@@ -205,7 +210,9 @@ def _compare_case(case, bundles, records) -> CaseRow:
                     problems.append(f"[{_letter(i)}] and [{_letter(j)}] disagree on {name}: worst {w:.3g} x "
                                     f"(bound_a + bound_b) at {idx}")
             pairwise[(i, j)] = worst
-    return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages, ran)
+    floor = max((f for f, bit in zip(ref.floors, case.mask) if bit), default=None) if ref is not None else None
+    return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages, ran,
+                   per_output, floor)
 
 
 def emulated(b: Bundle) -> str:
@@ -238,6 +245,9 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
                      f"{m['corpus']['hash'][:12]}")
         if emulated(b):
             lines.append(f"      {env.emulated_words(emulated(b))}")
+        if m.get("interrupted"):
+            lines.append(f"      PARTIAL: its run was interrupted after {m['interrupted']['after']} of "
+                         f"{m['interrupted']['of']} cases")
     for note in cmp.notes:
         lines.append(f"  note: {note}")
     for warning in cmp.warnings:
@@ -249,19 +259,20 @@ def format_comparison(cmp: Comparison, show_all: bool = False) -> str:
                      + ", ".join(f"{cid} ({why})" for cid, why in shown) + more)
     lines.append("")
     lines.append("Against the reference (float64 oracle recomputed here): results per bundle")
-    header = ["bundle", *(LABELS[s] for s in _COUNTED), "outside bound", "worst error/bound"]
+    header = ["bundle", *(LABELS[s] for s in _COUNTED), "outside bound", "worst error/bound (rounding floor)"]
     table = [header]
     for i in range(len(bundles)):
         counts = {s: 0 for s in _COUNTED}
-        outside, worst = 0, None
+        outside, worst, floor = 0, None, None
         for row in cmp.rows:
             counts[row.statuses[i]] = counts.get(row.statuses[i], 0) + 1
             r = row.ratios[i]
             if r is not None:
-                worst = r if worst is None else max(worst, r)
+                if worst is None or r > worst:
+                    worst, floor = r, row.floor
                 outside += not r <= 1.0
         table.append([f"[{_letter(i)}] {bundles[i].backend}", *(str(counts[s]) for s in _COUNTED),
-                      str(outside), _fmt(worst)])
+                      str(outside), with_floor(worst, floor)])
     lines += _table(table)
     if len(bundles) > 1:
         lines.append("")
@@ -335,6 +346,7 @@ def report_runs(cmp: Comparison) -> list[dict]:
                      p.startswith(f"[{_letter(i)}] ") and not p.startswith(f"[{_letter(i)}] and")
                      for p in row.problems) else row.statuses[i],
                  "ratio": row.ratios[i], "message": row.messages[i], "samples": row.samples[i],
+                 "ratios": row.per_output[i] if row.per_output else {}, "floor": row.floor,
                  "ran": row.ran[i] if row.ran else ""}
                 for row in cmp.rows if row.statuses[i] != "absent"]
         runs.append({"label": f"[{_letter(i)}] {b.backend}", "detail": f"{m['backend'].get('version', '')} on "

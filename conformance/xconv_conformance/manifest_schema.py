@@ -239,7 +239,8 @@ MANIFEST = Obj(
                             {"full_hash": SHA256, "count": Int(0)}),
               "cases": List(CASE, MAX_CASES),
               "members": Obj({"outputs.npz": Obj({"sha256": SHA256, "size": Int(0)}, closed=True)}, closed=True)},
-    optional={"command": List(Str())})
+    optional={"command": List(Str()),
+              "interrupted": Obj({"after": Int(0), "of": Int(0)})})     # a partial bundle: Ctrl-C after N of M
 
 
 def parse_manifest(data: bytes) -> dict:

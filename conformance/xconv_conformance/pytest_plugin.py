@@ -138,7 +138,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = config.stash.get(_STATE, None)
     if not state or not state["outcomes"]:
         return
-    from .cli import summary_table
+    from .summary import summary_table
     terminalreporter.section("xconv conformance")
     for line in summary_table(dict(state["outcomes"]), dict(state["seconds"])).splitlines():
         terminalreporter.write_line(line)

@@ -55,6 +55,7 @@ class Outcome:
     signal: str | None = None                       # crashed: the name of the signal that killed the worker
     stderr: str = ""                                # crashed / timed_out: the tail of what the case wrote there
     record: dict | None = None                      # xconv.trace() record of the call: which path/engine ran
+    floor: float | None = None                      # worst rounding floor over the judged outputs (tolerance)
 
     @property
     def ok(self) -> bool:
@@ -96,6 +97,7 @@ class Reference:
     lengths: dict
     bounds: tuple
     input_digest: str
+    floors: tuple = ()        # per output: tolerance.rounding_floor, the worst ratio of the exactly rounded result
 
 
 def oracle_backend() -> Backend:
@@ -144,7 +146,8 @@ def compute_reference(case: Case, inputs: Inputs) -> Reference:
     lengths = tolerance.reduction_lengths(case.params)
     bounds = tuple(tolerance.bound(e, a, lengths[name], case.dtype, case.math)
                    for name, e, a in zip(OUTPUTS, exact, abs_sum))
-    return Reference(tuple(exact), tuple(abs_sum), lengths, bounds, inputs.digest())
+    floors = tuple(tolerance.rounding_floor(e, b, case.dtype) for e, b in zip(exact, bounds))
+    return Reference(tuple(exact), tuple(abs_sum), lengths, bounds, inputs.digest(), floors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +325,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
         return Outcome(case.id, name, "failed", f"expected a 3-tuple of results, got {type(results).__name__}")
     ref = reference_of(case)
     shapes = (case.input_shape, case.weight_shape, (case.c_out,))
-    outputs, ratios, worst_index, samples = [], {}, {}, {}
+    outputs, ratios, worst_index, samples, floors = [], {}, {}, {}, []
     for i, (res, bit, shape, oname) in enumerate(zip(results, case.mask, shapes, OUTPUTS)):
         if not bit:
             if res is not None:
@@ -346,6 +349,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
         ratio = tolerance.error_ratio(arr, ref.exact[i], ref.bounds[i])
         w, idx = tolerance.worst(ratio)
         ratios[oname], worst_index[oname] = w, idx
+        floors.append(ref.floors[i])
         samples[oname] = _log_ratio_sample(ratio)
         if not w <= 1.0:
             e = float(ref.exact[i][idx]) if idx is not None else 0.0
@@ -376,7 +380,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
     status = "failed" if problems else "passed"
     return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
                    tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples,
-                   live=(fam, tuple(results)), record=record)
+                   live=(fam, tuple(results)), record=record, floor=max(floors) if floors else None)
 
 
 def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:
