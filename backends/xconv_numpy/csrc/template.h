@@ -1,0 +1,17 @@
+/* The one template idiom of the compiled loops (see kernels.c).
+ *
+ * A template is a header that the including file instantiates by defining its parameters, including it, and
+ * undefining them again: `#define T float` / `#define SUF _f32` / `#include "depthwise_impl.h"` / `#undef ...`.
+ * Inside a template, XCONV_T(name) is name with SUF pasted on (xconv_depthwise_fprop -> xconv_depthwise_fprop_f32),
+ * and XCONV_CAT is the only token paste. A variant the compiler should specialize for a constant (a count of
+ * taps, a block of channels) is an always_inline function called with that constant, not a macro. */
+#ifndef XCONV_TEMPLATE_H
+#define XCONV_TEMPLATE_H
+
+#define XCONV_CAT_(a, b) a##b
+/* a and b (after macro expansion) pasted into one token */
+#define XCONV_CAT(a, b) XCONV_CAT_(a, b)
+/* name with the current instantiation's suffix SUF */
+#define XCONV_T(name) XCONV_CAT(name, SUF)
+
+#endif
