@@ -34,6 +34,7 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import native
+from .layout import DEPTHWISE_GEO
 from .native import address
 from .lazy import Lazy
 from .workers import even_ranges, run
@@ -115,11 +116,12 @@ class _Plan:
         self.tab_at, self.taps_at = self.tab.ctypes.data, self.taps.ctypes.data     # held with the arrays
 
     def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds, finite_w: bool = True) -> np.ndarray:
-        """The C loops' geometry vector (see csrc/depthwise.c) with element strides xs of x and ds of dy."""
+        """The C loops' geometry vector (layout.DEPTHWISE_GEO) with element strides xs of x and ds of dy."""
         C, H, W = self.in4[1], self.in4[2], self.in4[3]
         OH, OW = self.out4[2:]
-        return np.array([C, self.m, H, W, OH, OW, self.Lh, self.Lw, self.K, self.nRw, self.nslots,
-                         need_dx, need_dw, need_db, *xs, *ds, self.sw, finite_w, self.F], np.int64)
+        return np.array(DEPTHWISE_GEO.pack(c=C, m=self.m, h=H, w=W, oh=OH, ow=OW, lh=self.Lh, lw=self.Lw, k=self.K,
+                                           nrw=self.nRw, nslots=self.nslots, dx=need_dx, dw=need_dw, db=need_db,
+                                           xs=xs, dys=ds, sw=self.sw, flatdx=finite_w, f=self.F), np.int64)
 
     def scratch(self, dtype, need_acc: bool = True):
         """One worker's scratch: (g, xph, acc): dy (or y) on the grid behind F zeros, the phases kept of x and dx."""
