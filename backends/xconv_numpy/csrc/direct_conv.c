@@ -22,29 +22,28 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 #if defined(__GNUC__) && !defined(__clang__)
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of
- * their row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. */
-static inline __attribute__((always_inline)) void transpose_stage(v16 t[16], const int D) {
-    v16i lo, hi;
-    for (int k = 0; k < 16; k++) {
-        int b = k / (2 * D) * (2 * D), e = k % (2 * D);
-        lo[k] = e < D ? b + e : 16 + b + e - D;
-        hi[k] = e < D ? b + D + e : 16 + b + e;
+/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of their
+ * row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. (A statement macro, not a
+ * template: as an inline function of D, GCC schedules the dx blocks differently.) */
+#define STAGE(D)                                                                                        \
+    {                                                                                                   \
+        v16i lo, hi;                                                                                    \
+        for (int k = 0; k < 16; k++) {                                                                  \
+            int b = k / (2 * D) * (2 * D), e = k % (2 * D);                                             \
+            lo[k] = e < D ? b + e : 16 + b + e - D;                                                     \
+            hi[k] = e < D ? b + D + e : 16 + b + e;                                                     \
+        }                                                                                               \
+        for (int i = 0; i < 16; i++)                                                                    \
+            if (!(i & D)) {                                                                             \
+                v16 a = t[i], c = t[i + D];                                                             \
+                t[i] = __builtin_shuffle(a, c, lo);                                                     \
+                t[i + D] = __builtin_shuffle(a, c, hi);                                                 \
+            }                                                                                           \
     }
-    for (int i = 0; i < 16; i++)
-        if (!(i & D)) {
-            v16 a = t[i], c = t[i + D];
-            t[i] = __builtin_shuffle(a, c, lo);
-            t[i + D] = __builtin_shuffle(a, c, hi);
-        }
-}
 
 /* t[j][i] <- t[i][j] for i, j < 16 */
 static inline void transpose16(v16 t[16]) {
-    transpose_stage(t, 8);
-    transpose_stage(t, 4);
-    transpose_stage(t, 2);
-    transpose_stage(t, 1);
+    STAGE(8) STAGE(4) STAGE(2) STAGE(1)
 }
 #define HAVE_TILE16 1
 #endif

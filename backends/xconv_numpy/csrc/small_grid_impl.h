@@ -105,31 +105,28 @@ static void XCONV_T(xconv_small_corr)(const T *in, const T *w, T *out, const int
 #define TB 3 /* taps per block of the weight gradient */
 #define OBW 4 /* output channels per block of the weight gradient */
 
-/* One (output channel block, tap block) of the weight gradient over positions [0, rows) of every sample, added into
- * acc: NB channels and NT taps (constants where the caller passes constants: the function is always inlined). */
-static inline __attribute__((always_inline)) void XCONV_T(sg_dw_block)(const T *src0, const T *dzb, const int64_t *offb,
-                                                                      int64_t N, int64_t ps, int64_t pz, int64_t ldz,
-                                                                      int64_t rows, int NB, int NT,
-                                                                      XCONV_T(sgvec) acc[OBW][TB]) {
-    for (int64_t n = 0; n < N; n++) {
-        const T *s = src0 + n * ps;
-        const T *d = dzb + n * pz;
-        for (int64_t r = 0; r < rows; r += VW) {
-            XCONV_T(sgvec) xv[TB], dv[OBW];
-            if (rows - r >= VW) {
-                for (int o = 0; o < NB; o++) dv[o] = XCONV_T(sg_load)(d + o * ldz + r);
-            } else {
-                for (int o = 0; o < NB; o++) {
-                    dv[o] = (XCONV_T(sgvec)){0};
-                    for (int64_t k = 0; k < rows - r; k++) dv[o][k] = d[o * ldz + r + k];
-                }
-            }
-            for (int t = 0; t < NT; t++) xv[t] = XCONV_T(sg_load)(s + offb[t] + r);
-            for (int o = 0; o < NB; o++)
-                for (int t = 0; t < NT; t++) acc[o][t] += dv[o] * xv[t];
-        }
+/* One (output channel block, tap block) of the weight gradient over positions [0, m) of every sample: NB channels
+ * and NT taps known at compile time (the generic block takes nb, tb at run time). A statement macro, not a template
+ * (as an always_inline function GCC compiles the caller differently). */
+#define SG_DW_BODY(NB, NT)                                                                              \
+    for (int64_t n = 0; n < N; n++) {                                                                   \
+        const T *s = src0 + n * ps;                                                                     \
+        const T *d = dzb + n * pz;                                                                      \
+        for (int64_t r = 0; r < rows; r += VW) {                                                        \
+            XCONV_T(sgvec) xv[TB], dv[OBW];                                                             \
+            if (rows - r >= VW) {                                                                       \
+                for (int o = 0; o < (NB); o++) dv[o] = XCONV_T(sg_load)(d + o * ldz + r);               \
+            } else {                                                                                    \
+                for (int o = 0; o < (NB); o++) {                                                        \
+                    dv[o] = (XCONV_T(sgvec)){0};                                                        \
+                    for (int64_t k = 0; k < rows - r; k++) dv[o][k] = d[o * ldz + r + k];               \
+                }                                                                                       \
+            }                                                                                           \
+            for (int t = 0; t < (NT); t++) xv[t] = XCONV_T(sg_load)(s + offb[t] + r);                   \
+            for (int o = 0; o < (NB); o++)                                                              \
+                for (int t = 0; t < (NT); t++) acc[o][t] += dv[o] * xv[t];                              \
+        }                                                                                               \
     }
-}
 
 /* dz: dy on a grid of the x grid's plane geometry, channel o's sample n at dz[o * ldz + n * pz], zero wherever no
  * output lies among the first rows positions (the positions past rows are not read). */
@@ -149,10 +146,11 @@ static void XCONV_T(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64
                         for (int t = 0; t < TB; t++) acc[o][t] = (XCONV_T(sgvec)){0};
                     for (int t = 0; t < TB; t++) offb[t] = off[t0 + (t < tb ? t : 0)];
                     const T *src0 = in + (gr * Cig + i) * ldi + base;
-                    if (nb == OBW && tb == TB)
-                        XCONV_T(sg_dw_block)(src0, dzb, offb, N, ps, pz, ldz, rows, OBW, TB, acc);
-                    else
-                        XCONV_T(sg_dw_block)(src0, dzb, offb, N, ps, pz, ldz, rows, (int)nb, (int)tb, acc);
+                    if (nb == OBW && tb == TB) {
+                        SG_DW_BODY(OBW, TB)
+                    } else {
+                        SG_DW_BODY(nb, tb)
+                    }
                     for (int o = 0; o < nb; o++)
                         for (int t = 0; t < tb; t++) {
                             T sum = 0;
@@ -162,6 +160,7 @@ static void XCONV_T(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64
                 }
         }
 }
+#undef SG_DW_BODY
 
 /* out (N, C, *keep) contiguous <- grid: channel c's sample n at grid[c * ldc + n * ps], box keep at the plane's
  * origin in a plane of dims (geo as fill's: N, C, keep, -, grid dims, -, ps, ldc). */
