@@ -8,12 +8,11 @@ listed as an unavailable backend carrying the import error, never breaking xconv
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import threading
 
 import pluggy
 
-from . import hookspec
+from . import hookspec, settings
 from .backend import Backend, BackendInfo, availability_of
 from .errors import BackendUnavailableError, ShapeError, UnknownBackendError
 
@@ -108,7 +107,7 @@ def select_backend(backend, family: str) -> Backend:
     backend has that name, ShapeError when it does not take arrays of ``family``.
     """
     if backend is None:
-        backend = os.environ.get("XCONV_BACKEND") or None
+        backend = settings.current().backend
     if backend is None:
         return _by_family(family)
     if not isinstance(backend, str) and not all(hasattr(backend, a) for a in ("name", "capabilities",
