@@ -144,3 +144,15 @@ def test_agrees_with_numpy_exact_on_the_corpus_small_cases():
 
 def test_not_a_backend():
     assert all("definition" not in r.name for r in xconv.list_backends())
+
+
+def test_semantics_quotes_the_module_as_it_is():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "semantics.md").read_text()
+    source = (root / "backends" / "xconv_numpy" / "definition.py").read_text()
+    block = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    quoted = [line.split("  #")[0].rstrip() for line in block.splitlines() if line.strip() not in ("", "...")]
+    assert len(quoted) >= 10
+    for line in quoted:
+        assert line.strip() in source, line
