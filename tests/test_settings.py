@@ -71,6 +71,13 @@ def test_a_bad_value_names_the_variable_expected_and_given(name, bad, expected):
     assert f"given {bad!r}" in str(info.value)
 
 
+def test_problems_lists_every_bad_variable():
+    assert settings.problems({}) == []
+    found = settings.problems({"XCONV_NUMPY_ISA": "bogus", "XCONV_NUMPY_OPENMP": "maybe", "XCONV_NUMPY_C": "1"})
+    assert [m.split(":")[0] for m in found] == ["XCONV_NUMPY_ISA", "XCONV_NUMPY_OPENMP"]
+    assert "given 'bogus'" in found[0] and "given 'maybe'" in found[1]
+
+
 def test_isas_match_the_numpy_backend():
     native = pytest.importorskip("xconv_numpy.native")
     assert settings.NUMPY_ISAS == native.ISAS

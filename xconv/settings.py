@@ -149,6 +149,19 @@ def current() -> Settings:
     return _snapshot(_raw())
 
 
+def problems(environ=None) -> list[str]:
+    """The message of every bad variable in ``environ`` (default: ``os.environ``), [] when all are good: for a
+    report that lists them all (``xconv backends``) where :func:`current` stops at the first."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for name in NAMES:
+        try:
+            from_environ({name: environ.get(name)})
+        except ConfigError as exc:
+            found.append(str(exc))
+    return found
+
+
 def key() -> tuple:
     """A hashable identity of :func:`current`'s snapshot (the variables' raw values), validated first: two
     environments with the same key have the same settings."""
@@ -158,4 +171,4 @@ def key() -> tuple:
     return raw
 
 
-__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key"]
+__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems"]
