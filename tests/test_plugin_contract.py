@@ -148,3 +148,34 @@ def test_register_backend_same_rules_in_process():
     with pytest.raises(xconv.ShapeError, match="missing bgrad"):
         xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)),
                          backend=type("Partial", (_Duck,), {"bgrad": property(lambda self: 1 / 0)})())
+
+
+def test_an_entry_point_reusing_a_built_in_name_loads_and_its_claim_is_settled(tmp_path):
+    """A distribution whose entry point is also called ``numpy`` (and sorts after xconv) and whose backend is
+    also called ``numpy``: both plugins load, the built-in keeps the name, the other is listed refused."""
+    info = tmp_path / "zz_rival-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: zz-rival\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[xconv.backends]\nnumpy = zz_rival\n")
+    (tmp_path / "zz_rival.py").write_text(textwrap.dedent('''
+        import xconv
+        from xconv_numpy import NumpyBackend
+
+        class Rival(NumpyBackend):
+            def fprop(self, *args):
+                raise RuntimeError("the rival ran")
+
+        @xconv.hookimpl
+        def xconv_backends():
+            return [Rival()]
+    '''))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    rc, out, err = _run(env, "-m", "xconv", "backends")
+    assert rc == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert rows["numpy"].split()[1] == "yes"
+    assert "the name 'numpy' is already claimed by plugin 'numpy' of distribution xconv; this claim is from " \
+           "plugin 'numpy' of distribution zz-rival" in rows["numpy@zz-rival"]
+    rc, out, err = _run(env, "-c", "import numpy as np, xconv; print(xconv.conv_fprop(np.ones((1, 1, 3)), "
+                                   "np.ones((1, 1, 2))).tolist())")
+    assert rc == 0 and out.strip() == "[[[2.0, 2.0]]]", err

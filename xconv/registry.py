@@ -12,7 +12,8 @@ plugins and outside ones (docs/backends.md, "The contract, enforced"):
 - a name claimed twice goes to one claim, the others are refused and listed as ``NAME@DISTRIBUTION``
   naming both distributions. The claim that wins: the plugin whose entry-point name is the backend's
   name or its prefix (entry point ``numpy`` owns ``numpy`` and ``numpy-exact``), else the first in
-  the order of distribution name, then entry-point name.
+  the order of distribution name, then entry-point name (two entry points of one name both load;
+  their backends' names are settled the same way).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _lock = threading.RLock()
 _backends: dict[str, Backend] | None = None
 _broken: dict[str, str] = {}  # entry-point name -> why its plugin could not be loaded
 _refused: list[BackendInfo] = []  # backends a plugin offered that broke the contract or reused a name
-_origins: dict[str, str] = {}  # entry-point name -> its distribution's name
+_origins: dict[str, tuple[str, str]] = {}  # plugin name -> (entry-point name, distribution name)
 _generation = 0  # bumped whenever the set of backends changes (keys of xconv.plan_cache)
 
 
@@ -48,17 +49,15 @@ def plugin_manager() -> pluggy.PluginManager:
     """A plugin manager with xconv's hookspec and every installed ``xconv.backends`` plugin registered."""
     pm = pluggy.PluginManager(hookspec.PROJECT)
     pm.add_hookspecs(hookspec)
-    for ep in importlib.metadata.entry_points(group=hookspec.ENTRY_POINT_GROUP):
-        dist = ep.dist.name if getattr(ep, "dist", None) is not None else "?"
-        if pm.get_plugin(ep.name) is not None:
-            _broken[f"{ep.name}@{dist}"] = (f"refused: the entry point {ep.name!r} of distribution {dist} is already "
-                                            f"taken by distribution {_origins.get(ep.name, '?')}")
-            continue
-        _origins[ep.name] = dist
+    points = [(ep.dist.name if getattr(ep, "dist", None) is not None else "?", ep)
+              for ep in importlib.metadata.entry_points(group=hookspec.ENTRY_POINT_GROUP)]
+    for dist, ep in sorted(points, key=lambda de: (de[0], de[1].name)):     # never the order of sys.path
+        name = ep.name if pm.get_plugin(ep.name) is None else f"{ep.name}@{dist}"  # two with one name: both load
+        _origins[name] = (ep.name, dist)
         try:
-            pm.register(ep.load(), name=ep.name)
+            pm.register(ep.load(), name=name)
         except Exception as exc:  # a broken third-party plugin must not break xconv
-            _broken[ep.name] = f"plugin {ep.value!r} failed to load: {type(exc).__name__}: {exc}"
+            _broken[name] = f"plugin {ep.value!r} failed to load: {type(exc).__name__}: {exc}"
     return pm
 
 
@@ -72,7 +71,8 @@ def _claims(pm: pluggy.PluginManager) -> list[tuple]:
         except Exception as exc:  # a plugin's hook must not break xconv either
             _broken[plugin] = f"plugin {plugin!r}: xconv_backends() raised {type(exc).__name__}: {exc}"
             continue
-        claims += [(backend, plugin, _origins.get(plugin, plugin)) for backend in offered]
+        entry_point, dist = _origins.get(plugin, (plugin, "?"))
+        claims += [(backend, entry_point, dist) for backend in offered]
 
     def order(claim):
         name, plugin, dist = getattr(claim[0], "name", None), claim[1], claim[2]
