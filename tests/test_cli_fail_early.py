@@ -42,3 +42,17 @@ def test_xconv_run_refuses_impossible_sizes_by_name(shape, named):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "ArrayMemoryError" not in proc.stderr and "ValueError" not in proc.stderr
+
+
+@pytest.mark.parametrize("spelling", ["4MB", "4MiB", "4M", "4194304", "4mb"])
+def test_workspace_limit_takes_the_usual_byte_spellings(spelling):
+    proc = _xconv("run", "--input", "1x2x6x6", "--workspace-limit", spelling, "--repeat", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_bad_byte_count_is_one_line_naming_the_option():
+    proc = _xconv("run", "--input", "1x2x6x6", "--workspace-limit", "4XB", "--repeat", "0")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("xconv run: error: argument --workspace-limit: is not a byte count"), last
+    assert "<lambda>" not in proc.stderr and "4XB" in last

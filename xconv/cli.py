@@ -23,7 +23,7 @@ from . import api, limits, registry, tracing
 from .dtypes import DTYPES
 from .errors import BackendError, ResourceError, XconvError
 from .params import MATH_MODES, output_shape
-from .workspace import parse_bytes
+from .units import parse_limit
 
 
 def _ints(text: str) -> list[int]:
@@ -35,6 +35,17 @@ def _ints(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected ints separated by ',' or 'x' (such as 4x32x28x28), not {text!r}")
     return values
+
+
+def byte_option(option: str):
+    """An argparse type for a byte-count option: :func:`xconv.units.parse_limit` (4194304, 4MB, 4MiB, 4M, 1.5G;
+    "none" for no limit), its ConfigError given to argparse as the option's one-line error."""
+    def byte_count(text: str):
+        try:
+            return parse_limit(text, option)
+        except XconvError as exc:       # argparse prefixes "argument OPTION: " itself
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{option}: ")) from None
+    return byte_count
 
 
 def _padding(text: str):
@@ -245,8 +256,9 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--math", choices=MATH_MODES, default="keep_dtype")
     run.add_argument("--deterministic", nargs="?", const=True, default=False, type=_determinism,
                      help="run-to-run determinism; --deterministic batch_invariant adds batch invariance")
-    run.add_argument("--workspace-limit", type=lambda t: parse_bytes(t, "--workspace-limit"), default=None,
-                     help="most scratch bytes (4194304, 4MiB, 512k); default $XCONV_WORKSPACE_LIMIT, else none")
+    run.add_argument("--workspace-limit", type=byte_option("--workspace-limit"), default=None,
+                     help="most scratch bytes (4194304, 4MB, 4MiB, 4M, 512k: units are powers of 1024); default "
+                          "$XCONV_WORKSPACE_LIMIT, else none")
     run.add_argument("--backend", default=None, help="backend name (default: $XCONV_BACKEND, else by array family)")
     run.add_argument("--repeat", type=int, default=5, help="timed repetitions after one warm-up call (default 5)")
     run.add_argument("--seed", type=int, default=0)
