@@ -110,7 +110,8 @@ def cmd_backends(args) -> int:
             print(f"{r.name}: {'available' if r.available else 'unavailable'}"
                   + (" (emulated)" if fakes.get(r.name) else ""))
             for field, value in (("version", r.version), ("devices", ", ".join(r.devices)),
-                                 ("emulated by", fakes.get(r.name, "")), ("reason", r.reason)):
+                                 ("emulated by", fakes.get(r.name, "")),
+                                 ("note" if r.available else "reason", r.reason)):
                 if value:
                     print(textwrap.fill(value, WIDTH, initial_indent=f"  {field}: ",
                                         subsequent_indent=" " * (len(field) + 4)))
@@ -121,10 +122,13 @@ def cmd_backends(args) -> int:
     indent = " " * (name_w + state_w + 4)
     print(f"{'name'.ljust(name_w)}  {'available'.ljust(state_w)}  devices, or why not (-v: versions too)")
     for r in infos:
-        detail = (", ".join(r.devices) if r.available else r.reason) or "-"
+        if r.available:    # an available backend's reason is a note (e.g. contract defaults used)
+            detail = "; ".join(filter(None, [", ".join(r.devices) or "-", r.reason]))
+        else:
+            detail = r.reason or "-"
         first = f"{r.name.ljust(name_w)}  {states[r.name].ljust(state_w)}  "
         print(textwrap.fill(detail, WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False,
-                            break_long_words=True))
+                            break_long_words=False))
     return 0
 
 
