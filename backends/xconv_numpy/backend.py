@@ -10,7 +10,7 @@ import xconv
 from xconv import Backend, Capabilities, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import fast, invariant, native, reference
+from . import fast, invariant, reference, status
 from .budget import check_im2col
 from .blas import single_threaded_blas
 
@@ -47,7 +47,7 @@ class NumpyBackend(Backend):
 
     def version(self) -> str:
         base = f"xconv {xconv.__version__}, numpy {np.__version__}"
-        return base if self.exact else f"{base}, {native.describe()}"
+        return base if self.exact else f"{base}, {status.describe()}"
 
     def devices(self) -> tuple[str, ...]:
         return ("cpu",)

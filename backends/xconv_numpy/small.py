@@ -32,20 +32,19 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
-from .lazy import Lazy
 
 #: Calls whose largest gathered matrix (x or dy columns) holds at most this many elements run here (measured on
 #: the digits layers: 1.5-6x faster than the grid path up to 590k elements, the grouped 32x16x8x8 layer).
 MAX_ELEMENTS = 1 << 20
-#: Use (True), never use (False) or choose by size (None) this path for the calls it can compute.
-ENABLED = None
+def computes(p: ConvParams) -> bool:
+    """Whether this path can compute ``p``: direct, not empty."""
+    return not (p.transposed or min(p.input_shape) == 0 or p.output_shape[1] == 0)
 
 
 def serves(p: ConvParams, need_dx: bool = False) -> bool:
-    """Whether ``p`` (direct, not empty) is small enough for this path (see the module docstring)."""
-    if ENABLED is False or p.transposed or min(p.input_shape) == 0 or p.output_shape[1] == 0:
-        return False
-    return ENABLED is True or _elements(p, need_dx) <= MAX_ELEMENTS
+    """Whether ``p`` is small enough for this path (see the module docstring; ``paths.force("small")`` takes it
+    for all it computes)."""
+    return computes(p) and _elements(p, need_dx) <= MAX_ELEMENTS
 
 
 #: One input channel per group and at least this many outputs per input channel: the small path's compiled
@@ -219,12 +218,13 @@ def _grids(p: ConvParams):
 # Compiled column copies (csrc/small_cols.c): x's columns by one C loop, dx by one GEMM and a C col2im
 
 
-_C = Lazy(native.load, "XCONV_NUMPY_C")
+#: The environment switch of the compiled copies ("0": off; the NumPy gathers serve).
+SWITCH = "XCONV_NUMPY_C"
 
 
 def compiled_available() -> bool:
     """Whether the compiled column copies serve (built at install, not disabled by XCONV_NUMPY_C=0)."""
-    return _C.available()
+    return native.part_on(SWITCH)
 
 
 @functools.lru_cache(maxsize=64)
@@ -251,7 +251,7 @@ def _im2col(t: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     geo[20:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
     geo[20:] //= t.itemsize
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
-    getattr(_C.get(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
+    getattr(native.library(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
     return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
 
 
@@ -259,16 +259,12 @@ def _col2im(dcols: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
     dx = np.empty(p.input_shape, cdt)
     geo = _geo(p)                                  # held here: the cache may drop it meanwhile
-    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
+    getattr(native.library(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
     return dx
 
 
 def _suffix(cdt) -> str:
     return "f64" if cdt == np.float64 else "f32"
-
-
-#: Elements past a grid's last channel that vector loads may read (zeros): csrc/small_grid.c's SG_SLACK.
-_SLACK = 16
 
 
 def _lift(values, nd: int, fill: int) -> tuple:
@@ -346,7 +342,7 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     y = np.empty(p.output_shape, cdt)
     xs = _strides(x, plan.lift)                        # held: the C call reads it
-    if getattr(_C.get(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
+    if getattr(native.library(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
             _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1]):
         raise _scratch_failed(p)
     return y.astype(DTYPES[p.dtype], copy=False)
@@ -365,7 +361,7 @@ def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_d
     at = _address(out)
     it = out.itemsize
     dys, xs = _strides(dy, plan.lift), (None if x is None else _strides(x, plan.lift))   # held: the C call reads them
-    rc = getattr(_C.get(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
+    rc = getattr(native.library(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
         _address(dy), None if x is None else _address(x), None if w is None else _address(w),
         at if need_dx else None, at + it * sizes[0] if need_dw else None,
         at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1])

@@ -35,7 +35,6 @@ from xconv.dtypes import accumulation_dtype
 
 from . import native
 from .native import address
-from .lazy import Lazy
 from .workers import even_ranges, run
 
 #: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
@@ -48,17 +47,18 @@ SMALL_WORK = 1 << 20
 #: Kernels with more taps than this go to the BLAS path (whose work does not grow with the tap count alone).
 MAX_TAPS = 4096
 
-_KERNELS = Lazy(native.load, "XCONV_NUMPY_DIRECT")
+#: The environment switch of these loops ("0": off).
+SWITCH = "XCONV_NUMPY_DIRECT"
 
 
 def available() -> bool:
     """Whether the compiled loops can run (built at install, not disabled by XCONV_NUMPY_DIRECT=0)."""
-    return _KERNELS.available()
+    return native.part_on(SWITCH)
 
 
 def import_error() -> str | None:
     """Why the compiled loops could not be loaded (None if they were, or were not tried)."""
-    return _KERNELS.error
+    return native.load_error()
 
 
 def serves(p: ConvParams) -> bool:
@@ -177,7 +177,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     block of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
     is not the compute dtype.
     """
-    lib, plan, cdt = _KERNELS.get(), _plan(p), accumulation_dtype(p.dtype)
+    lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_backward_{_suffix(cdt)}")
     out_dt = np.dtype(dy.dtype).newbyteorder("=")
     N, C = plan.in4[:2]
@@ -229,7 +229,7 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks
     when it cannot be read in place."""
-    lib, plan, cdt = _KERNELS.get(), _plan(p), accumulation_dtype(p.dtype)
+    lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_fprop_{_suffix(cdt)}")
     out_dt = np.dtype(x.dtype).newbyteorder("=")
     N, C = plan.in4[:2]
