@@ -28,6 +28,7 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import reference
+from .grid.geometry import grid_lengths
 from .blas import single_threaded_blas
 
 #: Geometries with more polyphase phases than this run here.
@@ -49,7 +50,7 @@ def n_phases(p: ConvParams) -> int:
 @functools.lru_cache(maxsize=256)
 def serves(p: ConvParams) -> bool:
     """Whether ``p``'s geometry runs here rather than on the grid."""
-    grid = math.prod(-(-(n + a + b) // s) for n, (a, b), s in zip(p.input_shape[2:], p.padding, p.stride))
+    grid = math.prod(grid_lengths(p))
     positions = math.prod(p.input_shape[2:]) + math.prod(p.output_shape[2:])
     return (n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
             or math.prod(p.kernel) > MAX_GRID_TAPS or grid > MAX_GRID_RATIO * positions + 4096)

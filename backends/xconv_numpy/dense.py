@@ -39,6 +39,7 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
 from . import native
+from .grid.geometry import padded
 from .workers import even_ranges, run
 
 #: Tasks per worker and kind (dx rows, dw blocks) in each block of samples: more balance the workers, fewer cost less.
@@ -185,7 +186,7 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     pre = tuple(a for a, _ in p.padding)
     f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
                         K=math.prod(k), out_dt=DTYPES[p.dtype])
-    f.X = X = tuple(n + a + b for n, (a, b) in zip(S, p.padding))
+    f.X = X = padded(p)
     qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
     f.Y = Y = tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))
     gX = [math.prod(X[i + 1:]) for i in range(nd)]

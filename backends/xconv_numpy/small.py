@@ -32,6 +32,7 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
+from .grid.geometry import padded
 
 #: Calls whose largest gathered matrix (x or dy columns) holds at most this many elements run here (measured on
 #: the digits layers: 1.5-6x faster than the grid path up to 590k elements, the grouped 32x16x8x8 layer).
@@ -204,7 +205,7 @@ def _grids(p: ConvParams):
     """(x grid, dy grid for dx) of a stride-1 convolution (see _Grid)."""
     S, O, k, d = p.input_shape[2:], p.output_shape[2:], p.kernel, p.dilation
     pre = [a for a, _ in p.padding]
-    xg = _Grid([n + a + b for n, (a, b) in zip(S, p.padding)], pre, k, d, [0] * len(S), O[0])
+    xg = _Grid(padded(p), pre, k, d, [0] * len(S), O[0])
     # dx[i] = sum_t dyp[B + i + t*d] w[k-1-t], dy at A in dyp: A = max(0, (k-1)d - pre), B = pre + A - (k-1)d
     A = [max(0, (kk - 1) * dd - a) for kk, dd, a in zip(k, d, pre)]
     B = [a + aa - (kk - 1) * dd for a, aa, kk, dd in zip(pre, A, k, d)]

@@ -12,6 +12,16 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 
+def padded(p: ConvParams) -> tuple:
+    """Per spatial dim, the zero-padded input's length: size + pre + post."""
+    return tuple(n + a + b for n, (a, b) in zip(p.input_shape[2:], p.padding))
+
+
+def grid_lengths(p: ConvParams) -> tuple:
+    """Per spatial dim, the polyphase grid's length: ceil(padded / stride)."""
+    return tuple(-(-n // s) for n, s in zip(padded(p), p.stride))
+
+
 def compute_dtype(p: ConvParams) -> np.dtype:
     """float64 for float64 inputs, else float32 (float16 and bfloat16 are computed in float32)."""
     return accumulation_dtype(p.dtype)
@@ -32,8 +42,7 @@ class Geom:
         self.K = math.prod(self.k)
         s, d = p.stride, p.dilation
         pre = [a for a, _ in p.padding]
-        Sp = [n + a + b for n, (a, b) in zip(self.S, p.padding)]
-        self.L = L = tuple(-(-n // st) for n, st in zip(Sp, s))
+        self.L = L = grid_lengths(p)
         self.L1 = L[0]
         self.line = math.prod(L[1:])                       # grid positions per line (first grid dim)
         self.gstride = tuple(math.prod(L[i + 1:]) for i in range(nd))
