@@ -19,7 +19,6 @@ dtype (float32, float64 for float64), memory bounded by the reference's chunk si
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -30,6 +29,7 @@ from xconv.dtypes import accumulation_dtype
 from . import reference
 from .grid.geometry import grid_lengths
 from .blas import single_threaded_blas
+from .plans import per_params
 
 #: Geometries with more polyphase phases than this run here.
 MAX_PHASES = 16
@@ -47,7 +47,7 @@ def n_phases(p: ConvParams) -> int:
     return math.prod(min(k, s // math.gcd(s, d)) for k, s, d in zip(p.kernel, p.stride, p.dilation))
 
 
-@functools.lru_cache(maxsize=256)
+@per_params
 def serves(p: ConvParams) -> bool:
     """Whether ``p``'s geometry runs here rather than on the grid."""
     grid = math.prod(grid_lengths(p))

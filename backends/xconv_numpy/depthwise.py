@@ -25,7 +25,6 @@ The loops are built at install (see :mod:`.native`); :func:`available` says whet
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -36,6 +35,7 @@ from xconv.dtypes import accumulation_dtype
 from . import native
 from .native import address
 from .workers import even_ranges, run
+from .plans import per_params
 
 #: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
 #: most this many bytes, and at most half the bytes of the call's inputs and outputs.
@@ -149,7 +149,7 @@ def _dim(k: int, d: int, s: int):
     return q, np.searchsorted(used, r).astype(np.int64), used
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _plan(p: ConvParams) -> _Plan:
     return _Plan(p)
 

@@ -33,6 +33,7 @@ from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
 from .grid.geometry import padded
+from .plans import per_params
 
 #: Calls whose largest gathered matrix (x or dy columns) holds at most this many elements run here (measured on
 #: the digits layers: 1.5-6x faster than the grid path up to 590k elements, the grouped 32x16x8x8 layer).
@@ -121,7 +122,7 @@ def _per_sample(idx: np.ndarray, N: int, n: int) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=16)         # index tables: up to 8 bytes per column of a call (< 16 MiB each)
+@per_params
 def _plan(p: ConvParams) -> _Plan:
     return _Plan(p)
 
@@ -200,7 +201,7 @@ def _unit_stride(p: ConvParams) -> bool:
     return all(s == 1 for s in p.stride)
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _grids(p: ConvParams):
     """(x grid, dy grid for dx) of a stride-1 convolution (see _Grid)."""
     S, O, k, d = p.input_shape[2:], p.output_shape[2:], p.kernel, p.dilation
@@ -228,7 +229,7 @@ def compiled_available() -> bool:
     return native.part_on(SWITCH)
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _geo(p: ConvParams) -> np.ndarray:
     """The C loops' geometry (see csrc/small_cols.c) of ``p`` lifted to 3-D; x's strides left to fill."""
     lift = 3 - p.nd
@@ -302,7 +303,7 @@ class _S1Plan:
         self.dx_size, self.dw_size = math.prod(p.input_shape), math.prod(p.weight_shape)
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _s1_plan(p: ConvParams) -> _S1Plan:
     return _S1Plan(p, _plan(p))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
+from ..plans import per_params
 
 
 def padded(p: ConvParams) -> tuple:
@@ -143,7 +143,7 @@ def tap_order(geo: Geom):
     return [kf for _, taps in geo.phases for kf, _ in taps]
 
 
-@functools.lru_cache(maxsize=32)
+@per_params
 def geom(p: ConvParams) -> Geom:
     """p's Geom, cached (read only: nothing writes a Geom after __init__)."""
     return Geom(p)
