@@ -28,7 +28,7 @@ from xconv.dtypes import accumulation_dtype
 
 from . import reference
 from .grid.geometry import grid_lengths
-from .blas import single_threaded_blas
+from .blas import single_threaded_blas as pinned_blas_workers
 from .plans import per_params
 
 #: Geometries with more polyphase phases than this run here.
@@ -84,13 +84,13 @@ def all_finite(a, cdt) -> bool:
 
 
 def fprop(x, w, bias, p: ConvParams):
-    with single_threaded_blas():
+    with pinned_blas_workers():
         return reference.fprop(x, w, bias, p, accumulation_dtype(p.dtype))
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
     """(dx, dw), None where not needed."""
     cdt = accumulation_dtype(p.dtype)
-    with single_threaded_blas():
+    with pinned_blas_workers():
         return (reference.dgrad(dy, w, p, cdt) if need_dx else None,
                 reference.wgrad(x, dy, p, cdt) if need_dw else None)
