@@ -38,9 +38,9 @@ def build_key() -> str:
         isa = f"none ({type(e).__name__})"
     try:
         import threadpoolctl
-        infos = threadpoolctl.threadpool_info()
-        blas = ",".join(sorted(f"{i.get('internal_api')}-{i.get('architecture')}" for i in infos
-                               if i.get("user_api") == "blas"))
+        infos = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        ours = [i for i in infos if "numpy" in str(i.get("filepath", ""))] or infos     # numpy's, not torch's
+        blas = ",".join(sorted({f"{i.get('internal_api')}-{i.get('architecture')}" for i in ours}))
     except ImportError:
         blas = "unknown (no threadpoolctl)"
     return f"numpy {np.__version__}; loops {isa}; blas {blas}"
