@@ -116,7 +116,8 @@ _GRADS = ("grad_input", "grad_weight")
 RULES = (
     Rule("grid serves badly (columns.serves)", "fprop", ("output",), "columns",
          lambda p, m: columns.serves(p)),
-    Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise", lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
+    Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
+         lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
     Rule("small, stride 1, C loops built (small.serves)", "fprop", ("output",), "small-c",
          lambda p, m: small.serves(p) and small.grid_compiled(p)),
     Rule("small (small.serves)", "fprop", ("output",), "small", lambda p, m: small.serves(p)),

@@ -50,7 +50,8 @@ def _require(p: ConvParams, acc, op: str, result: tuple) -> None:
     """Refuse (ResourceError) before allocating when ``op``'s memory would not fit: one chunk of columns,
     x or dx in ``acc``, the result in ``acc`` and in the output dtype."""
     it = np.dtype(acc).itemsize
-    total = columns_chunk_bytes(p, it) + math.prod(p.input_shape) * it + math.prod(result) * (it + DTYPES[p.dtype].itemsize)
+    total = (columns_chunk_bytes(p, it) + math.prod(p.input_shape) * it
+             + math.prod(result) * (it + DTYPES[p.dtype].itemsize))
     limits.require(total, f"numpy {op}: im2col columns and result")
 
 

@@ -18,6 +18,7 @@ def describe() -> str:
     parts = [name for name, on, _ in states if on]
     if parts:
         off = "; ".join(f"{name} off: {reason()}" for name, on, reason in states if not on)
-        return f"compiled loops ({native.isa(native.library())} build): {', '.join(parts)}" + (f"; {off}" if off else "")
+        build = native.isa(native.library())
+        return f"compiled loops ({build} build): {', '.join(parts)}" + (f"; {off}" if off else "")
     why_none = dense.build_error() or native.load_error() or "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
     return f"compiled loops: none, NumPy paths only ({why_none})"

@@ -11,7 +11,8 @@ from ..workers import cap_workers as _cap_workers
 from .chunks import budget as _budget, chunks as _chunks
 from .geometry import Geom, compute_dtype, io_bytes as _io_bytes, tap_order as _tap_order, x_columns as _x_columns
 from .layout import finish_dw as _finish_dw, new_output as _new_output, weight_layout as _weight_layout, x4 as _x4
-from .scratch import GridBuf as _GridBuf, Lease, Slots as _Slots, n_slots as _n_slots, run_guarded as _run_guarded, scatter as _scatter
+from .scratch import (GridBuf as _GridBuf, Lease, Slots as _Slots, n_slots as _n_slots, run_guarded as _run_guarded,
+                      scatter as _scatter)
 
 
 def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, lease: Lease):
