@@ -47,7 +47,8 @@ from xconv.dtypes import DTYPES
 
 
 def _note(path: paths.Path, outputs, rule: str) -> None:
-    tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
+    if tracing.active():
+        tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
 
 
 def _columns(dy, x, w, p, need_dx, need_dw, rule):
@@ -83,8 +84,7 @@ def backward(dy, x, w, p: ConvParams, mask):
     dx = dw = db = None
     db_path = None
     if need_dx or need_dw:
-        wanted = [o for o, bit in zip(paths.OUTPUTS, mask) if bit]
-        chosen = {o: paths.choose(p, "backward", o, mask) for o in wanted}
+        chosen = paths.choose_all(p, "backward", mask)
         grads = [o for o in ("grad_input", "grad_weight") if o in chosen]
         groups = {}                                   # path -> outputs it computes together
         for o in grads:
@@ -140,7 +140,7 @@ def bgrad(dy, p: ConvParams):
 
 def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
-    path, rule = paths.choose(p, "fprop", "output")
+    path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     name = path.name
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, f"{path.note} [output: {rule}]")

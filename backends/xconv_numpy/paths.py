@@ -189,6 +189,17 @@ GROUPS = {"small-paths": ("small-c", "small")}
 # Choosing
 
 
+def choose_all(p: ConvParams, op: str, mask) -> dict:
+    """{output: (path, rule name)} for every requested output of the call (``choose`` per output, cached as one)."""
+    return _choose_all(p, op, tuple(mask), _state(), _switches())
+
+
+@functools.lru_cache(maxsize=256)
+def _choose_all(p, op, mask, forced, switches) -> dict:
+    outputs = ("output",) if op == "fprop" else [o for o, bit in zip(OUTPUTS, mask) if bit]
+    return {o: _choose(p, op, o, mask, forced, switches) for o in outputs}
+
+
 def choose(p: ConvParams, op: str, output: str, mask=(True, True, True)) -> tuple[Path, str]:
     """(path, rule name) computing ``output`` of ``op`` ("fprop", "backward"; "dgrad" and "wgrad" are backward
     calls with one output) for ``p`` and the call's output ``mask``. The only place a path is picked."""
