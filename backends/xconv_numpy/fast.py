@@ -82,45 +82,32 @@ def backward(dy, x, w, p: ConvParams, mask):
     :func:`paths.choose` picks for it."""
     need_dx, need_dw, need_db = mask
     dx = dw = db = None
-    db_path = None
-    if need_dx or need_dw:
-        chosen = paths.choose_all(p, "backward", mask)
-        grads = [o for o in ("grad_input", "grad_weight") if o in chosen]
-        groups = {}                                   # path -> outputs it computes together
-        for o in grads:
-            groups.setdefault(chosen[o][0].name, []).append(o)
-        for name, outs in groups.items():
-            path, rule = chosen[outs[0]]
-            gx, gw = "grad_input" in outs, "grad_weight" in outs
-            gb = need_db and chosen["grad_bias"][0].name == name
-            outs_db = outs + (["grad_bias"] if gb else [])
-            if path.nonfinite == "self-check":       # one C call that checks its inputs for inf/NaN itself
-                results = small.compiled_backward(dy, x, w, p, gx, gw, gb)
-                if results is not None:
-                    _note(path, outs_db, rule)
-                    rx, rw, rb = results
-                else:                                  # inf/NaN: the exact-zero path
-                    path, rule, gb = paths.PATHS["columns"], "non-finite detour", False
-                    rx, rw = _columns(dy, x, w, p, gx, gw, rule)
-                    rb = None
-            elif path.name == "columns" or (path.nonfinite == "detour" and columns.has_nonfinite(
-                    p, dy, x if need_dw else None, w if need_dx else None)):   # the inputs the call reads
-                if path.name != "columns":
-                    path, rule = paths.PATHS["columns"], "non-finite detour"
-                rx, rw = _columns(dy, x, w, p, gx, gw, rule)
+    bias_done = False
+    runs, _ = paths.backward_plan(p, mask)
+    for path, rule, outs, gx, gw, gb in runs:
+        if path.nonfinite == "self-check":           # one C call that checks its inputs for inf/NaN itself
+            results = small.compiled_backward(dy, x, w, p, gx, gw, gb)
+            if results is not None:
+                _note(path, outs, rule)
+                rx, rw, rb = results
+            else:                                      # inf/NaN: the exact-zero path
+                rx, rw = _columns(dy, x, w, p, gx, gw, "non-finite detour")
                 rb, gb = None, False
-            else:
-                _note(path, outs_db, rule)
-                rx, rw, rb = _run_grads(path, dy, x, w, p, gx, gw, gb)
-            if gx:
-                dx = rx
-            if gw:
-                dw = rw
-            if gb:
-                db, db_path = rb, name
-    if need_db and db_path is None:
-        path, rule = paths.PATHS["bias-sum"], "bias-sum"
-        _note(path, ["grad_bias"], rule)
+        elif path.name == "columns" or (path.nonfinite == "detour" and columns.has_nonfinite(
+                p, dy, x if need_dw else None, w if need_dx else None)):      # the inputs the call reads
+            rx, rw = _columns(dy, x, w, p, gx, gw, rule if path.name == "columns" else "non-finite detour")
+            rb, gb = None, False
+        else:
+            _note(path, outs, rule)
+            rx, rw, rb = _run_grads(path, dy, x, w, p, gx, gw, gb)
+        if gx:
+            dx = rx
+        if gw:
+            dw = rw
+        if gb:
+            db, bias_done = rb, True
+    if need_db and not bias_done:
+        _note(paths.PATHS["bias-sum"], ("grad_bias",), "bias-sum")
         db = bias.bias_sum(dy, p)
     return dx, dw, db
 

@@ -200,6 +200,30 @@ def _choose_all(p, op, mask, forced, switches) -> dict:
     return {o: _choose(p, op, o, mask, forced, switches) for o in outputs}
 
 
+def backward_plan(p: ConvParams, mask) -> tuple:
+    """The call's :func:`choose_all` as the runs it makes: a tuple of (path, rule, outputs, dx, dw, db) per path
+    (outputs it computes together, in table order), and whether grad_bias is left to ``bias-sum``."""
+    return _backward_plan(p, tuple(mask), _state(), _switches())
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_plan(p, mask, forced, switches) -> tuple:
+    chosen = _choose_all(p, "backward", mask, forced, switches)
+    runs = {}
+    for o in ("grad_input", "grad_weight"):
+        if o in chosen:
+            runs.setdefault(chosen[o][0].name, []).append(o)
+    plan = []
+    bias_left = mask[2]
+    for name, outs in runs.items():
+        path, rule = chosen[outs[0]]
+        db = bool(mask[2]) and chosen["grad_bias"][0].name == name
+        bias_left = bias_left and not db
+        plan.append((path, rule, tuple(outs) + (("grad_bias",) if db else ()),
+                     "grad_input" in outs, "grad_weight" in outs, db))
+    return tuple(plan), bias_left
+
+
 def choose(p: ConvParams, op: str, output: str, mask=(True, True, True)) -> tuple[Path, str]:
     """(path, rule name) computing ``output`` of ``op`` ("fprop", "backward"; "dgrad" and "wgrad" are backward
     calls with one output) for ``p`` and the call's output ``mask``. The only place a path is picked."""
