@@ -28,11 +28,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import threading
 from typing import Callable
 
-from xconv import ConvParams
+from xconv import ConvParams, settings
 
 from . import columns, dense, depthwise, native, small
 from .grid.geometry import geom
@@ -232,7 +231,8 @@ def choose(p: ConvParams, op: str, output: str, mask=(True, True, True)) -> tupl
 
 def _switches() -> tuple:
     """What the rules read besides ``p`` and the mask: the compiled parts' switches and build."""
-    return (os.environ.get(dense.SWITCH), os.environ.get(depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
+    on = settings.current()
+    return (getattr(on, dense.SWITCH), getattr(on, depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
 
 
 @functools.lru_cache(maxsize=256)
