@@ -32,3 +32,20 @@ def test_the_small_c_path_reports_its_scratch_bytes(dtype):
     for got, want in zip(grads, exact):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert math.isfinite(float(np.sum(grads[0])))
+
+
+def test_every_numpy_path_that_ran_reports_its_scratch_bytes():
+    """The whole valid corpus on the NumPy backend (backward and forward): every call the backend ran has an int
+    workspace_bytes in its trace record (the calls the core answers alone, empty or all-masked, run no path)."""
+    from xconv_conformance.cases import load_corpus, make_inputs
+    from xconv_conformance.runner import call_kwargs
+
+    missing = []
+    for case in (c for c in load_corpus() if c.kind == "valid"):
+        inputs = make_inputs(case)
+        with xconv.trace() as t:
+            xconv.convolution_backward(inputs.grad_output, inputs.input, inputs.weight, backend="numpy",
+                                       **call_kwargs(case))
+            xconv.conv_fprop(inputs.input, inputs.weight, backend="numpy", **case.conv_kwargs())
+        missing += [(case.id, r.op, r.path) for r in t.records if r.path is not None and r.workspace_bytes is None]
+    assert not missing, missing[:10]
