@@ -33,9 +33,9 @@ from typing import Optional
 import torch
 
 import xconv
+from xconv import torch_shapes
 from xconv.errors import ShapeError
-from xconv.params import (check_bias_sizes, check_grad_output, check_output_mask, common_dtype, make_params,
-                          tensor_shape)
+from xconv.params import check_bias_sizes, check_output_mask, common_dtype, tensor_shape
 
 Tensor = torch.Tensor
 
@@ -182,9 +182,9 @@ def fprop_op(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list
 
 @fprop_op.register_fake
 def _fprop_fake(input, weight, bias, *args):
-    conf = Conf.from_args(*args)
-    return _empty(xconv.output_shape(input.shape, weight.shape, **conf.shape_kwargs()), input,
-                  memory_format(input, weight))
+    shape = torch_shapes.output_shape({"input": input, "weight": weight, "bias": bias}, None, None,
+                                      Conf.from_args(*args))
+    return _empty(shape, input, memory_format(input, weight))
 
 
 def _gradient(function, a: Tensor, b: Tensor, shape, *args) -> Tensor:
@@ -204,6 +204,7 @@ def dgrad_op(grad_output: Tensor, weight: Tensor, input_shape: list[int], stride
 
 @dgrad_op.register_fake
 def _dgrad_fake(grad_output, weight, input_shape, *args):
+    torch_shapes.output_shape({"grad_output": grad_output, "weight": weight}, input_shape, None, Conf.from_args(*args))
     return _empty(input_shape, grad_output, memory_format(grad_output, weight))
 
 
@@ -217,6 +218,7 @@ def wgrad_op(input: Tensor, grad_output: Tensor, weight_shape: list[int], stride
 
 @wgrad_op.register_fake
 def _wgrad_fake(input, grad_output, weight_shape, *args):
+    torch_shapes.output_shape({"input": input, "grad_output": grad_output}, None, weight_shape, Conf.from_args(*args))
     return _empty(weight_shape, input, memory_format(input, grad_output))
 
 
@@ -239,6 +241,8 @@ def backward_op(grad_output: Tensor, input: Tensor, weight: Tensor, output_mask:
 
 @backward_op.register_fake
 def _backward_fake(grad_output, input, weight, output_mask, stride, padding, dilation, groups, transposed, *rest):
+    torch_shapes.output_shape({"grad_output": grad_output, "input": input, "weight": weight}, None, None,
+                              Conf.from_args(stride, padding, dilation, groups, transposed, *rest))
     fmt = memory_format(input, weight)
     c_out = weight.shape[1] * groups if transposed else weight.shape[0]
     shapes = (input.shape, weight.shape, (c_out,))
@@ -268,7 +272,7 @@ def _fprop_backward(ctx, grad):
     none = (None,) * len(ctx.conf_args)
     if not any(mask):
         return (None, None, None) + none
-    gx, gw, gb = backward_op(grad, input, weight, mask, *ctx.conf_args)
+    gx, gw, gb = backward(grad, input, weight, mask, *ctx.conf_args)
     return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + none
 
 
@@ -281,8 +285,8 @@ def _dgrad_backward(ctx, grad):
     # dx = A_w^T dy: d/d(dy) <G, dx> = A_w G (fprop of G); d/dw = wgrad of (G, dy)
     dy, weight = ctx.saved_tensors
     need = ctx.needs_input_grad
-    g_dy = fprop_op(grad, weight, None, *ctx.conf_args) if need[0] else None
-    g_w = wgrad_op(grad, dy, list(weight.shape), *ctx.conf_args) if need[1] else None
+    g_dy = fprop(grad, weight, None, *ctx.conf_args) if need[0] else None
+    g_w = wgrad(grad, dy, list(weight.shape), *ctx.conf_args) if need[1] else None
     return (g_dy, g_w, None) + (None,) * len(ctx.conf_args)
 
 
@@ -295,8 +299,8 @@ def _wgrad_backward(ctx, grad):
     # <G, wgrad(x, dy)> = <dy, A_G x>: d/dx = dgrad of (dy, G); d/d(dy) = fprop of (x, G)
     x, dy = ctx.saved_tensors
     need = ctx.needs_input_grad
-    g_x = dgrad_op(dy, grad, list(x.shape), *ctx.conf_args) if need[0] else None
-    g_dy = fprop_op(x, grad, None, *ctx.conf_args) if need[1] else None
+    g_x = dgrad(dy, grad, list(x.shape), *ctx.conf_args) if need[0] else None
+    g_dy = fprop(x, grad, None, *ctx.conf_args) if need[1] else None
     return (g_x, g_dy, None) + (None,) * len(ctx.conf_args)
 
 
@@ -317,14 +321,14 @@ def _backward_backward(ctx, g_input, g_weight, g_bias):
     if need[0]:
         terms = []
         if g_input is not None:
-            terms.append(fprop_op(g_input, w, None, *args))
+            terms.append(fprop(g_input, w, None, *args))
         if g_weight is not None:
-            terms.append(fprop_op(x, g_weight, None, *args))
+            terms.append(fprop(x, g_weight, None, *args))
         if g_bias is not None:
             terms.append(g_bias.reshape((1, -1) + (1,) * (dy.dim() - 2)).expand(dy.shape))
         g_dy = sum(terms[1:], terms[0]) if terms else None
-    g_x = dgrad_op(dy, g_weight, list(x.shape), *args) if need[1] and g_weight is not None else None
-    g_w = wgrad_op(g_input, dy, list(w.shape), *args) if need[2] and g_input is not None else None
+    g_x = dgrad(dy, g_weight, list(x.shape), *args) if need[1] and g_weight is not None else None
+    g_w = wgrad(g_input, dy, list(w.shape), *args) if need[2] and g_input is not None else None
     return (g_dy, g_x, g_w, None) + (None,) * len(args)
 
 
@@ -332,6 +336,56 @@ fprop_op.register_autograd(_fprop_backward, setup_context=_fprop_setup)
 dgrad_op.register_autograd(_dgrad_backward, setup_context=_dgrad_setup)
 wgrad_op.register_autograd(_wgrad_backward, setup_context=_wgrad_setup)
 backward_op.register_autograd(_backward_backward, setup_context=_backward_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.func: the same formulas as setup_context-style autograd.Functions
+#
+# torch.func's transforms (grad, vjp, jacrev, vmap over grad) refuse the autograd wrapper that
+# torch.library generates for a custom operator (it has no setup_context). Under those transforms
+# each operator runs inside one of these Functions instead: forward is the operator itself (below
+# autograd), setup_context and backward are the formulas above, and vmap runs the forward under
+# vmap (the operators' own batching). Everywhere else (eager, torch.compile, torch.export) the
+# operators are called directly, so graphs hold the operators and nothing else.
+
+
+def _function(name: str, op, setup, formula) -> type:
+    def forward(*args):
+        return op(*args)
+
+    return type(name, (torch.autograd.Function,), dict(
+        forward=staticmethod(forward), setup_context=staticmethod(setup), backward=staticmethod(formula),
+        generate_vmap_rule=True, __doc__=f"The operator {op} with its autograd formula, for torch.func."))
+
+
+FpropFunction = _function("FpropFunction", fprop_op, _fprop_setup, _fprop_backward)
+DgradFunction = _function("DgradFunction", dgrad_op, _dgrad_setup, _dgrad_backward)
+WgradFunction = _function("WgradFunction", wgrad_op, _wgrad_setup, _wgrad_backward)
+BackwardFunction = _function("BackwardFunction", backward_op, _backward_setup, _backward_backward)
+
+
+def _under_transforms() -> bool:
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
+
+def fprop(*args) -> Tensor:
+    """``xconv::fprop(*args)``, differentiable also under torch.func transforms."""
+    return FpropFunction.apply(*args) if _under_transforms() else fprop_op(*args)
+
+
+def dgrad(*args) -> Tensor:
+    """``xconv::dgrad(*args)``, differentiable also under torch.func transforms."""
+    return DgradFunction.apply(*args) if _under_transforms() else dgrad_op(*args)
+
+
+def wgrad(*args) -> Tensor:
+    """``xconv::wgrad(*args)``, differentiable also under torch.func transforms."""
+    return WgradFunction.apply(*args) if _under_transforms() else wgrad_op(*args)
+
+
+def backward(*args) -> tuple:
+    """``xconv::backward(*args)``, differentiable also under torch.func transforms."""
+    return BackwardFunction.apply(*args) if _under_transforms() else backward_op(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,21 +458,21 @@ def conv_fprop(input, weight, bias=None, **conv):
     """``xconv.conv_fprop`` on torch tensors, as the ``xconv::fprop`` operator (differentiable)."""
     input, weight, bias = autocast(input, weight, bias)
     args, _, _, _ = _params({"input": input, "weight": weight, "bias": bias}, "input", "weight", conv)
-    return fprop_op(input, weight, bias, *args)
+    return fprop(input, weight, bias, *args)
 
 
 def conv_dgrad(grad_output, weight, input_shape, **conv):
     """``xconv.conv_dgrad`` on torch tensors, as ``xconv::dgrad`` (differentiable in grad_output and weight)."""
     grad_output, weight = autocast(grad_output, weight)
     args, in_shape, _, _ = _params({"grad_output": grad_output, "weight": weight}, input_shape, "weight", conv)
-    return dgrad_op(grad_output, weight, in_shape, *args)
+    return dgrad(grad_output, weight, in_shape, *args)
 
 
 def conv_wgrad(input, grad_output, weight_shape, **conv):
     """``xconv.conv_wgrad`` on torch tensors, as ``xconv::wgrad`` (differentiable in input and grad_output)."""
     input, grad_output = autocast(input, grad_output)
     args, _, w_shape, _ = _params({"input": input, "grad_output": grad_output}, "input", weight_shape, conv)
-    return wgrad_op(input, grad_output, w_shape, *args)
+    return wgrad(input, grad_output, w_shape, *args)
 
 
 def convolution_backward(grad_output, input, weight, bias_sizes=None, output_mask=(True, True, True), **conv):
@@ -427,5 +481,5 @@ def convolution_backward(grad_output, input, weight, bias_sizes=None, output_mas
     grad_output, input, weight = autocast(grad_output, input, weight)
     args, _, _, _ = _params({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight",
                             conv, bias_sizes)
-    results = backward_op(grad_output, input, weight, list(mask), *args)
+    results = backward(grad_output, input, weight, list(mask), *args)
     return tuple(r if bit else None for r, bit in zip(results, mask))
