@@ -35,7 +35,9 @@ import torch
 import xconv
 from xconv import torch_shapes
 from xconv.errors import ShapeError
-from xconv.params import check_bias_sizes, check_output_mask, common_dtype, tensor_shape
+from xconv import workspace
+from xconv.params import (_is_int, check_bias_sizes, check_deterministic, check_flag, check_math, check_output_mask,
+                          common_dtype, parse_padding, per_dim, string_padding, tensor_shape)
 
 Tensor = torch.Tensor
 
@@ -137,12 +139,16 @@ def _empty(shape, like: Tensor, fmt) -> Tensor:
     return torch.empty(tuple(shape), dtype=like.dtype, device=like.device, memory_format=fmt)
 
 
-_state = threading.local()
+class _State(threading.local):
+    depth = 0          # a class default: every thread reads 0 before its first kernel (a stable guard for Dynamo)
+
+
+_state = _State()
 
 
 def inside_kernel() -> bool:
     """True while an operator's kernel runs the public xconv function (which then takes its direct path)."""
-    return getattr(_state, "depth", 0) > 0
+    return _state.depth > 0
 
 
 class _plain:
@@ -153,7 +159,7 @@ class _plain:
         self.no_autocast = torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else None
 
     def __enter__(self):
-        _state.depth = getattr(_state, "depth", 0) + 1
+        _state.depth += 1
         self.no_grad.__enter__()
         if self.no_autocast is not None:
             self.no_autocast.__enter__()
@@ -439,11 +445,17 @@ def _validate(metas: tuple, input_shape, weight_shape, conv: tuple, backend: Opt
 
 
 def _params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes=None) -> tuple:
-    """(op arguments, input shape, weight shape, bias length) of a call on torch tensors, validated."""
-    metas = tuple((name, tuple(t.shape) if hasattr(t, "shape") else None, str(t.dtype) if hasattr(t, "dtype")
-                   else type(t).__name__) for name, t in tensors.items() if t is not None)
-    if any(shape is None for _, shape, _ in metas):  # not a tensor: the core's message names it
+    """(op arguments, input shape, weight shape, bias length) of a call on torch tensors, validated.
+
+    On symbolic sizes (torch.compile with dynamic shapes, torch.export with a Dim) see :func:`_symbolic_params`.
+    """
+    if any(t is not None and not hasattr(t, "shape") for t in tensors.values()):  # the core's message names it
         common_dtype(tensors)
+    if torch.compiler.is_compiling() or torch_shapes.is_symbolic(
+            input_shape, weight_shape, *(t.shape for t in tensors.values() if t is not None)):
+        return _symbolic_params(tensors, input_shape, weight_shape, conv, bias_sizes)  # Dynamo: any size may be
+    metas = tuple((name, tuple(t.shape), str(t.dtype) if hasattr(t, "dtype") else type(t).__name__)
+                  for name, t in tensors.items() if t is not None)
     items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in conv.items() if k != "backend")
     if isinstance(input_shape, list):
         input_shape = tuple(input_shape)
@@ -452,6 +464,56 @@ def _params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes=Non
     if isinstance(bias_sizes, list):
         bias_sizes = tuple(bias_sizes)
     return _validate(metas, input_shape, weight_shape, items, backend_token(conv.get("backend")), bias_sizes)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: validated once, at trace time
+def _normalize(metas: tuple, nd: int, conv: tuple, backend: Optional[str]) -> tuple:
+    """The checks of the core that read no size, and the op arguments they normalize (padding given as a
+    string left for :func:`xconv.params.string_padding`, as None in the arguments, the string second).
+
+    ``metas`` holds (name, rank, dtype name) per tensor. The checks that read sizes run in the operators'
+    fake kernels (:mod:`xconv.torch_shapes`) and again, on ints, in their kernels.
+    """
+    tensors = {name: _Meta((1,) * rank, dtype) for name, rank, dtype in metas}
+    for name, t in tensors.items():
+        if name != "bias":
+            tensor_shape(t, name)
+    common_dtype(tensors)
+    conv = dict(conv)
+    groups = conv.get("groups", 1)
+    if not _is_int(groups) or groups < 1:
+        raise ShapeError("groups", "must be an int >= 1", expected=">= 1", given=repr(groups))
+    transposed = check_flag(conv.get("transposed", False), "transposed")
+    stride = per_dim(conv.get("stride", 1), nd, "stride", 1)
+    dilation = per_dim(conv.get("dilation", 1), nd, "dilation", 1)
+    output_padding = per_dim(conv.get("output_padding", 0), nd, "output_padding", 0)
+    padding = conv.get("padding", 0)
+    pairs = parse_padding(padding, nd, (1,) * nd, (1,) * nd, stride, dilation, transposed)  # names a bad padding
+    string = padding if isinstance(padding, str) else None
+    conf = Conf(stride, pairs, dilation, int(groups), transposed, output_padding,
+                check_deterministic(conv.get("deterministic", False)), check_math(conv.get("math", "keep_dtype")),
+                backend, workspace.resolve_limit(conv.get("workspace_limit")))
+    return conf.args() if string is None else conf.args()[:1] + (None,) + conf.args()[2:], string
+
+
+def _symbolic_params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes) -> tuple:
+    """:func:`_params` on symbolic sizes: what reads no size is checked by :func:`_normalize` (a constant under
+    torch.compile), a padding string is resolved by the core's formulas on the symbols, and the checks that
+    read sizes are the operator's fake kernel's (guards; :mod:`xconv.torch_shapes`). Traced, not converted."""
+    in_shape = tuple(tensors["input"].shape if input_shape == "input" else input_shape)
+    w_shape = tuple(tensors["weight"].shape if weight_shape == "weight" else weight_shape)
+    metas = tuple((name, len(t.shape), str(t.dtype)) for name, t in tensors.items() if t is not None)
+    items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in conv.items() if k != "backend")
+    args, string = _normalize(metas, len(in_shape) - 2, items, backend_token(conv.get("backend")))
+    stride, _, dilation, groups, transposed = args[:5]
+    if string is not None:
+        pairs = string_padding(string, in_shape[2:], w_shape[2:], stride, dilation)
+        args = args[:1] + ([v for pair in pairs for v in pair],) + args[2:]
+    c_out = w_shape[1] * groups if transposed else w_shape[0]
+    if bias_sizes is not None and (len(bias_sizes) != 1 or bias_sizes[0] != c_out):
+        what = "[weight.shape[1] * groups]" if transposed else "[weight.shape[0]]"
+        raise ShapeError("bias_sizes", f"must be {what}", expected=[c_out], given=repr(bias_sizes))
+    return args, list(in_shape), list(w_shape), c_out
 
 
 def conv_fprop(input, weight, bias=None, **conv):
