@@ -466,20 +466,15 @@ def _params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes=Non
     return _validate(metas, input_shape, weight_shape, items, backend_token(conv.get("backend")), bias_sizes)
 
 
-@torch.compiler.assume_constant_result  # under torch.compile: validated once, at trace time
-def _normalize(metas: tuple, nd: int, conv: tuple, backend: Optional[str]) -> tuple:
-    """The checks of the core that read no size, and the op arguments they normalize (padding given as a
-    string left for :func:`xconv.params.string_padding`, as None in the arguments, the string second).
+def _normalize(nd: int, conv: dict, backend: Optional[str]) -> tuple:
+    """The checks of the core that read no size, and the op arguments they normalize (a padding string is
+    left for :func:`xconv.params.string_padding`: the arguments hold a placeholder, the string comes second).
 
-    ``metas`` holds (name, rank, dtype name) per tensor. The checks that read sizes run in the operators'
-    fake kernels (:mod:`xconv.torch_shapes`) and again, on ints, in their kernels.
+    Plain Python on the call's constants, traced by Dynamo (not ``assume_constant_result``, which cannot
+    take the ints a compiled function closes over). The tensors' ranks and dtypes and every check that
+    reads a size run in the operators' fake kernels (:mod:`xconv.torch_shapes`) and again, on ints, in
+    their kernels.
     """
-    tensors = {name: _Meta((1,) * rank, dtype) for name, rank, dtype in metas}
-    for name, t in tensors.items():
-        if name != "bias":
-            tensor_shape(t, name)
-    common_dtype(tensors)
-    conv = dict(conv)
     groups = conv.get("groups", 1)
     if not _is_int(groups) or groups < 1:
         raise ShapeError("groups", "must be an int >= 1", expected=">= 1", given=repr(groups))
@@ -490,21 +485,18 @@ def _normalize(metas: tuple, nd: int, conv: tuple, backend: Optional[str]) -> tu
     padding = conv.get("padding", 0)
     pairs = parse_padding(padding, nd, (1,) * nd, (1,) * nd, stride, dilation, transposed)  # names a bad padding
     string = padding if isinstance(padding, str) else None
-    conf = Conf(stride, pairs, dilation, int(groups), transposed, output_padding,
+    conf = Conf(stride, pairs, dilation, groups, transposed, output_padding,
                 check_deterministic(conv.get("deterministic", False)), check_math(conv.get("math", "keep_dtype")),
                 backend, workspace.resolve_limit(conv.get("workspace_limit")))
-    return conf.args() if string is None else conf.args()[:1] + (None,) + conf.args()[2:], string
+    return conf.args(), string
 
 
 def _symbolic_params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes) -> tuple:
-    """:func:`_params` on symbolic sizes: what reads no size is checked by :func:`_normalize` (a constant under
-    torch.compile), a padding string is resolved by the core's formulas on the symbols, and the checks that
+    """:func:`_params` on symbolic sizes: what reads no size is checked by :func:`_normalize`, a padding string is resolved by the core's formulas on the symbols, and the checks that
     read sizes are the operator's fake kernel's (guards; :mod:`xconv.torch_shapes`). Traced, not converted."""
     in_shape = tuple(tensors["input"].shape if input_shape == "input" else input_shape)
     w_shape = tuple(tensors["weight"].shape if weight_shape == "weight" else weight_shape)
-    metas = tuple((name, len(t.shape), str(t.dtype)) for name, t in tensors.items() if t is not None)
-    items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in conv.items() if k != "backend")
-    args, string = _normalize(metas, len(in_shape) - 2, items, backend_token(conv.get("backend")))
+    args, string = _normalize(max(len(in_shape) - 2, 1), conv, backend_token(conv.get("backend")))
     stride, _, dilation, groups, transposed = args[:5]
     if string is not None:
         pairs = string_padding(string, in_shape[2:], w_shape[2:], stride, dilation)

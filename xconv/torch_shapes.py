@@ -17,8 +17,10 @@ On plain ints steps 2 and 3 reduce to what step 1 computed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
-from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
+from torch.fx.experimental.symbolic_shapes import guard_int, guarding_hint_or_throw
 
 from xconv.errors import ShapeError
 from xconv.params import common_dtype, direct_output_size, transposed_output_size
@@ -37,6 +39,15 @@ def hint(size):
 
 def hints(shape) -> tuple:
     return tuple(hint(s) for s in shape)
+
+
+def specialized(value):
+    """A convolution parameter (an int or a tuple of ints) with any symbol fixed to its value by a guard, as
+    torch specializes its own convolutions' parameters (Dynamo makes symbols of the ints a function closes
+    over under dynamic=True). Padding is not specialized: "same" makes it a function of the sizes."""
+    if isinstance(value, (tuple, list)):
+        return tuple(specialized(v) for v in value)
+    return guard_int(value) if isinstance(value, torch.SymInt) else value
 
 
 def _check(condition, what: str) -> None:
@@ -58,6 +69,8 @@ def output_shape(tensors: dict, input_shape, weight_shape, conf) -> tuple:
     in_shape = tuple(input_shape) if input_shape is not None else tuple(shapes["input"])
     w_shape = tuple(weight_shape) if weight_shape is not None else tuple(shapes["weight"])
     pairs = tuple((pre, post) for pre, post in conf.padding)
+    conf = dataclasses.replace(conf, stride=specialized(conf.stride), dilation=specialized(conf.dilation),
+                               groups=specialized(conf.groups), output_padding=specialized(conf.output_padding))
     p = params_for({name: hints(s) for name, s in shapes.items()}, common_dtype(tensors),
                    None if input_shape is None else hints(in_shape), None if weight_shape is None else hints(w_shape),
                    stride=conf.stride, padding=tuple((hint(a), hint(b)) for a, b in pairs), dilation=conf.dilation,
