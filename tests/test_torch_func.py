@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import xconv
-from core_helpers import TORCH_MISSING
+from core_helpers import TORCH_MISSING, SpyBackend, registered
 
 torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 import torch.nn as nn  # noqa: E402
@@ -19,7 +19,8 @@ from torch.func import functional_call, grad, jacrev, vjp, vmap  # noqa: E402
 import xconv.torch as xt  # noqa: E402
 
 CLOSE = dict(rtol=1e-10, atol=1e-10)
-pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+# every operator has its own vmap rule: torch's slow per-element fallback (which warns) never runs
+pytestmark = pytest.mark.filterwarnings("error:There is a performance drop:UserWarning")
 
 
 def _rand(*shape, seed=[0]):
@@ -142,3 +143,25 @@ def test_grad_through_the_gradient_functions():
     ]
     for (ours, theirs), arg in zip(cases, (w, x, dy)):
         torch.testing.assert_close(grad(ours)(arg), grad(theirs)(arg), **CLOSE)
+
+
+def test_vmap_folds_an_unbatched_weight_into_one_call():
+    """vmap over the input with a shared weight is one convolution of the folded batch (B*N); a batched weight
+    is one call per element. Both match torch's vmap of its own convolution."""
+    x, w, ws = _rand(3, 2, 4, 6, 6), _rand(5, 4, 3, 3), _rand(3, 5, 4, 3, 3)
+    spy = SpyBackend("vmapspy")
+    with registered(spy):
+        got = vmap(lambda xi: xconv.conv_fprop(xi, w, padding=1, backend="vmapspy"))(x)
+        assert [c[0] for c in spy.calls] == ["fprop"] and spy.calls[0][1].input_shape == (6, 4, 6, 6)
+        torch.testing.assert_close(got, vmap(lambda xi: F.conv2d(xi, w, padding=1))(x), **CLOSE)
+        spy.calls.clear()
+        got = vmap(lambda xi, wi: xconv.conv_fprop(xi, wi, padding=1, backend="vmapspy"))(x, ws)
+        assert [c[0] for c in spy.calls] == ["fprop"] * 3
+        torch.testing.assert_close(got, vmap(lambda xi, wi: F.conv2d(xi, wi, padding=1))(x, ws), **CLOSE)
+        spy.calls.clear()
+        dy = _rand(3, 2, 5, 6, 6)
+        got = vmap(lambda d: xconv.conv_dgrad(d, w, (2, 4, 6, 6), padding=1, backend="vmapspy"))(dy)
+        assert [c[0] for c in spy.calls] == ["dgrad"]
+        want = vmap(lambda d: torch.ops.aten.convolution_backward(d, x[0], w, None, [1, 1], [1, 1], [1, 1], False,
+                                                                  [0, 0], 1, [True, False, False])[0])(dy)
+        torch.testing.assert_close(got, want, **CLOSE)

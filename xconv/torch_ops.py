@@ -345,6 +345,44 @@ backward_op.register_autograd(_backward_backward, setup_context=_backward_setup)
 
 
 # ---------------------------------------------------------------------------------------------
+# vmap: a batch of convolutions
+
+
+def _per_element(op, info, in_dims, args, n_out: int):
+    """``op`` once per batch element (the slices of the batched tensors), the results stacked along dim 0."""
+    results = []
+    for i in range(info.batch_size):
+        sliced = [a.select(d, i) if isinstance(a, Tensor) and d is not None else a for a, d in zip(args, in_dims)]
+        results.append(op(*sliced))
+    if n_out == 1:
+        return torch.stack(results), 0
+    return tuple(torch.stack([r[k] for r in results]) for k in range(n_out)), (0,) * n_out
+
+
+def _fold_rule(op, batched_pos: int, shape_pos: Optional[int]):
+    """vmap of ``op`` when only the tensor at ``batched_pos`` (input or grad_output) carries the vmap dim: one
+    call with that dim folded into N (and, for dgrad, into the explicit input shape); else one call per element."""
+    def rule(info, in_dims, *args):
+        others = [d for i, (a, d) in enumerate(zip(args, in_dims)) if isinstance(a, Tensor) and i != batched_pos]
+        if in_dims[batched_pos] is None or any(d is not None for d in others):
+            return _per_element(op, info, in_dims, args, 1)
+        args = list(args)
+        x = args[batched_pos].movedim(in_dims[batched_pos], 0)
+        b, n = x.shape[0], x.shape[1]
+        args[batched_pos] = x.flatten(0, 1)
+        if shape_pos is not None:
+            args[shape_pos] = [b * n] + list(args[shape_pos])[1:]
+        return op(*args).unflatten(0, (b, n)), 0
+    return rule
+
+
+fprop_op.register_vmap(_fold_rule(fprop_op, 0, None))
+dgrad_op.register_vmap(_fold_rule(dgrad_op, 0, 2))
+wgrad_op.register_vmap(lambda info, in_dims, *args: _per_element(wgrad_op, info, in_dims, args, 1))
+backward_op.register_vmap(lambda info, in_dims, *args: _per_element(backward_op, info, in_dims, args, 3))
+
+
+# ---------------------------------------------------------------------------------------------
 # torch.func: the same formulas as setup_context-style autograd.Functions
 #
 # torch.func's transforms (grad, vjp, jacrev, vmap over grad) refuse the autograd wrapper that
