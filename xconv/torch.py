@@ -28,7 +28,7 @@ except ImportError as exc:  # say what to install, not only what is missing
 
     raise ImportError(f"xconv.torch needs PyTorch, which is not importable here ({exc}): {torch_hint()}") from exc
 
-from . import interop, registry, torch_fast, torch_ops
+from . import interop, registry, torch_fast, torch_functional, torch_ops
 from .arrays import array_family
 from .backend import availability_of
 from .errors import BackendUnavailableError, ShapeError
@@ -89,7 +89,7 @@ class _XConvMixin:
         unbatched = input.dim() == nd + 1
         if unbatched:
             input = input.unsqueeze(0)
-        input, weight, bias = torch_ops.autocast(input, weight, bias)
+        input, weight, bias = torch_functional.autocast(input, weight, bias)
         if isinstance(padding, int):
             padding = ((padding, padding),) * nd
         conf = torch_ops.Conf(tuple(self.stride), tuple(padding), tuple(self.dilation), self.groups, self.transposed,
