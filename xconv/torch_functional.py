@@ -105,8 +105,18 @@ def _normalize(nd: int, conv: dict, backend: Optional[str]) -> tuple:
     string = padding if isinstance(padding, str) else None
     conf = Conf(stride, pairs, dilation, groups, transposed, output_padding,
                 check_deterministic(conv.get("deterministic", False)), check_math(conv.get("math", "keep_dtype")),
-                backend, workspace.resolve_limit(conv.get("workspace_limit")))
+                backend, _workspace_limit(conv.get("workspace_limit")))
     return conf.args(), string
+
+
+def _workspace_limit(value) -> Optional[int]:
+    """``workspace_limit`` checked; None: the environment's default, read once at trace time under torch.compile."""
+    return _default_workspace_limit() if value is None else workspace.resolve_limit(value)
+
+
+@torch.compiler.assume_constant_result  # the settings snapshot reads os.environ's storage: not for Dynamo to trace
+def _default_workspace_limit() -> Optional[int]:
+    return workspace.resolve_limit(None)
 
 
 def _symbolic_params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes) -> tuple:
