@@ -110,7 +110,7 @@ class JaxBackend(Backend):
             return None, None, None
         # the jitted function takes (dy, x, w) with the unneeded ones left out, in the order of kernels.backward_fn
         ordered = (dy,) + ((x, w) if mask[0] and mask[1] else (w,) if mask[0] else (x,) if mask[1] else ())
-        what = "jax.vjp of lax.conv_general_dilated" if mask[0] or mask[1] else "sum"
+        what = "vjp of lax.conv_general_dilated" if mask[0] or mask[1] else "sum"
         results = iter(self._run(p, lambda key, prec: kernels.backward_fn(key, prec, mask), ordered, what))
         return tuple(next(results) if bit else None for bit in mask)
 
