@@ -15,12 +15,11 @@ DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as thei
 from __future__ import annotations
 
 import importlib
-import os
 
 import numpy as np
 
 from .arrays import array_family
-from . import dtypes
+from . import dtypes, settings
 from .errors import BackendUnavailableError, ShapeError, UnsupportedError, XconvError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
@@ -90,7 +89,7 @@ def to_native_for(backend, family: str | None, named: dict) -> list:
 
 
 def _families_of(backend, family: str | None = None) -> tuple:
-    chosen = backend if backend is not None else (os.environ.get("XCONV_BACKEND") or None)
+    chosen = backend if backend is not None else settings.current().backend
     if chosen is None and family not in (None, "torch", *NATIVE_FAMILIES):
         # no backend named: the one automatic selection would pick for these arrays, if one declares their
         # family (JAX arrays go to a jax backend); torch tensors have their own route (xconv.torch_ops)
