@@ -102,6 +102,12 @@ def test_exact_mode_sees_one_unit_in_the_last_place(planted_env, tmp_path):
     row = next(line.split() for line in out.splitlines() if line.startswith("planted "))
     exact = [c for c in load_corpus() if c.fill == "exact"]
     assert row[2] == str(sum(c.mask[1] for c in exact)) and row[1] == str(sum(not c.mask[1] for c in exact)), out
+    # compare holds exact bundles to the exact values and to each other, bit for bit
+    for name in ("planted", "numpy"):
+        _xconv(env, "conformance", "run", "--backend", name, "--exact", "--cases", "f32", "--out",
+               str(tmp_path / f"{name}.xcr"), "--no-progress", "--no-isolate")
+    rc, out, err = _xconv(env, "conformance", "compare", str(tmp_path / "planted.xcr"), str(tmp_path / "numpy.xcr"))
+    assert rc == 1 and "grad_weight: exact mode:" in out and "differ on grad_weight in exact mode" in out, out + err
     rc, out, err = _xconv(env, "conformance", "fuzz", "--backend", "planted", "--exact", "--seconds", "30")
     assert rc == 1 and json.loads(out.splitlines()[0])["fill"] == "exact", out + err
 
