@@ -39,6 +39,11 @@ def test_importing_the_plugin_imports_no_jax():
             "print(sorted(b.name for b in bs), 'jax' in sys.modules, 'jaxlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "['jax-cpu', 'jax-gpu', 'jax-tpu'] False False", out
+    # nor does listing the backends on a machine without a GPU plugin or libtpu
+    code = "import sys, xconv; rows = xconv.list_backends(); print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if not platforms.gpu_plugins() and importlib.util.find_spec("libtpu") is None:
+        assert out.stdout.strip() == "False", out
 
 
 def test_registered_through_its_entry_point_with_reasons_where_no_device():

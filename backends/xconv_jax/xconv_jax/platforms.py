@@ -28,6 +28,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import sys
 
 INSTALL = "pip install -e backends/xconv_jax"
 DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_exclude_nondeterministic_ops=true")
@@ -127,6 +128,10 @@ def version_text(platform: str) -> str:
 
 
 def device_names(platform: str) -> tuple[str, ...]:
+    """"cpu:0 cpu", "gpu:0 NVIDIA H100 80GB HBM3", ...; for the CPU without importing jax (listing backends
+    must not cost jax's import, ~1-2 s) unless it is imported already."""
+    if platform == "cpu" and "jax" not in sys.modules:
+        return ("cpu",)
     try:
         return tuple(f"{platform}:{d.id} {getattr(d, 'device_kind', '')}".rstrip()
                      for d in jax_module().devices(platform))
