@@ -56,3 +56,14 @@ def test_overlapping_shards_are_refused_and_gaps_reported(tmp_path):
 def test_shard_argument_is_checked():
     rc, out = _xconv("run", "--backend", "numpy", "--out", "x.xcr", "--shard", "4/3")
     assert rc == 2 and "1 <= K <= N" in out
+
+
+def test_pytest_xdist_runs_the_corpus_and_prints_the_kit_summary():
+    pytest = __import__("pytest")
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed: pip install -e \".[test]\"")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance", "-n", "2", "-q", "-p", "no:cacheprovider",
+                           "--xconv-backend", "numpy", "--xconv-cases", "tiny/", "--xconv-cases", "exact/f32-1d"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("numpy "))
+    assert row[1:3] == ["13", "0"], proc.stdout[-2000:]        # the controller's summary of the workers' cases
