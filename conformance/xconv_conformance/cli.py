@@ -8,6 +8,7 @@ subcommands (``xconv conformance SUBCOMMAND --help`` describes each):
   compare  hold bundles against the reference and against each other; exit 1 on a disagreement,
            or when a bundle gives nothing to compare (no case, unknown ids, all refused/unavailable)
   cases    list the case ids or their specs (also: list)
+  fuzz     search for failing cases beyond the corpus, shrunk to minimal ones (fuzz.py)
 
 check and run run the backend in worker processes: a case that crashes its worker is recorded as
 "crashed" (with the signal), one past --case-timeout SECONDS as "timed out", and the run goes on;
@@ -29,108 +30,15 @@ import time
 
 import xconv
 
-from . import __version__, env, outpaths, summary
+from . import __version__, env, outpaths, selection, summary
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
 from .report import write_report
 from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests
 from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
+from .progress import Progress, _nothing, phase, prepare  # noqa: F401  (re-exported: cli.X stays importable)
 from .summary import summary_table  # noqa: F401  (re-exported: cli.summary_table stays importable)
-
-
-def phase(text: str, stream=None):
-    """Report one preparation phase as one line on stderr, terminal or not: "text ... 1.2 s" (a context manager)."""
-    return _Phase(text, stream)
-
-
-class _Phase:
-    def __init__(self, text: str, stream=None):
-        self.text, self.stream = text, stream
-
-    def __enter__(self):
-        self.stream = self.stream or sys.stderr
-        self.start = time.perf_counter()
-        self.stream.write(f"xconv conformance: {self.text} ... ")
-        self.stream.flush()
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        took = time.perf_counter() - self.start
-        self.stream.write(f"{'failed' if kind else 'done'} ({took:.1f} s)\n")
-        self.stream.flush()
-        return False
-
-
-# small convolutions that make a backend build or load what its first real call would (JIT, C loops,
-# vendor plans): a dense one with 32 channels, a depthwise one, a strided 1-D one
-_WARM_UP = (((1, 32, 6, 6), (32, 32, 3, 3), dict(padding=1)),
-            ((1, 16, 6, 6), (16, 1, 3, 3), dict(padding=1, groups=16)),
-            ((2, 4, 9), (8, 4, 3), dict(stride=2)))
-
-
-def prepare(name: str, quiet: bool = False, isolate: bool = True) -> None:
-    """Run the warm-up convolutions on backend ``name`` in this process (errors ignored: the cases report
-    them). Not when the cases run in worker processes: a backend that crashes must not take this
-    process down before its first case, and the workers load their own kernels (one line says so)."""
-    import numpy as np
-
-    if isolate:
-        if not quiet:
-            print(f"xconv conformance: backend {name} runs in worker processes (the first case starts one)",
-                  file=sys.stderr, flush=True)
-        return
-
-    from .families import family
-    try:
-        b = resolve(name)
-        fam = family(b.array_families[0] if b.array_families else "numpy")
-    except Exception:  # noqa: BLE001
-        return
-    with phase(f"preparing backend {name} (first calls build or load its kernels)") if not quiet else _nothing():
-        for xs, ws, kw in _WARM_UP:
-            try:
-                x, w = (fam.from_numpy(np.ones(s, np.float32)) for s in (xs, ws))
-                dy = fam.from_numpy(np.ones(xconv.output_shape(xs, ws, **kw), np.float32))
-                xconv.convolution_backward(dy, x, w, backend=name, **kw)
-            except Exception:  # noqa: BLE001
-                continue
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal, unless forced)."""
-
-    def __init__(self, total: int, enabled: bool | None = None, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.done, self.start = max(total, 1), 0, time.perf_counter()
-        self.failed = 0
-
-    def step(self, label: str, failed: bool = False) -> None:
-        self.done += 1
-        self.failed += failed
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * self.done / self.total)
-        elapsed = time.perf_counter() - self.start
-        text = (f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:5.1f}s {'failed ' + str(self.failed) + ' ' if self.failed else ''}{label[:60]}")
-        self.stream.write(text.ljust(120)[:120])
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * 120 + "\r")
-            self.stream.flush()
 
 
 class Interrupted(Exception):
@@ -195,6 +103,15 @@ def _load(args):
         _import(args.imports)
         xconv.list_backends()
     with phase("loading the case corpus") if not quiet else _nothing():
+        if getattr(args, "cases_from", None) or getattr(args, "exact", False) or getattr(args, "shard", None):
+            try:
+                cases = selection.choose(args)         # --cases-from, --exact (selection.py)
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"xconv conformance: {exc}") from None
+            if not cases:
+                raise SystemExit(f"xconv conformance: no case matches {args.cases or ''} {args.cases_from or ''}")
+            args.selection = cases
+            return selection.shard(cases, *args.shard) if args.shard else cases
         return _select(args.cases)
 
 
@@ -327,10 +244,12 @@ def cmd_run(args, argv) -> int:
         cases = cases[:len(outcomes)]
     progress.close()
     seconds = time.perf_counter() - start
-    base = manifest_for(args.backend, cases, argv)
+    manifest = manifest_for(args.backend, cases, argv)
     if stopped:
-        base["interrupted"] = {"after": len(cases), "of": total}
-    manifest, arrays = build(base, [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
+        manifest["interrupted"] = {"after": len(cases), "of": total}
+    if args.shard:
+        manifest["shard"] = selection.shard_record(args.selection, *args.shard)
+    manifest, arrays = build(manifest, [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
     outpaths.writing("--out", args.out, lambda: write_bundle(args.out, manifest, arrays))
     results = {args.backend: list(zip(cases, outcomes))}
     print(f"xconv conformance run: {len(cases)} cases on {args.backend} ({manifest['device']})")
@@ -363,6 +282,15 @@ def cmd_compare(args) -> int:
     except BundleError as exc:
         print(f"xconv conformance compare: {exc}", file=sys.stderr)
         return 2
+    from .merge import merge_shards
+    try:
+        merged = merge_shards(bundles)         # shard bundles of one backend become one run (merge.py)
+    except BundleError as exc:
+        print(f"xconv conformance compare: {exc}", file=sys.stderr)
+        return 2
+    bundles = merged.bundles
+    for line in merged.notes + merged.gaps:
+        print(line)
     cmp = compare_bundles(bundles)
     print(format_comparison(cmp, show_all=args.all))
     if args.report:
@@ -371,7 +299,7 @@ def cmd_compare(args) -> int:
         outpaths.writing("--report", args.report,
                          lambda: write_report(args.report, "xconv conformance comparison", report_runs(cmp), intro))
         print(f"report: {args.report}")
-    return 0 if cmp.passes else 1
+    return 0 if cmp.passes and not merged.gaps else 1
 
 
 def cmd_cases(args) -> int:
@@ -397,6 +325,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "then ends the run)")
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                    help="import MODULE first (it may register backends with xconv.register_backend); repeatable")
+    selection.add_arguments(p)
 
 
 def _seconds(text: str) -> float:
@@ -413,7 +342,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Give ``parser`` (``xconv conformance``) its subcommands; each has its own --help."""
     parser.description = __doc__.replace("``", "")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    sub = parser.add_subparsers(dest="subcommand", metavar="{check,run,compare,cases,list}", title="subcommands")
+    sub = parser.add_subparsers(dest="subcommand", metavar="{check,run,compare,cases,list,fuzz}", title="subcommands")
     check = sub.add_parser("check", help="run the corpus on backends; a summary table (the default)",
                            description="Run the corpus on the named backends (default: every registered "
                                        "backend but the oracle numpy-exact) and print a summary table. "
@@ -439,6 +368,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cases.add_argument("--cases", action="append", metavar="PATTERN",
                        help="only cases whose id matches (glob, or substring); repeatable")
     cases.add_argument("--json", action="store_true", help="print each case's spec as JSON")
+    from .fuzz_cli import add_parser as add_fuzz_parser
+    add_fuzz_parser(sub)
     return parser
 
 
@@ -464,6 +395,9 @@ def dispatch(args, argv: list[str]) -> int:
             return cmd_compare(args)
         if args.subcommand in ("cases", "list"):
             return cmd_cases(args)
+        if args.subcommand == "fuzz":
+            from .fuzz_cli import cmd_fuzz
+            return cmd_fuzz(args)
         return cmd_check(args)
     except SystemExit as exc:
         if isinstance(exc.code, str):

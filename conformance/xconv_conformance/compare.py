@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from . import env, report, tolerance, verify
+from . import env, exact, report, tolerance, verify
 from .bundle import Bundle
 from .cases import corpus_hash, load_corpus
 from .manifest_schema import printable
@@ -188,6 +188,8 @@ def _compare_case(case, bundles, records) -> CaseRow:
             per_output[i][name] = w
             if not w <= 1.0:
                 problems.append(f"{tag} {name} is outside the bound: worst {w:.3g} x bound at {idx}")
+            elif case.fill == "exact":
+                problems += [f"{tag} {p}" for p in exact.problems(name, got, ref.exact[k])]
             worst = max(worst, w)
         results[i] = outs
         ratios.append(worst)
@@ -209,6 +211,9 @@ def _compare_case(case, bundles, records) -> CaseRow:
                 if not w <= 1.0:
                     problems.append(f"[{_letter(i)}] and [{_letter(j)}] disagree on {name}: worst {w:.3g} x "
                                     f"(bound_a + bound_b) at {idx}")
+                elif case.fill == "exact" and (differ := exact.pair_problems(name, a, b)):
+                    problems.append(f"[{_letter(i)}] and [{_letter(j)}] differ on {name} in exact mode: {differ} "
+                                    "element(s)")
             pairwise[(i, j)] = worst
     floor = max((f for f, bit in zip(ref.floors, case.mask) if bit), default=None) if ref is not None else None
     return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages, ran,
