@@ -14,15 +14,25 @@ from .workers import executor as _executor
 BGRAD_BLOCK_BYTES = 2 << 20
 
 
+def _blocks(dy) -> list:
+    """[n0, n1) blocks of whole samples of about BGRAD_BLOCK_BYTES (fixed by the shape alone)."""
+    N = dy.shape[0]
+    per_sample = max(1, dy.size // max(N, 1) * dy.itemsize)
+    nb = max(1, BGRAD_BLOCK_BYTES // per_sample)
+    return [(n, min(n + nb, N)) for n in range(0, N, nb)]
+
+
+def block_count(dy) -> int:
+    """How many partial sums :func:`bias_sum` keeps (its scratch: one C_out vector per block)."""
+    return max(1, len(_blocks(dy)))
+
+
 def bias_sum(dy, p: ConvParams):
     """dy summed over N and the spatial dims: per block of samples (blocks fixed by the shape alone),
     blocks summed on the workers, partial sums added in block order."""
     cdt = accumulation_dtype(p.dtype)
     axes = (0,) + tuple(range(2, dy.ndim))
-    N = dy.shape[0]
-    per_sample = max(1, dy.size // max(N, 1) * dy.itemsize)
-    nb = max(1, BGRAD_BLOCK_BYTES // per_sample)
-    blocks = [(n, min(n + nb, N)) for n in range(0, N, nb)]
+    blocks = _blocks(dy)
     if len(blocks) <= 1:
         db = np.sum(dy, axis=axes, dtype=cdt)
     else:
