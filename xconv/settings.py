@@ -149,17 +149,26 @@ def current() -> Settings:
     return _snapshot(_raw())
 
 
-def problems(environ=None) -> list[str]:
-    """The message of every bad variable in ``environ`` (default: ``os.environ``), [] when all are good: for a
-    report that lists them all (``xconv backends``) where :func:`current` stops at the first."""
+def problems(environ=None, names=NAMES) -> list[str]:
+    """The message of every bad variable of ``names`` (default: all) in ``environ`` (default: ``os.environ``), []
+    when all are good: for a report that lists them all (``xconv backends``) where :func:`current` stops at the
+    first, or for a plugin that reports only its own variables."""
     environ = os.environ if environ is None else environ
     found = []
-    for name in NAMES:
+    for name in names:
         try:
             from_environ({name: environ.get(name)})
         except ConfigError as exc:
             found.append(str(exc))
     return found
+
+
+def read(names, environ=None) -> Settings:
+    """The settings with only the variables ``names`` read from ``environ`` (default: ``os.environ``), the others at
+    their defaults: for a plugin that reads its own variables, at use, and must not fail for another's bad value
+    (ConfigError naming one of ``names`` if one of them is bad)."""
+    environ = os.environ if environ is None else environ
+    return from_environ({name: environ.get(name) for name in names})
 
 
 def key() -> tuple:
@@ -171,4 +180,5 @@ def key() -> tuple:
     return raw
 
 
-__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems"]
+__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems",
+           "read"]
