@@ -59,7 +59,7 @@ def test_every_variable_read():
 
 
 @pytest.mark.parametrize("name, bad, expected", [
-    ("XCONV_NUMPY_ISA", "bogus", "baseline or avx2 or avx512"), ("XCONV_NUMPY_ISA", "AVX2", "baseline or avx2"),
+    ("XCONV_NUMPY_ISA", "bogus", "baseline or avx2 or avx512"), ("XCONV_NUMPY_ISA", "avx-2", "baseline or avx2"),
     ("XCONV_NUMPY_OPENMP", "maybe", "1/true/yes/on or 0/false/no/off"), ("XCONV_NUMPY_C", "2", "1/true"),
     ("XCONV_NUMPY_DIRECT", "disabled", "1/true"), ("XCONV_CUDNN_BENCHMARK", "maybe", "1/true"),
     ("XCONV_CUDNN_PLAN_CACHE_SIZE", "0", "e.g. 512"), ("XCONV_MEMORY_LIMIT", "lots", "bytes such as"),
@@ -158,3 +158,8 @@ def test_cudnn_plugin_reads_its_own_variables_at_use_only(monkeypatch):
     monkeypatch.setenv("XCONV_CUDNN_BENCHMARK", "maybe")
     with pytest.raises(ConfigError, match="^XCONV_CUDNN_BENCHMARK"):
         cache.benchmark_enabled()
+
+
+@pytest.mark.parametrize("text", ["AVX2", "Avx512", " BASELINE "])
+def test_numpy_isa_takes_any_case_like_the_switches(text):
+    assert settings.from_environ({"XCONV_NUMPY_ISA": text}).numpy_isa == text.strip().lower()

@@ -13,7 +13,7 @@ variable                              field (default)                  values
 ``XCONV_WORKSPACE_LIMIT``             ``workspace_limit`` (None)       bytes, or ``none``; None: no limit
 ``XCONV_NUMPY_C``                     ``numpy_c`` (True)               a switch (below): the dense C loops and small-call copies
 ``XCONV_NUMPY_DIRECT``                ``numpy_direct`` (True)          a switch: the depthwise C loops
-``XCONV_NUMPY_ISA``                   ``numpy_isa`` (None: the best)   ``baseline``, ``avx2`` or ``avx512``: the highest build loaded
+``XCONV_NUMPY_ISA``                   ``numpy_isa`` (None: the best)   ``baseline``, ``avx2`` or ``avx512`` (any case): the highest build loaded
 ``XCONV_NUMPY_OPENMP``                ``numpy_openmp`` (True)          a switch: run loops on torch's OpenMP team
 ``XCONV_CUDNN_BENCHMARK``             ``cudnn_benchmark`` (False)      a switch: autotune cuDNN plans
 ``XCONV_CUDNN_PLAN_CACHE_SIZE``       ``cudnn_plan_cache_size`` (512)  a whole number >= 1
@@ -76,7 +76,7 @@ def _switch(name: str, text: str, default: bool) -> bool:
 
 
 def _isa(name: str, text: str) -> str | None:
-    t = text.strip()
+    t = text.strip().lower()                 # any case, like the switches
     if t == "":
         return None
     if t not in NUMPY_ISAS:
