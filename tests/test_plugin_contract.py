@@ -137,7 +137,7 @@ def test_contract_problems_by_name():
 
 
 def test_register_backend_same_rules_in_process():
-    with pytest.raises(xconv.ShapeError, match="missing fprop; missing dgrad"):
+    with pytest.raises(xconv.ContractError, match="missing fprop; missing dgrad"):
         xconv.register_backend(type("NoPrimitives", (), {"name": "np-less", "array_families": ("numpy",),
                                                           "capabilities": xconv.Capabilities()})())
     duck = _Duck()
@@ -158,7 +158,7 @@ def test_register_backend_same_rules_in_process():
             np.testing.assert_array_equal(a, b)
     finally:
         xconv.unregister_backend("in-process-duck")
-    with pytest.raises(xconv.ShapeError, match="missing bgrad"):
+    with pytest.raises(xconv.ContractError, match="missing bgrad"):
         xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)),
                          backend=type("Partial", (_Duck,), {"bgrad": property(lambda self: 1 / 0)})())
 
@@ -192,3 +192,17 @@ def test_an_entry_point_reusing_a_built_in_name_loads_and_its_claim_is_settled(t
     rc, out, err = _run(env, "-c", "import numpy as np, xconv; print(xconv.conv_fprop(np.ones((1, 1, 3)), "
                                    "np.ones((1, 1, 2))).tolist())")
     assert rc == 0 and out.strip() == "[[[2.0, 2.0]]]", err
+
+
+@pytest.mark.parametrize("capabilities", [None, {"spatial_dims": {2}}, xconv.Capabilities])
+def test_capabilities_of_the_wrong_type_are_refused_by_name(capabilities):
+    """Once accepted, and the first automatically selected call then raised a raw AttributeError."""
+    bad = type("BadCaps", (_Duck,), {"name": "bad-caps", "capabilities": capabilities})()
+    assert contract_problems(bad) == [f"capabilities must be an xconv.Capabilities, not "
+                                      f"{type(capabilities).__name__} {capabilities!r}"]
+    with pytest.raises(xconv.ContractError, match="backend 'bad-caps': .*capabilities must be an xconv.Capabilities"):
+        xconv.register_backend(bad)
+    assert "bad-caps" not in {r.name for r in xconv.list_backends()}
+    with pytest.raises(xconv.ContractError, match="capabilities must be"):
+        xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)), backend=bad)
+    assert issubclass(xconv.ContractError, ValueError) and not issubclass(xconv.ContractError, xconv.ShapeError)
