@@ -24,7 +24,7 @@ import threading
 import pluggy
 
 from . import hookspec, settings
-from .backend import (Backend, BackendInfo, availability_of, complete, contract_problems, info_of)
+from .backend import (REQUIRED, Backend, BackendInfo, availability_of, complete, contract_problems, info_of)
 from .errors import BackendUnavailableError, ContractError, ShapeError, UnknownBackendError
 
 _lock = threading.RLock()
@@ -173,8 +173,9 @@ def select_backend(backend, family: str) -> Backend:
     """The backend a call runs on: ``backend=`` (a name or object), else ``$XCONV_BACKEND``, else by array family.
 
     Raises BackendUnavailableError when the choice cannot run here, UnknownBackendError when no
-    backend has that name, ContractError for an object that breaks the contract, ShapeError when it
-    does not take arrays of ``family``.
+    backend has that name, ContractError for an object that breaks the contract, ShapeError for
+    something that is neither a name nor a backend-like object, or a backend that does not take arrays of
+    ``family``.
     """
     if backend is None:
         backend = settings.current().backend
@@ -182,10 +183,13 @@ def select_backend(backend, family: str) -> Backend:
         return _by_family(family)
     if not isinstance(backend, str):
         problems = contract_problems(backend)
-        if problems:
-            raise ContractError(_label(backend), f"must be a backend name or a backend object ({'; '.join(problems)})",
-                                expected="a str such as 'numpy', or an object with the members of xconv.Backend",
-                                given=f"{type(backend).__name__} {backend!r}")
+        if problems:   # no member of the contract at all (backend=3): a wrong argument, not a broken backend
+            given = f"{type(backend).__name__} {backend!r}"
+            if len(problems) == len(REQUIRED):
+                raise ShapeError("backend", "must be a backend name or a backend object", given=given,
+                                 expected="a str such as 'numpy', or an object with the members of xconv.Backend")
+            raise ContractError(_label(backend), f"does not meet the backend contract: {'; '.join(problems)}",
+                                expected="the members of xconv.Backend (docs/backends.md)", given=given)
     chosen = get_backend(backend) if isinstance(backend, str) else complete(backend)
     available, reason = availability_of(chosen)
     if not available:
