@@ -40,7 +40,7 @@ FEW = settings(max_examples=10, deadline=None, derandomize=True, database=None,
 @st.composite
 def cases(draw, size=None):
     nd = draw(st.sampled_from([1, 2, 3]))
-    size = size or draw(st.sampled_from(["small", "blas"]))
+    size = size or draw(st.sampled_from(["small", "small", "blas", "blas", "large"]))
     kind = draw(st.sampled_from(["dense", "dense", "grouped", "depthwise"]))
     transposed = draw(st.booleans())
     dims = lambda lo, hi: tuple(draw(st.integers(lo, hi)) for _ in range(nd))  # noqa: E731
@@ -54,9 +54,12 @@ def cases(draw, size=None):
     if size == "small":
         N, cin, cout = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
         spatial = dims(*{1: (4, 12), 2: (3, 8), 3: (3, 5)}[nd])
-    else:
+    elif size == "blas":
         N, cin, cout = draw(st.integers(2, 4)), draw(st.integers(12, 40)), draw(st.integers(12, 40))
         spatial = dims(*{1: (48, 160), 2: (10, 20), 3: (5, 8)}[nd])
+    else:                                    # past the small-call path: the chunked grid, threads, big GEMMs
+        N, cin, cout = draw(st.integers(2, 4)), draw(st.integers(24, 72)), draw(st.integers(24, 72))
+        spatial = dims(*{1: (256, 1024), 2: (24, 40), 3: (8, 12)}[nd])
     if kind == "dense":
         groups = 1
     elif kind == "grouped":
