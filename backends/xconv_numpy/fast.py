@@ -47,8 +47,9 @@ from xconv.workspace import check_request
 
 from . import columns, compiled, direct, small
 from .budget import check_im2col
+from . import bias
 from .blas import MAX_WORKERS, blas_workers, single_threaded_blas
-from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
+from .workers import cap_workers as _cap_workers, even_ranges, run as _run
 
 #: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
 #: they leave the cache).
@@ -61,8 +62,6 @@ BUDGET_FRACTION = 1.0
 STRATEGY = None
 #: Force (True/False) or leave to a cost rule (None) the implicit first-dim taps of strategy "a".
 IMPLICIT_OUTER = None
-#: The bias gradient sums dy in blocks of whole samples of about this many bytes, in parallel.
-BGRAD_BLOCK_BYTES = 2 << 20
 #: Strategy "a" gathers only valid positions within each grid line (True) or whole lines (False:
 #: faster copies; the padding columns cost GEMM work instead); None: by channel count.
 COMPACT_INNER = None
@@ -567,12 +566,10 @@ def backward(dy, x, w, p: ConvParams, mask):
         on_grid = not columns.serves(p)
         if (on_grid and not compiled_loops and p.workspace_limit is None and small.serves(p, need_dx)
                 and small.grid_compiled(p)):             # one C call, which checks for NaN/Inf itself; no BLAS
-            results = small.compiled_backward(dy, x, w, p, need_dx, need_dw, need_db)
+            results = small.compiled_backward(dy, x, w, p, need_dx, need_dw, False)
             if results is not None:
                 tracing.note("small-call columns")
-                if need_db:
-                    tracing.note("bias sum")
-                return results
+                return results[0], results[1], (bgrad(dy, p) if need_db else None)
             on_grid = False                                   # NaN/Inf: the exact-zero path, as below
         if not on_grid or (not compiled_loops and columns.has_nonfinite(p, dy, x if need_dw else None,
                                                                          w if need_dx else None)):
@@ -582,7 +579,8 @@ def backward(dy, x, w, p: ConvParams, mask):
             return dx, dw, (bgrad(dy, p) if need_db else None)
         if depthwise:
             tracing.note("depthwise C loops")                   # no BLAS: not pinned
-            return direct.backward(dy, x, w, p, need_dx, need_dw, need_db, blas_workers())
+            dx, dw, _ = direct.backward(dy, x, w, p, need_dx, need_dw, False, blas_workers())
+            return dx, dw, (bgrad(dy, p) if need_db else None)
         if not compiled_loops and p.workspace_limit is None and small.serves(p, need_dx):  # compiled loops first;
             tracing.note("small-call columns")          # its scratch is not leased: not under a workspace limit
             with single_threaded_blas():
@@ -593,11 +591,13 @@ def backward(dy, x, w, p: ConvParams, mask):
             if compiled.serves(p):                       # db from its copy of dy
                 tracing.note("C direct loops")
                 budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw), p)
-                return compiled.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
+                dx, dw, _ = compiled.backward(dy, x, w, p, need_dx, need_dw, False, workers, budget, lease)
+                return dx, dw, (bgrad(dy, p) if need_db else None)
             if geo.pointwise:                           # db from the samples it reads
                 tracing.note("pointwise per-sample GEMM")
-                return _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
-                                           lease)
+                dx, dw, _ = _backward_pointwise(geo, dy, x if need_dw else None, w, need_dx, need_dw, False, workers,
+                                                lease)
+                return dx, dw, (bgrad(dy, p) if need_db else None)
             run = _backward_a if _strategy_a(geo, need_dx, need_dw) else _backward_b
             tracing.note("blas-grid strategy A (dy-columns)" if run is _backward_a
                          else "blas-grid strategy B (x-columns)")
@@ -614,26 +614,9 @@ def wgrad(x, dy, p: ConvParams):
 
 
 def bgrad(dy, p: ConvParams):
-    """dy summed over N and the spatial dims: per block of samples (blocks fixed by the shape alone),
-    blocks summed on the workers, partial sums added in block order."""
+    """dy summed over N and the spatial dims, in the one order of :mod:`.bias` (whatever the path, mask, layout)."""
     tracing.note("bias sum")
-    cdt = compute_dtype(p)
-    axes = (0,) + tuple(range(2, dy.ndim))
-    N = dy.shape[0]
-    per_sample = max(1, dy.size // max(N, 1) * dy.itemsize)
-    nb = max(1, BGRAD_BLOCK_BYTES // per_sample)
-    blocks = [(n, min(n + nb, N)) for n in range(0, N, nb)]
-    if len(blocks) <= 1:
-        db = np.sum(dy, axis=axes, dtype=cdt)
-    else:
-        def part(b):
-            return np.sum(dy[b[0]:b[1]], axis=axes, dtype=cdt)
-        with single_threaded_blas() as workers:
-            parts = list(_executor(workers).map(part, blocks)) if workers > 1 else [part(b) for b in blocks]
-        db = parts[0]
-        for more in parts[1:]:
-            db += more
-    return np.ascontiguousarray(db.astype(DTYPES[p.dtype], copy=False))
+    return bias.grad_bias(dy, DTYPES[p.dtype])
 
 
 def _implicit_outer(geo: _Geom, ip: int, single_sample: bool) -> bool:

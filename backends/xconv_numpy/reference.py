@@ -35,6 +35,8 @@ import numpy as np
 from xconv import ConvParams, limits
 from xconv.dtypes import DTYPES
 
+from .bias import grad_bias
+
 #: Each chunk's columns take at most this many bytes (but at least one line of the first output dim).
 CHUNK_BYTES = 32 << 20
 
@@ -195,5 +197,5 @@ def wgrad(x, dy, p: ConvParams, acc) -> np.ndarray:
 
 
 def bgrad(dy, p: ConvParams, acc) -> np.ndarray:
-    axes = (0,) + tuple(range(2, dy.ndim))
-    return _result(dy.astype(acc, copy=False).sum(axis=axes), p)
+    """grad_y summed over the batch and spatial dims (one fixed order whatever grad_y's layout: see .bias)."""
+    return grad_bias(dy, DTYPES[p.dtype])
