@@ -122,8 +122,8 @@ def relayout(a: np.ndarray, layout: str) -> np.ndarray:
         view[...] = a
         return view
     if layout == "reversed":
-        flipped = np.ascontiguousarray(a[::-1, ..., ::-1])
-        return flipped[::-1, ..., ::-1]
+        rev = (slice(None, None, -1),) * a.ndim
+        return np.ascontiguousarray(a[rev])[rev]
     raise ValueError(layout)
 
 

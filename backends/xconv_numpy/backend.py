@@ -38,7 +38,8 @@ class NumpyBackend(Backend):
 
     array_families = ("numpy",)
     capabilities = Capabilities(transposed=False,  # transposed convolution comes from the core's mapping
-                                batch_invariant=True)  # per sample (see .invariant)
+                                batch_invariant=True,  # per sample (see .invariant)
+                                mask_invariant=True, layout_invariant=True)  # docs/semantics.md, Determinism
 
     def __init__(self, exact: bool = False):
         self.exact = exact

@@ -128,7 +128,7 @@ def _columns(x4: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
 def _grad_rows(dy: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
     """The chunk of dy as a (groups, rows, C_out/groups) array."""
     n0, n1, o0, o1 = chunk
-    part = dy[n0:n1, :, o0:o1].astype(acc, copy=False)
+    part = np.ascontiguousarray(dy[n0:n1, :, o0:o1], dtype=acc)   # BLAS sees one layout, whatever dy's
     n, c_out = part.shape[:2]
     g = p.groups
     part = part.reshape((n, g, c_out // g, -1))
@@ -137,7 +137,7 @@ def _grad_rows(dy: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
 
 def _weight_matrix(w: np.ndarray, p: ConvParams, acc) -> np.ndarray:
     """w as a (groups, C_out/groups, C_in/groups*prod(k)) array."""
-    return w.astype(acc, copy=False).reshape(p.groups, w.shape[0] // p.groups, -1)
+    return np.ascontiguousarray(w, dtype=acc).reshape(p.groups, w.shape[0] // p.groups, -1)   # one layout for BLAS
 
 
 def _grouped(x: np.ndarray, p: ConvParams) -> np.ndarray:
