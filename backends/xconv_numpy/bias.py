@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from xconv.dtypes import DTYPES
+
 #: Bytes of the float64 buffer the rows are copied into (at most this and grad_y's own bytes, at least one row).
 BLOCK_BYTES = 1 << 20
 
@@ -58,3 +60,8 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
                     rows[n, c0:c1] = b.reshape(c1 - c0, P).sum(axis=1)
     total = np.add.accumulate(rows, axis=0)[-1]
     return np.ascontiguousarray(total.astype(out_dtype))
+
+
+def bias_sum(dy, p) -> np.ndarray:
+    """grad_bias of the call ``p`` (the path ``bias-sum`` of :mod:`.paths`): :func:`grad_bias` in p's dtype."""
+    return grad_bias(dy, DTYPES[p.dtype])

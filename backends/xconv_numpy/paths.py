@@ -1,0 +1,243 @@
+"""Which path of the fast NumPy backend computes a call, and why: one table, read top to bottom.
+
+A :class:`Path` says how an output is computed; :data:`RULES` lists, per op, the rules in the order they are
+tried; :func:`choose` (cached) is the only place a path is picked, once per output (``grad_input``,
+``grad_weight``, ``grad_bias``; ``output`` for the forward) and returns the path and the rule that chose it.
+``docs/numpy-backend.md`` shows the table and how to add a path.
+
+Cross-cutting rules, written once here:
+
+- **workspace_limit**: a path whose scratch is not leased (``leases_scratch=False``: it cannot count it) runs
+  under a workspace limit only when its scratch bound (``Path.bound``, bytes at most) fits the limit, so a limit
+  that constrains nothing changes no path (issue 24); a limit that excludes a path says so in the trace;
+- **non-finite detour**: a path with ``nonfinite="detour"`` multiplies zeros the definition never multiplies, so a
+  call whose inputs hold a NaN or an infinity runs on ``columns`` instead (checked in :mod:`.fast` at run time;
+  ``"self-check"``: the path checks on the way and says so; ``"keeps"``: the path keeps them as the reference);
+- **BLAS policy**: ``"pinned"`` runs under one BLAS thread per worker (:mod:`.blas`), ``"none"`` calls no BLAS
+  and is not pinned, ``"own"`` pins inside the path;
+- **trace note**: the path's ``note`` and the rule's name go to the trace record (``xconv.trace()``,
+  ``xconv run --explain``).
+
+**Determinism** (docs/semantics.md): no rule reads the output mask or the operands' layout. Every output's path
+is the one the full call (all three outputs) would take for it, so which outputs are requested never changes
+how one of them is computed; grad_bias always has its own path (``bias-sum``: one order for every call).
+
+Tests and experiments pick a path through :func:`force`, never by patching modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import threading
+from typing import Callable
+
+from xconv import ConvParams
+
+from . import columns, dense, depthwise, native, small
+from .grid.geometry import geom
+
+OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """One way of computing outputs of a call."""
+
+    name: str
+    serves: str                 # which op and outputs it computes, in words
+    runs: str                   # the module and function that run it
+    blas: str                   # "pinned", "none" or "own" (see the module docstring)
+    leases_scratch: bool        # its scratch is counted (leased or checked): it may run under a workspace_limit
+    nonfinite: str              # "keeps", "detour" or "self-check"
+    note: str                   # the trace note
+    bound: Callable = None      # not leased: bytes of scratch at most, for ``p`` (see workspace_limit above)
+
+
+PATHS = {p.name: p for p in (
+    Path("columns", "fprop, dgrad, wgrad: geometries the grid serves badly; non-finite detours",
+         "columns.fprop / columns.backward", "own", True, "keeps", "im2col columns (fallback)"),
+    Path("depthwise", "fprop, backward (dx, dw and db in one pass): one input channel per group, 1-D/2-D",
+         "depthwise.fprop / depthwise.backward (csrc/depthwise_impl.h)", "none", False, "keeps",
+         "depthwise C loops", depthwise.scratch_bound),
+    Path("dense", "backward (dx, dw and db in one pass): channels per group multiples of 16, AVX-512 build",
+         "dense.backward (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
+    Path("small-c", "fprop, backward (dx, dw and db in one C call): small calls at stride 1",
+         "small.fprop / small.compiled_backward (csrc/small_grid.c)", "none", False, "self-check",
+         "small-call columns", small.scratch_bound),
+    Path("small", "fprop, backward (dx, dw): small calls", "small.fprop / small.backward", "pinned", False,
+         "detour", "small-call columns", small.scratch_bound),
+    Path("pointwise", "backward (dx, dw and db in one pass): 1x1 kernel, stride 1, no padding",
+         "grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
+    Path("grid-a", "backward (dx, dw): the polyphase grid, dy-columns", "grid.strategy_a.backward", "pinned", True,
+         "detour", "blas-grid strategy A (dy-columns)"),
+    Path("grid-b", "backward (dx, dw): the polyphase grid, x-columns", "grid.strategy_b.backward", "pinned", True,
+         "detour", "blas-grid strategy B (x-columns)"),
+    Path("grid-forward", "fprop: the polyphase grid, x-columns", "grid.forward.fprop", "pinned", True, "keeps",
+         "blas-grid x-columns"),
+    Path("bias-sum", "grad_bias: per sample and channel in float64, samples in order (one order for every call)",
+         "bias.bias_sum", "none", True, "keeps", "bias sum"),
+)}
+
+#: Paths that compute grad_bias in the same pass as grad_input / grad_weight: none (they did, each in its own
+#: order, so grad_bias's bits depended on the mask and the layout: issue 24).
+BIAS_IN_PASS = ()
+
+#: The mask the rules see: the full call's, whatever the call asks for (see Determinism above).
+FULL = (True, True, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """``path`` serves ``outputs`` of ``op`` when ``when(p, mask)`` holds (``mask``: always :data:`FULL`)."""
+
+    name: str
+    op: str                     # "fprop" or "backward"
+    outputs: tuple
+    path: str
+    when: Callable
+
+
+def _small_size(p, mask):   # dy's columns count as the full call's (dx requested), whatever the mask
+    return small.serves(p, True)
+
+
+def _depthwise(p, mask):    # the small path's size test as the full call's
+    return depthwise.serves(p) and not small.before_depthwise(p, True)
+
+
+def _strategy_a(p, mask):   # the costs of the full call (dx and dw): the same strategy for every mask
+    geo = geom(p)
+    return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
+
+
+_GRADS = ("grad_input", "grad_weight")
+
+#: The table: per op, rules in the order they are tried; the first that holds (and whose path may run: see
+#: the workspace_limit rule) chooses. grad_bias is always "bias-sum".
+RULES = (
+    Rule("grid serves badly (columns.serves)", "fprop", ("output",), "columns",
+         lambda p, m: columns.serves(p)),
+    Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
+         lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
+    Rule("small, stride 1, C loops built (small.serves)", "fprop", ("output",), "small-c",
+         lambda p, m: small.serves(p) and small.grid_compiled(p)),
+    Rule("small (small.serves)", "fprop", ("output",), "small", lambda p, m: small.serves(p)),
+    Rule("otherwise", "fprop", ("output",), "grid-forward", lambda p, m: True),
+
+    Rule("grid serves badly (columns.serves)", "backward", _GRADS, "columns", lambda p, m: columns.serves(p)),
+    Rule("one input channel per group (depthwise.serves)",
+         "backward", _GRADS, "depthwise", _depthwise),
+    Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
+    Rule("small, stride 1, C loops built (small.serves)",
+         "backward", _GRADS, "small-c", lambda p, m: _small_size(p, m) and small.grid_compiled(p)),
+    Rule("small (small.serves)", "backward", _GRADS, "small",
+         _small_size),
+    Rule("1x1 kernel, stride 1, no padding", "backward", _GRADS, "pointwise", lambda p, m: geom(p).pointwise),
+    Rule("cost: A cheaper", "backward", _GRADS, "grid-a", _strategy_a),
+    Rule("cost: B cheaper", "backward", _GRADS, "grid-b",
+         lambda p, m: True),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forcing (tests, experiments)
+
+_forced = threading.local()
+
+
+def _state():
+    return getattr(_forced, "value", ((), ()))
+
+
+#: What a forced path can compute (where it is not forced it serves by its rule above).
+_COMPUTES = {
+    "columns": lambda p, m: True,
+    "depthwise": lambda p, m: depthwise.serves(p),
+    "dense": lambda p, m: dense.computes(p) and dense.available(),
+    "small-c": lambda p, m: small.computes(p) and small.grid_compiled(p),
+    "small": lambda p, m: small.computes(p),
+    "pointwise": lambda p, m: geom(p).pointwise,
+    "grid-a": lambda p, m: True,
+    "grid-b": lambda p, m: True,
+    "grid-forward": lambda p, m: True,
+}
+
+
+@contextlib.contextmanager
+def force(*names: str, off=()):
+    """Within the block (this thread), the paths ``names`` are chosen first, in that order, wherever they can
+    compute the call (the workspace_limit rule still applies), and the paths ``off`` are never chosen. E.g.
+    ``force("grid-b")``, ``force("small-paths")``, ``force(off=["small-paths"])`` (the grid, whatever the size);
+    :data:`GROUPS` names several paths at once."""
+    names = tuple(n for name in names for n in GROUPS.get(name, (name,)))
+    off = tuple(n for name in off for n in GROUPS.get(name, (name,)))
+    unknown = [n for n in names + off if n not in PATHS]
+    if unknown:
+        raise ValueError(f"unknown path(s) {unknown}; paths are {sorted(PATHS)}")
+    before = _state()
+    _forced.value = (names, off)
+    try:
+        yield
+    finally:
+        _forced.value = before
+
+
+#: Names for several paths at once in :func:`force`.
+GROUPS = {"small-paths": ("small-c", "small")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing
+
+
+def choose(p: ConvParams, op: str, output: str, mask=FULL) -> tuple[Path, str]:
+    """(path, rule name) computing ``output`` of ``op`` ("fprop", "backward"; "dgrad" and "wgrad" are backward
+    calls with one output) for ``p``. The only place a path is picked. ``mask`` (the call's output mask) is
+    accepted and not read: an output's path never depends on which other outputs are requested."""
+    return _choose(p, op, output, _state(), _switches())
+
+
+def _switches() -> tuple:
+    """What the rules read besides ``p``: the compiled parts' switches and build."""
+    return (os.environ.get(dense.SWITCH), os.environ.get(depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path, str]:
+    names, off = forced
+    if output == "grad_bias":
+        return PATHS["bias-sum"], "bias-sum (grad_bias has its own path: one order for every call)"
+    excluded = []
+
+    def may_run(path):
+        if path.name in off:
+            return False
+        if p.workspace_limit is None or path.leases_scratch or path.bound(p) <= p.workspace_limit:
+            return True
+        excluded.append(path.name)
+        return False
+
+    def why(rule):
+        return rule if not excluded else \
+            f"{rule}; workspace_limit {p.workspace_limit} excludes {', '.join(excluded)} (scratch not leased)"
+
+    for name in names:
+        path = PATHS[name]
+        if may_run(path) and _COMPUTES[name](p, FULL) and any(r.path == name and r.op == op for r in RULES):
+            return path, "forced"
+    for rule in RULES:
+        if rule.op == op and output in rule.outputs:
+            path = PATHS[rule.path]
+            if rule.when(p, FULL) and may_run(path):
+                return path, why(rule.name)
+    raise AssertionError(f"no rule chose a path for {op} {output}")      # the last rule of each op holds
+
+
+def table() -> str:
+    """The table as text (docs, ``xconv run --explain``)."""
+    rows = [f"{r.op:9} {', '.join(r.outputs):24} {r.path:13} {r.name}" for r in RULES]
+    rows.append(f"{'backward':9} {'grad_bias':24} {'bias-sum':13} always (one order for every call)")
+    return "\n".join(rows)
