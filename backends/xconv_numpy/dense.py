@@ -359,7 +359,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             if need_dw else []
         dw_done = _Countdown(len(tasks))
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
-                  for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
+                  for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)] if need_dx else []
         if n1 == N:
             tasks.append(("finish",))                    # last: alongside the other worker's last dx task
         # one run per block: the copies (and the weights' layout, once), then the computations, which wait until

@@ -77,32 +77,38 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
 
 
 def _grads(path, rule, dy, x, w, p, gx, gw):
-    """(dx, dw) of one path for the outputs asked (gx, gw), with the non-finite detour decided per output from
-    the inputs that output reads (dx: dy and w; dw: dy and x), so the mask cannot change an output's path."""
+    """(dx, dw) of one path for the outputs asked (gx, gw). The non-finite detour is decided per output from the
+    inputs that output reads (dx: dy and w; dw: dy and x), so the mask never changes an output's path."""
     outs = [o for o, bit in (("grad_input", gx), ("grad_weight", gw)) if bit]
+    if path.name == "columns":
+        return _columns(dy, x, w, p, gx, gw, rule)
+    bad_x = bad_w = False
     if path.nonfinite == "self-check":                # one C call that checks what it reads for inf/NaN itself
         results = small.compiled_backward(dy, x, w, p, gx, gw, False)
         if results is not None:
             _note(path, outs, rule)
             return results[0], results[1]
-        if gx and gw:                                 # each output on its own: one may still run here
-            return _grads(path, rule, dy, x, w, p, True, False)[0], _grads(path, rule, dy, x, w, p, False, True)[1]
-        return _columns(dy, x, w, p, gx, gw, "non-finite detour")
-    if path.name == "columns":
-        return _columns(dy, x, w, p, gx, gw, rule)
-    if path.nonfinite == "detour":
-        bad_dy = columns.has_nonfinite(p, dy, None, None)         # one pass over each input read
-        bad_x = gx and (bad_dy or columns.has_nonfinite(p, None, None, w))
-        bad_w = gw and (bad_dy or columns.has_nonfinite(p, None, x, None))
-        if bad_x or bad_w:
-            rx, rw = _columns(dy, x, w, p, bad_x, bad_w, "non-finite detour")
-            if (gx and not bad_x) or (gw and not bad_w):
-                fx, fw = _grads(path, rule, dy, x, w, p, gx and not bad_x, gw and not bad_w)
-                rx, rw = (rx if bad_x else fx), (rw if bad_w else fw)
-            return rx, rw
+        if not (gx and gw):
+            return _columns(dy, x, w, p, gx, gw, "non-finite detour")
+        bad_x, bad_w = _nonfinite(p, dy, x, w, True, True)
+    elif path.nonfinite == "detour":
+        bad_x, bad_w = _nonfinite(p, dy, x, w, gx, gw)
+    if bad_x or bad_w:
+        rx, rw = _columns(dy, x, w, p, bad_x, bad_w, "non-finite detour")
+        if (gx and not bad_x) or (gw and not bad_w):          # the other output: on its own path, as if alone
+            fx, fw = _grads(path, rule, dy, x, w, p, gx and not bad_x, gw and not bad_w)
+            rx, rw = (rx if bad_x else fx), (rw if bad_w else fw)
+        return rx, rw
     _note(path, outs, rule)
     rx, rw, _ = _run_grads(path, dy, x, w, p, gx, gw, False)
     return rx, rw
+
+
+def _nonfinite(p, dy, x, w, gx, gw):
+    """(dx's inputs hold an inf or a NaN, dw's do): one pass over each input read."""
+    bad_dy = columns.has_nonfinite(p, dy, None, None)
+    return (gx and (bad_dy or columns.has_nonfinite(p, None, None, w)),
+            gw and (bad_dy or columns.has_nonfinite(p, None, x, None)))
 
 
 def backward(dy, x, w, p: ConvParams, mask):

@@ -209,7 +209,7 @@ def _switches() -> tuple:
 def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path, str]:
     names, off = forced
     if output == "grad_bias":
-        return PATHS["bias-sum"], "bias-sum (grad_bias has its own path: one order for every call)"
+        return PATHS["bias-sum"], "bias-sum"
     excluded = []
 
     def may_run(path):

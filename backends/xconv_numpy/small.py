@@ -62,15 +62,12 @@ def before_depthwise(p: ConvParams, need_dx: bool = False) -> bool:
 
 
 def scratch_bound(p: ConvParams) -> int:
-    """Bytes this path's scratch takes at most (it is not leased, so a workspace limit admits the path only when
-    this fits: :mod:`.paths`): the column matrices, the zero-padded grids of x and dy, the result buffer and
-    converted copies of the inputs, all counted in float64."""
-    N, K = p.input_shape[0], math.prod(p.kernel)
-    padded = math.prod(s + a + b + (k - 1) * d + st for s, (a, b), k, d, st in
-                       zip(p.input_shape[2:], p.padding, p.kernel, p.dilation, p.stride))
-    tensors = math.prod(p.input_shape) + math.prod(p.output_shape) + math.prod(p.weight_shape)
-    grids = N * (p.input_shape[1] + p.output_shape[1]) * padded
-    return 8 * (2 * _elements(p, True) + grids + 3 * tensors + p.output_shape[1] * K)
+    """Bytes of scratch at most (not leased: a workspace limit admits the path when this fits, see :mod:`.paths`):
+    columns, zero-padded grids of x and dy, results and converted inputs, all counted in float64."""
+    pad = math.prod(s + a + b + (k - 1) * d + t for s, (a, b), k, d, t in
+                    zip(p.input_shape[2:], p.padding, p.kernel, p.dilation, p.stride))
+    io = math.prod(p.input_shape) + math.prod(p.output_shape) + math.prod(p.weight_shape)
+    return 8 * (2 * _elements(p, True) + p.input_shape[0] * (p.input_shape[1] + p.output_shape[1]) * pad + 3 * io)
 
 
 def _elements(p: ConvParams, need_dx: bool) -> int:
