@@ -167,11 +167,15 @@ class _Blas:
             return "; ".join(out)
 
     def pinned(self) -> bool:
-        """Whether every BLAS library found runs one thread inside xconv's calls (pinned or sequential)."""
-        with self.lock:
-            if self.libs is None:
-                self.libs = _find()
-            return all(lib.threading != "openmp" for lib in self.libs)
+        """Whether every BLAS library found runs one thread inside xconv's calls: pinned, sequential, or an OpenMP
+        build whose thread count (this thread's OpenMP setting, e.g. ``OMP_NUM_THREADS=1``) is one."""
+        libs = self.libs
+        if libs is None:
+            with self.lock:
+                if self.libs is None:
+                    self.libs = _find()
+                libs = self.libs
+        return all(lib.threading != "openmp" or lib.count() == 1 for lib in libs)
 
     # fork: the lock is taken around os.fork so that the child never inherits it held mid-update
     def _before_fork(self):
