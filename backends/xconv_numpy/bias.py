@@ -37,6 +37,8 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
         return np.zeros(C, out_dtype)
     if dy.dtype == np.float64 and dy.flags.c_contiguous and dy.flags.aligned and dy.dtype.isnative:
         rows = dy.reshape(N, C, P).sum(axis=2)
+    elif dy.size * 8 <= BLOCK_BYTES:                # small: one C-order float64 copy (the same rows, fewer calls)
+        rows = np.array(dy, dtype=np.float64, order="C").reshape(N, C, P).sum(axis=2)
     else:
         rows = np.empty((N, C), np.float64)
         per_row = P * 8
@@ -58,7 +60,7 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
                     b = buf[:c1 - c0]
                     b[...] = dy[n, c0:c1]
                     rows[n, c0:c1] = b.reshape(c1 - c0, P).sum(axis=1)
-    total = np.add.accumulate(rows, axis=0)[-1]
+    total = rows[0] if N == 1 else np.add.accumulate(rows, axis=0)[-1]
     return np.ascontiguousarray(total.astype(out_dtype))
 
 
