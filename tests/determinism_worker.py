@@ -3,7 +3,8 @@
     python tests/determinism_worker.py digests CASES.json
         every promised (backend, level) of every case: first on the main thread, then on one other thread,
         then on 4 threads at once. With XCONV_TEST_TORCH_FIRST=1, torch is imported (before numpy) and runs a
-        threaded convolution first, so xconv's workers run on torch's OpenMP threads.
+        threaded convolution first, so xconv's workers run on torch's OpenMP threads; XCONV_TEST_AFFINITY=0
+        pins the process to CPU 0 first (BLAS and xconv then see one CPU).
     python tests/determinism_worker.py fork CASES.json (torch|xconv) TIMEOUT
         the parent runs torch's OpenMP work ("torch": xconv is imported, never called) or that and every case on
         xconv ("xconv"), then forks; the child computes the digests on its main thread and on threads and sends
@@ -47,6 +48,9 @@ def all_digests(cases):
 
 def main(argv):
     mode, path = argv[0], argv[1]
+    if os.environ.get("XCONV_TEST_AFFINITY") and hasattr(os, "sched_setaffinity"):
+        cpus = {int(c) for c in os.environ["XCONV_TEST_AFFINITY"].split(",")} & os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus or os.sched_getaffinity(0))   # before numpy: BLAS sizes its pool from it
     if os.environ.get("XCONV_TEST_TORCH_FIRST") == "1" or mode == "fork":
         torch_work()                                   # torch (and its libgomp) before numpy is imported here
     from determinism_cases import load_cases

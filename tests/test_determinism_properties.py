@@ -6,8 +6,8 @@ else. Hypothesis draws convolutions (1-D/2-D/3-D, strides 1-3, dilation, groups,
 every dtype, small and BLAS-sized) and checks bitwise equality across: the calling thread and concurrent
 threads; fresh processes with other BLAS/OpenMP thread counts (and torch imported first); every output
 mask; C, Fortran, channels-last, gapped and reversed operands; tracing; a workspace limit that constrains
-nothing; forked children; and the xconv.torch modules (threads, channels-last, torch.compile). No run may
-print an OpenBLAS warning. Bounded (derandomized, few examples) to run in a few minutes on 2 cores.
+nothing; forked children; and the xconv.torch modules (threads, channels-last, torch.set_num_threads,
+torch.compile). Fresh processes also run under CPU affinity to one CPU. No run may print an OpenBLAS warning. Bounded (derandomized, few examples) to run in a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -203,6 +203,7 @@ ENVIRONMENTS = [
     {"OPENBLAS_NUM_THREADS": None, "OMP_NUM_THREADS": None},
     {"OPENBLAS_NUM_THREADS": None, "OMP_NUM_THREADS": "3"},
     {"XCONV_TEST_TORCH_FIRST": "1", "OPENBLAS_NUM_THREADS": None, "OMP_NUM_THREADS": None},
+    {"XCONV_TEST_AFFINITY": "0", "OPENBLAS_NUM_THREADS": None, "OMP_NUM_THREADS": None},
 ]
 
 
@@ -292,6 +293,12 @@ def test_torch_modules_same_bits_on_threads_and_in_channels_last(backend, case, 
     for got in on_threads(step, 4):
         _assert_same(got, want, "torch module, 4 threads", case)
     _assert_same(step(channels_last=True), want, "torch module, channels-last input", case)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _assert_same(step(), want, "torch module under torch.set_num_threads(1)", case)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
