@@ -1,9 +1,10 @@
 """Threads of the NumPy backend: a fixed list of chunks run on a small pool of Python threads.
 
-NumPy's matrix products and copies, and the compiled loops of :mod:`.direct`, release the GIL,
-so chunks run in parallel; BLAS itself runs one thread meanwhile (see :mod:`.blas`). What a
-chunk computes never depends on which thread runs it, so results do not depend on the number
-of workers.
+NumPy's matrix products and copies, and the compiled loops of :mod:`.depthwise` and :mod:`.dense`, release the
+GIL, so chunks run in parallel; BLAS itself runs one thread meanwhile (:func:`run` holds the pin of
+:mod:`.blas` around every parallel run, so no BLAS call inside one is threaded). What a chunk computes never
+depends on which thread runs it, so results do not depend on the number of workers. A forked child starts
+with no pool (the parent's threads are not in it) and a fresh lock.
 """
 
 from __future__ import annotations
@@ -16,10 +17,22 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import omp_team
+from .blas import single_threaded_blas
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 _POOLS_PID = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _POOLS_LOCK, _POOLS_PID
+    _POOLS_LOCK = threading.Lock()          # another parent thread may have held it at the fork
+    _POOLS.clear()
+    _POOLS_PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def executor(workers: int) -> ThreadPoolExecutor:
@@ -88,10 +101,14 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
                     on_error()
                 return
 
-    if not (workers > 1 and omp_team.parallel(loop, workers)):    # torch's OpenMP threads when torch is here,
-        helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]     # else Python threads
+    if workers == 1:
         loop()
-        for f in helpers:
-            f.result()
+    else:
+        with single_threaded_blas():            # never threaded BLAS inside xconv's own parallel region
+            if not omp_team.parallel(loop, workers):    # torch's OpenMP threads when torch is here,
+                helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]     # else Python threads
+                loop()
+                for f in helpers:
+                    f.result()
     if failed:
         raise failed[0]
