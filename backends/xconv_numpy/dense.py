@@ -49,8 +49,8 @@ DW_SEGMENT_BYTES = 256 << 10
 #: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone (a hand-off to the pool
 #: costs about as much as this much work).
 SMALL_WORK = 1 << 21
-#: The environment switch of these loops ("0": off).
-SWITCH = "XCONV_NUMPY_C"
+#: The switch of these loops (the settings field of ``$XCONV_NUMPY_C``).
+SWITCH = "numpy_c"
 
 
 #: Builds whose dense loops are used. The loops work on 16-float vectors (GCC vector extensions): one AVX-512

@@ -47,7 +47,8 @@ from xconv.dtypes import DTYPES
 
 
 def _note(path: paths.Path, outputs, rule: str) -> None:
-    tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
+    if tracing.active():
+        tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
 
 
 def _columns(dy, x, w, p, need_dx, need_dw, rule):
@@ -113,25 +114,18 @@ def _nonfinite(p, dy, x, w, gx, gw):
 
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False; each output by the path
-    :func:`paths.choose` picks for it (from the parameters alone: the same for every mask)."""
-    need_dx, need_dw, need_db = mask
+    :func:`paths.choose` picks for it (from the parameters alone: the same whatever the mask)."""
     dx = dw = db = None
-    if need_dx or need_dw:
-        chosen = {o: paths.choose(p, "backward", o) for o, bit in zip(paths.OUTPUTS[:2], mask) if bit}
-        groups = {}                                   # path -> outputs it computes together
-        for o, (path, _) in chosen.items():
-            groups.setdefault(path.name, []).append(o)
-        for name, outs in groups.items():
-            path, rule = chosen[outs[0]]
-            gx, gw = "grad_input" in outs, "grad_weight" in outs
-            rx, rw = _grads(path, rule, dy, x, w, p, gx, gw)
-            if gx:
-                dx = rx
-            if gw:
-                dw = rw
-    if need_db:
+    runs, _ = paths.backward_plan(p, mask)
+    for path, rule, outs, gx, gw, _ in runs:
+        rx, rw = _grads(path, rule, dy, x, w, p, gx, gw)
+        if gx:
+            dx = rx
+        if gw:
+            dw = rw
+    if mask[2]:                                      # always its own path: one order for every call
         path, rule = paths.choose(p, "backward", "grad_bias")
-        _note(path, ["grad_bias"], rule)
+        _note(path, ("grad_bias",), rule)
         db = bias.bias_sum(dy, p)
     return dx, dw, db
 
@@ -151,7 +145,7 @@ def bgrad(dy, p: ConvParams):
 
 def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
-    path, rule = paths.choose(p, "fprop", "output")
+    path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     name = path.name
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, f"{path.note} [output: {rule}]")

@@ -5,7 +5,8 @@ directory; :func:`load` opens the baseline build, asks it what the CPU runs (``_
 and opens the best build present that the CPU runs (``XCONV_NUMPY_ISA`` may choose a lower one). Each is
 opened by absolute path from the package's own directory, and only if it is a regular file (never through a
 link); no compiler runs and no cache is read. When the builds are missing (installed without a C compiler),
-:func:`load` raises and the backend runs its NumPy paths.
+:func:`load` raises and the backend runs its NumPy paths; likewise when a build's argument layout is not the one
+:mod:`.layout` declares.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import os
 import stat
 from pathlib import Path
 
+from xconv import settings
+
+from . import layout
 from .lazy import Lazy
 
 #: Instruction sets of the builds, lowest first.
@@ -68,7 +72,7 @@ def load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(base))
     _declare(lib)
     level = int(lib.xconv_cpu_level())
-    wanted = os.environ.get("XCONV_NUMPY_ISA")
+    wanted = settings.current().numpy_isa                     # validated: None or one of ISAS
     if wanted in ISAS:
         level = min(level, ISAS.index(wanted))
     for isa in reversed(ISAS[1:level + 1]):
@@ -77,6 +81,7 @@ def load() -> ctypes.CDLL:
             lib = ctypes.CDLL(str(path))
             _declare(lib)
             break
+    layout.check(lib)
     return lib
 
 
@@ -112,6 +117,11 @@ def load_error() -> str | None:
 
 
 def part_on(switch: str) -> bool:
-    """Whether a compiled part may run: its environment switch (``XCONV_NUMPY_C``, ``XCONV_NUMPY_DIRECT``) is
-    not "0" and the library loaded."""
-    return os.environ.get(switch, "1") != "0" and library() is not None
+    """Whether a compiled part may run: its switch (a :class:`xconv.settings.Settings` field, ``numpy_c`` or
+    ``numpy_direct``: ``$XCONV_NUMPY_C``, ``$XCONV_NUMPY_DIRECT``) is on and the library loaded."""
+    return getattr(settings.current(), switch) and library() is not None
+
+
+def switch_variable(switch: str) -> str:
+    """The environment variable of a switch (``numpy_c``: ``XCONV_NUMPY_C``)."""
+    return "XCONV_" + switch.upper()

@@ -30,11 +30,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import threading
 from typing import Callable
 
-from xconv import ConvParams
+from xconv import ConvParams, settings
 
 from . import columns, dense, depthwise, native, small
 from .grid.geometry import geom
@@ -80,10 +79,6 @@ PATHS = {p.name: p for p in (
     Path("bias-sum", "grad_bias: per sample and channel in float64, samples in order (one order for every call)",
          "bias.bias_sum", "none", True, "keeps", "bias sum"),
 )}
-
-#: Paths that compute grad_bias in the same pass as grad_input / grad_weight: none (they did, each in its own
-#: order, so grad_bias's bits depended on the mask and the layout: issue 24).
-BIAS_IN_PASS = ()
 
 #: The mask the rules see: the full call's, whatever the call asks for (see Determinism above).
 FULL = (True, True, True)
@@ -193,6 +188,38 @@ GROUPS = {"small-paths": ("small-c", "small")}
 # Choosing
 
 
+def choose_all(p: ConvParams, op: str, mask) -> dict:
+    """{output: (path, rule name)} for every requested output of the call (``choose`` per output, cached as one)."""
+    return _choose_all(p, op, tuple(mask), _state(), _switches())
+
+
+@functools.lru_cache(maxsize=256)
+def _choose_all(p, op, mask, forced, switches) -> dict:
+    outputs = ("output",) if op == "fprop" else [o for o, bit in zip(OUTPUTS, mask) if bit]
+    return {o: _choose(p, op, o, forced, switches) for o in outputs}
+
+
+def backward_plan(p: ConvParams, mask) -> tuple:
+    """The call's :func:`choose_all` as the runs it makes: a tuple of (path, rule, outputs, dx, dw, db) per path
+    (outputs it computes together, in table order; db always False: grad_bias is left to ``bias-sum``), and
+    whether grad_bias is asked."""
+    return _backward_plan(p, tuple(mask), _state(), _switches())
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_plan(p, mask, forced, switches) -> tuple:
+    chosen = _choose_all(p, "backward", mask, forced, switches)
+    runs = {}
+    for o in ("grad_input", "grad_weight"):
+        if o in chosen:
+            runs.setdefault(chosen[o][0].name, []).append(o)
+    plan = []
+    for name, outs in runs.items():
+        path, rule = chosen[outs[0]]
+        plan.append((path, rule, tuple(outs), "grad_input" in outs, "grad_weight" in outs, False))
+    return tuple(plan), bool(mask[2])
+
+
 def choose(p: ConvParams, op: str, output: str, mask=FULL) -> tuple[Path, str]:
     """(path, rule name) computing ``output`` of ``op`` ("fprop", "backward"; "dgrad" and "wgrad" are backward
     calls with one output) for ``p``. The only place a path is picked. ``mask`` (the call's output mask) is
@@ -202,7 +229,8 @@ def choose(p: ConvParams, op: str, output: str, mask=FULL) -> tuple[Path, str]:
 
 def _switches() -> tuple:
     """What the rules read besides ``p``: the compiled parts' switches and build."""
-    return (os.environ.get(dense.SWITCH), os.environ.get(depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
+    on = settings.current()
+    return (getattr(on, dense.SWITCH), getattr(on, depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
 
 
 @functools.lru_cache(maxsize=256)

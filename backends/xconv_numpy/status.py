@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import os
+from xconv import settings
 
 from . import blas, dense, depthwise, native, small
 
 
 def describe() -> str:
     """One line: the build and the parts it runs, or why none runs."""
+    on = settings.current()
+
     def why(switch, error):
-        return f"{switch}=0" if os.environ.get(switch, "1") == "0" else (error or "not loaded")
+        return f"{native.switch_variable(switch)}=0" if not getattr(on, switch) else (error or "not loaded")
 
     states = [("depthwise", depthwise.available(), lambda: why(depthwise.SWITCH, native.load_error())),
               ("dense C loops", dense.available(), lambda: why(dense.SWITCH, dense.build_error())),
