@@ -26,6 +26,8 @@ from xconv.dtypes import DTYPES
 
 #: Bytes of the float64 buffer the rows are copied into (at most this and grad_y's own bytes, at least one row).
 BLOCK_BYTES = 1 << 20
+#: grad_y of at most this many elements is copied whole (small calls: fewer NumPy calls; 64 KiB of float64).
+SMALL_ELEMENTS = 1 << 13
 
 
 def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
@@ -37,7 +39,7 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
         return np.zeros(C, out_dtype)
     if dy.dtype == np.float64 and dy.flags.c_contiguous and dy.flags.aligned and dy.dtype.isnative:
         rows = dy.reshape(N, C, P).sum(axis=2)
-    elif dy.size * 8 <= BLOCK_BYTES:                # small: one C-order float64 copy (the same rows, fewer calls)
+    elif dy.size <= SMALL_ELEMENTS:                # tiny: one C-order float64 copy (the same rows, fewer calls)
         rows = np.array(dy, dtype=np.float64, order="C").reshape(N, C, P).sum(axis=2)
     else:
         rows = np.empty((N, C), np.float64)

@@ -33,7 +33,6 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import native
-from .blas import MAX_WORKERS
 from .layout import DEPTHWISE_GEO
 from .native import address
 from .workers import even_ranges, run
@@ -229,17 +228,6 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     rdw = _sum_samples(dwp).reshape(p.weight_shape).astype(out_dt, copy=False) if need_dw else None
     rdb = _sum_samples(dbp).astype(out_dt, copy=False) if need_db else None
     return rdx, rdw, rdb
-
-
-def scratch_bound(p: ConvParams) -> int:
-    """Bytes these loops' scratch takes at most (it is not leased, so a workspace limit admits them only when this
-    fits: :mod:`.paths`): every worker's plane scratch, the per-sample partials of dw and db, the weight copy and
-    one block of converted samples (at most BLOCK_BYTES, or one sample)."""
-    plan, it = _plan(p), 8
-    N, C, Co = plan.in4[0], plan.in4[1], plan.out4[1]
-    worker = plan.F + (plan.Lh + 1) * plan.Lw * (1 + 2 * plan.nslots)
-    sample = math.prod(plan.out4[1:]) + 2 * math.prod(plan.in4[1:])
-    return it * (MAX_WORKERS * worker + N * Co * (plan.K + 1) + Co * plan.K + sample) + max(BLOCK_BYTES, it * sample)
 
 
 def _sum_samples(parts: np.ndarray) -> np.ndarray:

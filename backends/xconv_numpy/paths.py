@@ -35,7 +35,7 @@ from typing import Callable
 
 from xconv import ConvParams, settings
 
-from . import columns, dense, depthwise, native, small
+from . import bounds, columns, dense, depthwise, native, small
 from .grid.geometry import geom
 
 OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
@@ -60,14 +60,14 @@ PATHS = {p.name: p for p in (
          "columns.fprop / columns.backward", "own", True, "keeps", "im2col columns (fallback)"),
     Path("depthwise", "fprop, backward (dx, dw and db in one pass): one input channel per group, 1-D/2-D",
          "depthwise.fprop / depthwise.backward (csrc/depthwise_impl.h)", "none", False, "keeps",
-         "depthwise C loops", depthwise.scratch_bound),
+         "depthwise C loops", bounds.depthwise),
     Path("dense", "backward (dx, dw and db in one pass): channels per group multiples of 16, AVX-512 build",
          "dense.backward (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
     Path("small-c", "fprop, backward (dx, dw and db in one C call): small calls at stride 1",
          "small.fprop / small.compiled_backward (csrc/small_grid.c)", "none", False, "self-check",
-         "small-call columns", small.scratch_bound),
+         "small-call columns", bounds.small),
     Path("small", "fprop, backward (dx, dw): small calls", "small.fprop / small.backward", "pinned", False,
-         "detour", "small-call columns", small.scratch_bound),
+         "detour", "small-call columns", bounds.small),
     Path("pointwise", "backward (dx, dw and db in one pass): 1x1 kernel, stride 1, no padding",
          "grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
     Path("grid-a", "backward (dx, dw): the polyphase grid, dy-columns", "grid.strategy_a.backward", "pinned", True,

@@ -62,15 +62,6 @@ def before_depthwise(p: ConvParams, need_dx: bool = False) -> bool:
             and serves(p, need_dx))
 
 
-def scratch_bound(p: ConvParams) -> int:
-    """Bytes of scratch at most (not leased: a workspace limit admits the path when this fits, see :mod:`.paths`):
-    columns, zero-padded grids of x and dy, results and converted inputs, all counted in float64."""
-    pad = math.prod(s + a + b + (k - 1) * d + t for s, (a, b), k, d, t in
-                    zip(p.input_shape[2:], p.padding, p.kernel, p.dilation, p.stride))
-    io = math.prod(p.input_shape) + math.prod(p.output_shape) + math.prod(p.weight_shape)
-    return 8 * (2 * _elements(p, True) + p.input_shape[0] * (p.input_shape[1] + p.output_shape[1]) * pad + 3 * io)
-
-
 def _elements(p: ConvParams, need_dx: bool) -> int:
     K, N = math.prod(p.kernel), p.input_shape[0]
     x_cols = p.input_shape[1] * K * N * math.prod(p.output_shape[2:])
