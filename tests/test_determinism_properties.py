@@ -32,7 +32,7 @@ WORKER = os.path.join(HERE, "determinism_worker.py")
 BACKENDS = ("numpy", "numpy-exact")
 LEVELS = st.sampled_from([True, "batch_invariant"])
 
-FEW = settings(max_examples=10, deadline=None, derandomize=True, database=None,
+FEW = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                       HealthCheck.filter_too_much])
 
@@ -274,7 +274,7 @@ def _torch_step(torch, layer, x, channels_last=False, model=None):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases(), level=LEVELS)
 def test_torch_modules_same_bits_on_threads_and_in_channels_last(backend, case, level):
