@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from xconv import UnsupportedError
+
 from . import omp_team
 from .blas import single_threaded_blas
 
@@ -70,11 +72,22 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
 
     The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
     start in order, and one that waits for an earlier chunk waits for a running one) and has a
-    workspace of its own. On an exception the threads stop taking chunks, ``on_error()`` runs
-    (it must release any thread waiting for a failed chunk) and the first exception propagates.
+    workspace of its own. The workspaces are made first, on the calling thread, one per worker: a
+    workspace that a workspace_limit refuses (``UnsupportedError`` from a lease) leaves the call with
+    the workers made so far (the first one's refusal is the call's), so whether a call is refused
+    never depends on which threads happened to take a chunk (it did: issue 24). On an exception the
+    threads stop taking chunks, ``on_error()`` runs (it must release any thread waiting for a failed
+    chunk) and the first exception propagates.
     """
     n = len(chunks)
     workers = max(1, min(workers, n))
+    spare = [make_workspace()]
+    for _ in range(workers - 1):
+        try:
+            spare.append(make_workspace())
+        except UnsupportedError:            # the limit admits fewer workers: the same results, fewer threads
+            break
+    workers = len(spare)
     order = itertools.count()
     lock = threading.Lock()
     failed = []
@@ -84,14 +97,13 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
             work()
 
     def work():
-        ws = None
+        with lock:
+            ws = spare.pop()
         while not failed:
             with lock:
                 i = next(order)
             if i >= n:
                 return
-            if ws is None:
-                ws = make_workspace()
             try:
                 task(ws, i, *chunks[i])
             except BaseException as e:

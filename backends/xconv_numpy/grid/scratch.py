@@ -93,9 +93,9 @@ class Lease:
         """An uninitialized array starting on a 64-byte boundary (a cache line: vector loads never split)."""
         dtype = np.dtype(dtype)
         n = math.prod(shape) * dtype.itemsize
-        self.sizes.append(n + 64)
-        if self.limit is not None:
-            check_request("numpy", sum(self.sizes), self.limit, "scratch (its smallest chunking)")
+        if self.limit is not None:                       # a refused request is not counted (workers.run goes on
+            check_request("numpy", sum(self.sizes) + n + 64, self.limit, "scratch (its smallest chunking)")
+        self.sizes.append(n + 64)                        # with the workspaces it has)
         raw = ARENA.take(n + 64)
         self.bufs.append(raw)
         a = -raw.ctypes.data % 64
