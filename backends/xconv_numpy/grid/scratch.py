@@ -226,13 +226,7 @@ def n_slots(io_bytes: int, w_bytes: int) -> int:
 
 
 def run_guarded(chunks, task, workspace, workers, slots):
-    """workers.run with the slots released when a chunk fails, also when a worker fails to lease its
-    workspace (the others may wait on its chunks)."""
-    def guarded_workspace():
-        try:
-            return workspace()
-        except BaseException:
-            if slots is not None:
-                slots.fail()
-            raise
-    run(chunks, task, guarded_workspace, workers, slots.fail if slots is not None else None)
+    """workers.run with the slots released when a chunk fails. (Workspaces are made before any chunk runs, on the
+    calling thread, so a workspace that cannot be leased leaves no chunk waiting: workers.run goes on with fewer
+    workers, or raises before any work when the first cannot be leased.)"""
+    run(chunks, task, workspace, workers, slots.fail if slots is not None else None)
