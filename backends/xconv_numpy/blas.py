@@ -5,7 +5,8 @@ picks other kernels (its "direct" small-GEMM kernel only single-threaded), so th
 on the thread count. The NumPy backend's calls therefore run every BLAS product single-threaded and run
 their independent chunks on their own workers (:mod:`.workers`) instead.
 
-How, per library found loaded (``/proc/self/maps`` through threadpoolctl, else directly):
+How, per library found loaded (``/proc/self/maps`` through threadpoolctl, else directly; NumPy's own when it
+can be told apart, since xconv calls no other):
 
 - OpenBLAS built with pthreads (numpy's and scipy's wheels): its thread count is one process-wide value.
   It is set to 1 by the library's own setter, called by ctypes, while any xconv call runs (reference
@@ -90,7 +91,7 @@ def _find() -> list:
                            is_numpy, str(getattr(lc, "threading_layer", "")))
             if lib is not None:
                 libs.append(lib)
-        return libs
+        return _numpys(libs)
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
@@ -100,7 +101,13 @@ def _find() -> list:
         lib = _openblas(path, "numpy" in path)
         if lib is not None:
             libs.append(lib)
-    return libs
+    return _numpys(libs)
+
+
+def _numpys(libs: list) -> list:
+    """NumPy's own BLAS libraries when they can be told apart (xconv calls no other: torch's bundled OpenBLAS,
+    loaded or not in this process, is left alone), else all."""
+    return [lib for lib in libs if lib.is_numpy] or libs
 
 
 class _Blas:
