@@ -182,7 +182,10 @@ class _Blas:
                 if self.libs is None:
                     self.libs = _find()
                 libs = self.libs
-        return all(lib.threading != "openmp" or lib.count() == 1 for lib in libs)
+        for lib in libs:                                 # (a loop, not all(): this runs on every call)
+            if lib.threading == "openmp" and lib.count() != 1:
+                return False
+        return True
 
     # fork: the lock is taken around os.fork so that the child never inherits it held mid-update
     def _before_fork(self):

@@ -116,16 +116,15 @@ def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False; each output by the path
     :func:`paths.choose` picks for it (from the parameters alone: the same whatever the mask)."""
     dx = dw = db = None
-    runs, _ = paths.backward_plan(p, mask)
+    runs, bias_path = paths.backward_plan(p, mask)
     for path, rule, outs, gx, gw, _ in runs:
         rx, rw = _grads(path, rule, dy, x, w, p, gx, gw)
         if gx:
             dx = rx
         if gw:
             dw = rw
-    if mask[2]:                                      # always its own path: one order for every call
-        path, rule = paths.choose(p, "backward", "grad_bias")
-        _note(path, ("grad_bias",), rule)
+    if bias_path is not None:                        # always its own path: one order for every call
+        _note(bias_path[0], ("grad_bias",), bias_path[1])
         db = bias.bias_sum(dy, p)
     return dx, dw, db
 

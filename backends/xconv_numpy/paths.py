@@ -202,7 +202,7 @@ def _choose_all(p, op, mask, forced, switches) -> dict:
 def backward_plan(p: ConvParams, mask) -> tuple:
     """The call's :func:`choose_all` as the runs it makes: a tuple of (path, rule, outputs, dx, dw, db) per path
     (outputs it computes together, in table order; db always False: grad_bias is left to ``bias-sum``), and
-    whether grad_bias is asked."""
+    grad_bias's (path, rule), or None when it is not asked."""
     return _backward_plan(p, tuple(mask), _state(), _switches())
 
 
@@ -217,7 +217,7 @@ def _backward_plan(p, mask, forced, switches) -> tuple:
     for name, outs in runs.items():
         path, rule = chosen[outs[0]]
         plan.append((path, rule, tuple(outs), "grad_input" in outs, "grad_weight" in outs, False))
-    return tuple(plan), bool(mask[2])
+    return tuple(plan), (_choose(p, "backward", "grad_bias", forced, switches) if mask[2] else None)
 
 
 def choose(p: ConvParams, op: str, output: str, mask=FULL) -> tuple[Path, str]:
