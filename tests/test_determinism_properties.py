@@ -7,7 +7,8 @@ every dtype, small and BLAS-sized) and checks bitwise equality across: the calli
 threads; fresh processes with other BLAS/OpenMP thread counts (and torch imported first); every output
 mask; C, Fortran, channels-last, gapped and reversed operands; tracing; a workspace limit that constrains
 nothing; forked children; and the xconv.torch modules (threads, channels-last, torch.set_num_threads,
-torch.compile). Fresh processes also run under CPU affinity to one CPU. No run may print an OpenBLAS warning. Bounded (derandomized, few examples) to run in a few minutes on 2 cores.
+torch.compile). Fresh processes also run under CPU affinity to one CPU. No run may print an OpenBLAS warning.
+Bounded (derandomized, few examples) to run in a few minutes on 2 cores.
 """
 
 from __future__ import annotations
