@@ -27,8 +27,11 @@ def test_backends_table():
     out = run("backends")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:4] == ["name", "available", "version", "devices"]
+    assert lines[0].split()[:3] == ["name", "available", "devices,"]
     assert any(line.startswith("numpy ") and " yes " in line for line in lines)
+    assert max(map(len, lines)) <= 100, out.stdout              # within 100 columns; -v has every field
+    verbose = run("backends", "-v").stdout
+    assert "numpy: available" in verbose and "  version: xconv " in verbose
 
 
 def test_run_backward_prints_shapes_checksums_and_time():

@@ -30,7 +30,9 @@ def test_numpy_backends_are_bitwise_as_recorded():
     want = builds[key]
     full = numpy_digests.compute()
     got = numpy_digests.compact(full)
-    assert set(got) == set(want)
+    missing = sorted(set(want) - set(got))
+    assert not missing, f"{len(missing)} calls of the manifest no longer run, e.g. {missing[:5]}"
+    # calls added since (corpus cases added after ce77a11) have no digest to hold them to: only the manifest's count
     differ = sorted(k for k in want if got[k] != want[k])
     # Known, and not a change of bits: under a tight workspace_limit whether a call is refused depends on whether a
     # second worker thread got a chunk (and leased its scratch) before the first finished; ce77a11 does the same.

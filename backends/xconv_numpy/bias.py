@@ -66,6 +66,22 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
     return np.ascontiguousarray(total.astype(out_dtype))
 
 
+def scratch_bytes(dy: np.ndarray) -> int:
+    """Bytes of scratch :func:`grad_bias` takes for ``dy``: the per-sample rows and the float64 copy (if any)."""
+    N, C = dy.shape[0], dy.shape[1]
+    P = math.prod(dy.shape[2:])
+    rows = 8 * N * C
+    if N == 0 or C == 0 or P == 0 or (dy.dtype == np.float64 and dy.flags.c_contiguous and dy.flags.aligned
+                                      and dy.dtype.isnative):
+        return rows
+    if dy.size <= SMALL_ELEMENTS:
+        return rows + 8 * dy.size
+    block = min(BLOCK_BYTES, dy.nbytes)
+    if C * P * 8 <= block:
+        return rows + max(1, min(N, block // (C * P * 8))) * C * P * 8
+    return rows + max(1, min(C, block // (P * 8))) * P * 8
+
+
 def bias_sum(dy, p) -> np.ndarray:
     """grad_bias of the call ``p`` (the path ``bias-sum`` of :mod:`.paths`): :func:`grad_bias` in p's dtype."""
     return grad_bias(dy, DTYPES[p.dtype])

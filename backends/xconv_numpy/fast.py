@@ -51,6 +51,16 @@ def _note(path: paths.Path, outputs, rule: str) -> None:
         tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
 
 
+def _small_scratch(p: ConvParams, need_dx: bool, need_dw: bool, fprop: bool = False) -> None:
+    """Report the scratch of the Python small path (:func:`small.backward` / :func:`small.fprop` without the one
+    C call): dy channel-major (or y before its layout), and the columns of x (fprop, dw) and of dx, in the
+    compute dtype, from the small path's plan (its grid form without the C loops holds about as much)."""
+    if tracing.active():
+        f = small._plan(p)
+        cols, dyc = f.C * f.K * f.N * f.Q, f.Co * f.N * f.Q
+        tracing.workspace(compute_dtype(p).itemsize * (dyc + cols * (1 if fprop else need_dx + need_dw)))
+
+
 def _columns(dy, x, w, p, need_dx, need_dw, rule):
     outs = [o for o, bit in (("grad_input", need_dx), ("grad_weight", need_dw)) if bit]
     check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
@@ -64,6 +74,7 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
     if name == "depthwise":
         return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, blas_workers())
     if name == "small":
+        _small_scratch(p, need_dx, need_dw)
         with pinned_blas_workers():
             return small.backward(dy, x, w, p, need_dx, need_dw) + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
@@ -126,6 +137,7 @@ def backward(dy, x, w, p: ConvParams, mask):
     if bias_path is not None:                        # always its own path: one order for every call
         _note(bias_path[0], ("grad_bias",), bias_path[1])
         db = bias.bias_sum(dy, p)
+        tracing.workspace(bias.scratch_bytes(dy))                # its rows and float64 block
     return dx, dw, db
 
 
@@ -155,6 +167,7 @@ def fprop(x, w, b, p: ConvParams):
     if name == "small-c":
         return small.fprop(x, w, b, p)
     if name == "small":
+        _small_scratch(p, False, False, fprop=True)
         with pinned_blas_workers():
             return small.fprop(x, w, b, p)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:

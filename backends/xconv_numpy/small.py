@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
@@ -337,7 +337,6 @@ _address = native.address
 
 def _scratch_failed(p: ConvParams):
     from xconv.errors import ResourceError
-
     return ResourceError("numpy: the scratch grids of a small-call path", 0, None,
                          f"malloc failed for input {p.input_shape}, weight {p.weight_shape}")
 
@@ -349,9 +348,12 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     y = np.empty(p.output_shape, cdt)
     xs = _strides(x, plan.lift)                        # held: the C call reads it
+    used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
     if getattr(native.library(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
-            _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1]):
+            _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1],
+            _address(used)):
         raise _scratch_failed(p)
+    tracing.workspace(int(used[0]))
     return y.astype(DTYPES[p.dtype], copy=False)
 
 
@@ -368,14 +370,17 @@ def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_d
     at = _address(out)
     it = out.itemsize
     dys, xs = _strides(dy, plan.lift), (None if x is None else _strides(x, plan.lift))   # held: the C call reads them
+    used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
     rc = getattr(native.library(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
         _address(dy), None if x is None else _address(x), None if w is None else _address(w),
         at if need_dx else None, at + it * sizes[0] if need_dw else None,
-        at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1])
+        at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1],
+        _address(used))
     if rc == 2 and finite_only:
         return None
     if rc == 1:
         raise _scratch_failed(p)
+    tracing.workspace(int(used[0]))
     out = out.astype(DTYPES[p.dtype], copy=False)
     dx = out[:sizes[0]].reshape(p.input_shape) if need_dx else None
     dw = out[sizes[0]:sizes[0] + sizes[1]].reshape(p.weight_shape) if need_dw else None
