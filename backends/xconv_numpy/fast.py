@@ -79,7 +79,7 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
             return small.backward(dy, x, w, p, need_dx, need_dw) + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         if name == "dense":
-            budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, need_dx, need_dw), p)
+            budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)     # the full call's: any mask
             return dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
         if name == "pointwise":
             return pointwise.backward(geom(p), dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
@@ -88,39 +88,56 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
         return run(geom(p), dy, x if need_dw else None, w, need_dx, need_dw, workers, lease) + (None,)
 
 
+def _grads(path, rule, dy, x, w, p, gx, gw):
+    """(dx, dw) of one path for the outputs asked (gx, gw). The non-finite detour is decided per output from the
+    inputs that output reads (dx: dy and w; dw: dy and x), so the mask never changes an output's path."""
+    outs = [o for o, bit in (("grad_input", gx), ("grad_weight", gw)) if bit]
+    if path.name == "columns":
+        return _columns(dy, x, w, p, gx, gw, rule)
+    bad_x = bad_w = False
+    if path.nonfinite == "self-check":                # one C call that checks what it reads for inf/NaN itself
+        results = small.compiled_backward(dy, x, w, p, gx, gw, False)
+        if results is not None:
+            _note(path, outs, rule)
+            return results[0], results[1]
+        if not (gx and gw):
+            return _columns(dy, x, w, p, gx, gw, "non-finite detour")
+        bad_x, bad_w = _nonfinite(p, dy, x, w, True, True)
+    elif path.nonfinite == "detour":
+        bad_x, bad_w = _nonfinite(p, dy, x, w, gx, gw)
+    if bad_x or bad_w:
+        rx, rw = _columns(dy, x, w, p, bad_x, bad_w, "non-finite detour")
+        if (gx and not bad_x) or (gw and not bad_w):          # the other output: on its own path, as if alone
+            fx, fw = _grads(path, rule, dy, x, w, p, gx and not bad_x, gw and not bad_w)
+            rx, rw = (rx if bad_x else fx), (rw if bad_w else fw)
+        return rx, rw
+    _note(path, outs, rule)
+    rx, rw, _ = _run_grads(path, dy, x, w, p, gx, gw, False)
+    return rx, rw
+
+
+def _nonfinite(p, dy, x, w, gx, gw):
+    """(dx's inputs hold an inf or a NaN, dw's do): one pass over each input read."""
+    bad_dy = columns.has_nonfinite(p, dy, None, None)
+    return (gx and (bad_dy or columns.has_nonfinite(p, None, None, w)),
+            gw and (bad_dy or columns.has_nonfinite(p, None, x, None)))
+
+
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False; each output by the path
-    :func:`paths.choose` picks for it."""
-    need_dx, need_dw, need_db = mask
+    :func:`paths.choose` picks for it (from the parameters alone: the same whatever the mask)."""
     dx = dw = db = None
-    bias_done = False
-    runs, _ = paths.backward_plan(p, mask)
-    for path, rule, outs, gx, gw, gb in runs:
-        if path.nonfinite == "self-check":           # one C call that checks its inputs for inf/NaN itself
-            results = small.compiled_backward(dy, x, w, p, gx, gw, gb)
-            if results is not None:
-                _note(path, outs, rule)
-                rx, rw, rb = results
-            else:                                      # inf/NaN: the exact-zero path
-                rx, rw = _columns(dy, x, w, p, gx, gw, "non-finite detour")
-                rb, gb = None, False
-        elif path.name == "columns" or (path.nonfinite == "detour" and columns.has_nonfinite(
-                p, dy, x if need_dw else None, w if need_dx else None)):      # the inputs the call reads
-            rx, rw = _columns(dy, x, w, p, gx, gw, rule if path.name == "columns" else "non-finite detour")
-            rb, gb = None, False
-        else:
-            _note(path, outs, rule)
-            rx, rw, rb = _run_grads(path, dy, x, w, p, gx, gw, gb)
+    runs, bias_path = paths.backward_plan(p, mask)
+    for path, rule, outs, gx, gw, _ in runs:
+        rx, rw = _grads(path, rule, dy, x, w, p, gx, gw)
         if gx:
             dx = rx
         if gw:
             dw = rw
-        if gb:
-            db, bias_done = rb, True
-    if need_db and not bias_done:
-        _note(paths.PATHS["bias-sum"], ("grad_bias",), "bias-sum")
+    if bias_path is not None:                        # always its own path: one order for every call
+        _note(bias_path[0], ("grad_bias",), bias_path[1])
         db = bias.bias_sum(dy, p)
-        tracing.workspace(db.nbytes * bias.block_count(dy))      # the blocks' partial sums
+        tracing.workspace(bias.scratch_bytes(dy))                # its rows and float64 block
     return dx, dw, db
 
 

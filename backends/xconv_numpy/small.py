@@ -395,7 +395,7 @@ def _dy_channel_major(dy: np.ndarray, f: _Plan, cdt) -> np.ndarray:
 
 
 def _fprop_compiled(x, w, bias, p: ConvParams, f: _Plan, cdt):
-    y = np.matmul(np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K), _im2col(x, p, f, cdt))   # (g, Cog, N*Q)
+    y = np.matmul(np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K), _im2col(x, p, f, cdt))   # (g, Cog, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
     return _from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
@@ -409,7 +409,7 @@ def _backward_compiled(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, ne
         cols = _im2col(x, p, f, cdt)
         dw = np.matmul(dyc, cols.transpose(0, 2, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
     if need_dx:
-        wt = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)             # (g, Cg*K, Cog)
+        wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dx = _col2im(np.matmul(wt, dyc), p, f, cdt).astype(out_dt, copy=False)
     return dx, dw
 
@@ -430,7 +430,7 @@ def fprop(x, w, bias, p: ConvParams):
         cols = xg.columns(xg.fill(x, f.N, f.C, p.input_shape[2:], cdt), f.N, f.g)
     else:
         cols = _columns(_channel_major(x, f.N, f.C, f.P, cdt), f.fidx, f.g)
-    wm = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
+    wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     y = np.matmul(wm, cols)                                        # (g, Cog, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
@@ -456,7 +456,7 @@ def _backward_unit_stride(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool)
         cols = dyg.columns(dyg.fill(dy, f.N, f.Co, keep, cdt), f.N, f.g)               # (g, Cog*K, N*R')
         nd = p.nd
         flip = (Ellipsis,) + (slice(None, None, -1),) * nd                                  # taps reversed
-        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
+        wf = np.ascontiguousarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
         wt = np.ascontiguousarray(wf.swapaxes(1, 2)).reshape(f.g, f.Cg, f.Cog * f.K)
         dx = dyg.crop(np.matmul(wt, cols), f.N, p.input_shape, out_dt)
     return dx, dw
@@ -494,7 +494,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
         dw = np.matmul(dyg, cols.transpose(0, 2, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
     if need_dx:
         cols_dy = _columns(dyc, f.bidx, f.g)                       # (g, Cog*K, N*P)
-        wt = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg, f.K).transpose(0, 2, 1, 3).reshape(
+        wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg, f.K).transpose(0, 2, 1, 3).reshape(
             f.g, f.Cg, f.Cog * f.K)
         dx = _from_channel_major(np.matmul(wt, cols_dy), f.N, p.input_shape, out_dt)
     return dx, dw

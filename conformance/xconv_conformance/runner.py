@@ -27,7 +27,7 @@ import xconv
 from xconv import Backend, BackendUnavailableError, ShapeError, UnsupportedError
 from xconv.dtypes import dtype_name
 
-from . import exact, invariance, tolerance
+from . import exact, invariance, tolerance, value_invariance
 from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
 from .status import DIED, FAILING, STATUSES  # noqa: F401  (runner.FAILING: the spelling front ends import)
@@ -378,6 +378,11 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
                                             call_kwargs(case))
         except UnsupportedError as exc:
             return Outcome(case.id, name, "refused", f"batch-invariance check: {exc}")
+    if case.deterministic and not problems and any(value_invariance.declared(b)):
+        try:
+            problems += value_invariance.problems(case, backend, b, inputs, outputs, fam, call_kwargs(case))
+        except UnsupportedError as exc:
+            return Outcome(case.id, name, "refused", f"mask/layout check: {exc}")
     ratio = max(ratios.values()) if ratios else None
     status = "failed" if problems else "passed"
     return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
