@@ -80,3 +80,26 @@ def test_run_reports_invalid_arguments_as_usage_errors():
     out = run("run", "--backend", "nope")
     assert out.returncode == 2
     assert "no backend named 'nope' is registered (registered: " in out.stderr and "numpy" in out.stderr
+
+
+def test_backends_lists_every_settings_problem_and_blames_no_plugin():
+    import os
+    env = dict(os.environ, XCONV_NUMPY_ISA="bogus", XCONV_WORKSPACE_LIMIT="lots")
+    if not SCRIPT.exists():
+        pytest.skip(f"no xconv console script next to {sys.executable}")
+    out = subprocess.run([str(SCRIPT), "backends"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr                       # the listing is the diagnosis (docs: cmd_backends)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("settings problems (2):")
+    block = "\n".join(lines[:lines.index("")])
+    assert "XCONV_WORKSPACE_LIMIT: is not a byte count" in block and "given 'lots'" in block
+    assert "XCONV_NUMPY_ISA: is not a build" in block and "given 'bogus'" in block
+    table = lines[lines.index("") + 1:]
+    assert table[0].split()[:3] == ["name", "available", "devices,"]
+    assert not any("XCONV_WORKSPACE_LIMIT" in l or "XCONV_NUMPY_ISA" in l or "raised" in l for l in table), out.stdout
+    assert max(map(len, lines)) <= 100, out.stdout
+    verbose = subprocess.run([str(SCRIPT), "backends", "-v"], capture_output=True, text=True, timeout=120,
+                             env=env).stdout
+    numpy_rows = verbose[verbose.index("\nnumpy: available"):verbose.index("\nnumpy-exact:")]
+    assert "compiled loops: not known while XCONV_NUMPY_ISA is bad" in numpy_rows     # its own variable only
+    assert "WORKSPACE" not in numpy_rows

@@ -156,3 +156,14 @@ def test_semantics_quotes_the_module_as_it_is():
     assert len(quoted) >= 10
     for line in quoted:
         assert line.strip() in source, line
+
+
+def test_semantics_names_definition_py_as_the_definition_and_quotes_it_under_the_math():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "semantics.md").read_text()
+    intro = doc.split("\n## ", 1)[0]
+    assert "executable definition of everything on this page is `backends/xconv_numpy/definition.py`" in intro
+    assert "reference.py` is the executable definition" not in intro and "reference.py`) is the" not in intro
+    sections = {part.split("\n", 1)[0]: part for part in doc.split("\n## ")[1:]}
+    assert "```python\n" in sections["The math"]                 # the quote sits next to the four sums
+    assert "definition.py" not in sections["Determinism"]

@@ -1,7 +1,8 @@
 """The backend contract, enforced at registration (xconv.registry, xconv.backend.contract_problems).
 
-The outside distribution is ``xconv-ducky`` (tests/plugins/xconv_ducky), exposed to subprocesses through a
-``.dist-info`` generated from its own pyproject.toml, as tests/test_isolation.py exposes xconv-crashy: a
+The outside distribution is ``xconv-ducky`` (tests/plugins/xconv_ducky), exposed to subprocesses twice: through a
+``.dist-info`` generated from its own pyproject.toml, as tests/test_isolation.py exposes xconv-crashy, and installed
+for real by ``pip install --no-deps --no-build-isolation --target DIR`` with DIR on PYTHONPATH. It holds a
 duck-typed backend without priority or info (defaults taken, and said), an impostor reusing the built-in
 name ``numpy`` (refused, both distributions named) and one missing three primitives (refused by name).
 Truth: the real NumPy backend's results, and which backend the trace record says ran.
@@ -25,8 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 DUCKY = REPO / "tests" / "plugins" / "xconv_ducky"
 
 
-@pytest.fixture(scope="module")
-def ducky_env(tmp_path_factory):
+def _with_path(*dirs) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(d) for d in dirs]          # first on the path: found before xconv
+                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def _dist_info_env(tmp_path_factory) -> dict:
+    """The source folder on the path, with a hand-written .dist-info from its pyproject.toml (no build)."""
     project = tomllib.loads((DUCKY / "pyproject.toml").read_text())["project"]
     site = tmp_path_factory.mktemp("ducky-site")
     dist = site / f"xconv_ducky-{project['version']}.dist-info"
@@ -34,10 +42,35 @@ def ducky_env(tmp_path_factory):
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
     (dist / "entry_points.txt").write_text("".join(
         f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in project["entry-points"].items()))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(DUCKY)]        # first on the path: found before xconv
-                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+    return _with_path(site, DUCKY)
+
+
+def _pip_env(tmp_path_factory) -> dict:
+    """A real ``pip install --no-deps --no-build-isolation --target DIR`` of the plugin (built by setuptools from a
+    copy, so the build leaves nothing in tests/), and only DIR on the path."""
+    import importlib.util
+    import shutil
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools is not installed: pip cannot build tests/plugins/xconv_ducky offline "
+                    "(--no-build-isolation, --no-index)")
+    work = tmp_path_factory.mktemp("ducky-pip")
+    source = shutil.copytree(DUCKY, work / "src", ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    target = work / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dist = list(target.glob("xconv_ducky-*.dist-info"))
+    assert len(dist) == 1 and (dist[0] / "RECORD").is_file() and (dist[0] / "entry_points.txt").is_file(), dist
+    assert (target / "xconv_ducky" / "plugin.py").is_file()
+    return _with_path(target)
+
+
+@pytest.fixture(scope="module", params=["dist-info", "pip"])
+def ducky_env(request, tmp_path_factory):
+    """The outside distribution xconv-ducky as subprocesses see it: exposed by a hand-written .dist-info next to
+    its source ("dist-info"), or installed for real by pip into a folder on PYTHONPATH ("pip")."""
+    return (_pip_env if request.param == "pip" else _dist_info_env)(tmp_path_factory)
 
 
 def _rows(out: str) -> dict:
@@ -137,7 +170,7 @@ def test_contract_problems_by_name():
 
 
 def test_register_backend_same_rules_in_process():
-    with pytest.raises(xconv.ShapeError, match="missing fprop; missing dgrad"):
+    with pytest.raises(xconv.ContractError, match="missing fprop; missing dgrad"):
         xconv.register_backend(type("NoPrimitives", (), {"name": "np-less", "array_families": ("numpy",),
                                                           "capabilities": xconv.Capabilities()})())
     duck = _Duck()
@@ -158,7 +191,7 @@ def test_register_backend_same_rules_in_process():
             np.testing.assert_array_equal(a, b)
     finally:
         xconv.unregister_backend("in-process-duck")
-    with pytest.raises(xconv.ShapeError, match="missing bgrad"):
+    with pytest.raises(xconv.ContractError, match="missing bgrad"):
         xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)),
                          backend=type("Partial", (_Duck,), {"bgrad": property(lambda self: 1 / 0)})())
 
@@ -192,3 +225,17 @@ def test_an_entry_point_reusing_a_built_in_name_loads_and_its_claim_is_settled(t
     rc, out, err = _run(env, "-c", "import numpy as np, xconv; print(xconv.conv_fprop(np.ones((1, 1, 3)), "
                                    "np.ones((1, 1, 2))).tolist())")
     assert rc == 0 and out.strip() == "[[[2.0, 2.0]]]", err
+
+
+@pytest.mark.parametrize("capabilities", [None, {"spatial_dims": {2}}, xconv.Capabilities])
+def test_capabilities_of_the_wrong_type_are_refused_by_name(capabilities):
+    """Once accepted, and the first automatically selected call then raised a raw AttributeError."""
+    bad = type("BadCaps", (_Duck,), {"name": "bad-caps", "capabilities": capabilities})()
+    assert contract_problems(bad) == [f"capabilities must be an xconv.Capabilities, not "
+                                      f"{type(capabilities).__name__} {capabilities!r}"]
+    with pytest.raises(xconv.ContractError, match="backend 'bad-caps': .*capabilities must be an xconv.Capabilities"):
+        xconv.register_backend(bad)
+    assert "bad-caps" not in {r.name for r in xconv.list_backends()}
+    with pytest.raises(xconv.ContractError, match="capabilities must be"):
+        xconv.conv_fprop(np.ones((1, 1, 3, 3)), np.ones((1, 1, 1, 1)), backend=bad)
+    assert issubclass(xconv.ContractError, ValueError) and not issubclass(xconv.ContractError, xconv.ShapeError)

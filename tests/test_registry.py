@@ -93,8 +93,11 @@ def test_builtin_backends_listed():
 
 
 def test_register_backend_rejects_duplicate_name():
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(xconv.ContractError, match=r"backend 'numpy': the name is already claimed by plugin 'numpy' "
+                       r"of distribution xconv; this claim is from register_backend\(\) of "
+                       r"xconv_numpy\.backend\.NumpyBackend") as info:
         xconv.register_backend(xconv.get_backend("numpy"))
+    assert isinstance(info.value, ValueError)              # what it was before it had a class of its own
 
 
 def test_hookspec_is_one_documented_hook():

@@ -59,7 +59,7 @@ def test_every_variable_read():
 
 
 @pytest.mark.parametrize("name, bad, expected", [
-    ("XCONV_NUMPY_ISA", "bogus", "baseline or avx2 or avx512"), ("XCONV_NUMPY_ISA", "AVX2", "baseline or avx2"),
+    ("XCONV_NUMPY_ISA", "bogus", "baseline or avx2 or avx512"), ("XCONV_NUMPY_ISA", "avx-2", "baseline or avx2"),
     ("XCONV_NUMPY_OPENMP", "maybe", "1/true/yes/on or 0/false/no/off"), ("XCONV_NUMPY_C", "2", "1/true"),
     ("XCONV_NUMPY_DIRECT", "disabled", "1/true"), ("XCONV_CUDNN_BENCHMARK", "maybe", "1/true"),
     ("XCONV_CUDNN_PLAN_CACHE_SIZE", "0", "e.g. 512"), ("XCONV_MEMORY_LIMIT", "lots", "bytes such as"),
@@ -136,3 +136,30 @@ def test_workspace_limit_unset_after_a_refused_call_runs_it(monkeypatch):
         xconv.conv_fprop(WS_X, WS_W, padding=1, backend="numpy-exact")
     monkeypatch.delenv("XCONV_WORKSPACE_LIMIT")                          # ... and runs once it is unset
     np.testing.assert_array_equal(xconv.conv_fprop(WS_X, WS_W, padding=1, backend="numpy-exact"), y)
+
+
+def test_read_takes_only_the_named_variables():
+    env = {"XCONV_WORKSPACE_LIMIT": "lots", "XCONV_CUDNN_PLAN_CACHE_SIZE": "7"}
+    assert settings.read(("XCONV_CUDNN_PLAN_CACHE_SIZE",), env).cudnn_plan_cache_size == 7
+    with pytest.raises(ConfigError, match="XCONV_CUDNN_PLAN_CACHE_SIZE"):
+        settings.read(("XCONV_CUDNN_PLAN_CACHE_SIZE",), {"XCONV_CUDNN_PLAN_CACHE_SIZE": "0"})
+    assert settings.problems(env, names=("XCONV_NUMPY_ISA",)) == []
+
+
+def test_cudnn_plugin_reads_its_own_variables_at_use_only(monkeypatch):
+    """A bad unrelated variable must not break the cudnn plugin's hook (it once built a PlanCache that read
+    every setting); its own variables are read when the cache is first used, and only they are reported."""
+    from xconv_cudnn import cache
+    monkeypatch.setenv("XCONV_WORKSPACE_LIMIT", "lots")
+    monkeypatch.setenv("XCONV_CUDNN_PLAN_CACHE_SIZE", "0")
+    c = cache.PlanCache()                                         # no setting read yet
+    monkeypatch.setenv("XCONV_CUDNN_PLAN_CACHE_SIZE", "3")
+    assert c.maxsize == 3 and cache.benchmark_enabled() is False  # XCONV_WORKSPACE_LIMIT is not its business
+    monkeypatch.setenv("XCONV_CUDNN_BENCHMARK", "maybe")
+    with pytest.raises(ConfigError, match="^XCONV_CUDNN_BENCHMARK"):
+        cache.benchmark_enabled()
+
+
+@pytest.mark.parametrize("text", ["AVX2", "Avx512", " BASELINE "])
+def test_numpy_isa_takes_any_case_like_the_switches(text):
+    assert settings.from_environ({"XCONV_NUMPY_ISA": text}).numpy_isa == text.strip().lower()

@@ -9,7 +9,8 @@ Backends are plugins (see :mod:`xconv.hookspec`).
 from . import forking  # noqa: F401  (records this process's pid: see xconv.forking)
 from .api import conv_dgrad, conv_fprop, conv_wgrad, convolution_backward
 from .backend import Backend, BackendInfo, Capabilities
-from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, BackendUnavailableError, ConfigError, DTypeError,
+from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, BackendUnavailableError, ConfigError, ContractError,
+                     DTypeError,
                      ResourceError, ShapeError, UnknownBackendError, UnsupportedError, XconvError)
 from .hookspec import hookimpl
 from .params import ConvParams, output_shape
@@ -20,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendFailedError", "BackendInfo", "BackendOutOfMemoryError",
-    "BackendUnavailableError", "Capabilities", "ConfigError", "ConvParams", "DTypeError", "Record", "ResourceError", "ShapeError",
+    "BackendUnavailableError", "Capabilities", "ConfigError", "ContractError", "ConvParams", "DTypeError", "Record", "ResourceError", "ShapeError",
     "UnknownBackendError", "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad", "convolution_backward",
     "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend", "trace", "unregister_backend",
     "__version__",

@@ -157,6 +157,10 @@ def contract_problems(backend) -> list[str]:
     if _has(backend, "array_families") and (isinstance(families, str) or not isinstance(families, (tuple, list, frozenset, set))
                                             or not all(isinstance(f, str) for f in families)):
         problems.append(f"array_families must be a tuple of str, not {families!r}")
+    capabilities = _get(backend, "capabilities")
+    if _has(backend, "capabilities") and not isinstance(capabilities, Capabilities):
+        problems.append(f"capabilities must be an xconv.Capabilities, not {type(capabilities).__name__} "
+                        f"{capabilities!r}")
     priority = _get(backend, "priority")
     if _has(backend, "priority") and (isinstance(priority, bool) or not isinstance(priority, (int, float))):
         problems.append(f"priority must be a number, not {priority!r}")

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import api, limits, registry, tracing
+from . import api, limits, registry, settings, tracing
 from .dtypes import DTYPES
 from .errors import BackendError, ResourceError, XconvError
 from .params import MATH_MODES, output_shape
@@ -99,10 +99,28 @@ def emulation_of(name: str) -> str:
         return ""
 
 
-def cmd_backends(args) -> int:
-    """A table within :data:`WIDTH` columns: name, availability, devices or the reason (wrapped); -v: every field."""
+def settings_block() -> list[str]:
+    """Lines naming every bad ``XCONV_*`` variable (:func:`xconv.settings.problems`), wrapped within
+    :data:`WIDTH`; [] when all are good. They are settings problems, not any backend's."""
     import textwrap
 
+    found = settings.problems()
+    if not found:
+        return []
+    lines = [f"settings problems ({len(found)}): every xconv call raises ConfigError until they are fixed"]
+    for text in found:
+        lines += textwrap.wrap(text, WIDTH, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
+    return lines + [""]
+
+
+def cmd_backends(args) -> int:
+    """A table within :data:`WIDTH` columns: name, availability, devices or the reason (wrapped); -v: every field.
+    Bad ``XCONV_*`` variables are listed first, all of them, as settings problems. Exits 0 all the same: the
+    listing is the diagnosis (a call made with those settings raises ConfigError, exit 2 from ``xconv run``)."""
+    import textwrap
+
+    for line in settings_block():
+        print(line)
     infos = registry.list_backends()
     fakes = {r.name: emulation_of(r.name) for r in infos if r.available}
     if args.verbose:

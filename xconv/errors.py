@@ -38,6 +38,22 @@ class ConfigError(XconvError, ValueError):
         super().__init__(f"{what}: {problem} (expected {expected}, given {given})")
 
 
+class ContractError(XconvError, ValueError):
+    """A backend object that breaks the plugin contract (docs/backends.md, "The contract, enforced"), or a backend
+    name claimed twice: raised by ``register_backend`` and for a ``backend=`` object, before any work. The message
+    names the backend and every problem ("missing fprop", "capabilities must be an xconv.Capabilities"), or both
+    owners of the name. A ``ValueError``, as these were before they had their own class."""
+
+    def __init__(self, backend: str, problem: str, *, expected=None, given=None):
+        self.backend = backend
+        self.expected = expected
+        self.given = given
+        text = f"backend {backend}: {problem}"
+        if expected is not None or given is not None:
+            text += f" (expected {expected}, given {given})"
+        super().__init__(text)
+
+
 class DTypeError(ShapeError, TypeError):
     """A dtype mistake: a tensor whose dtype is not a supported floating type, or differs from another's.
 

@@ -24,14 +24,15 @@ import threading
 import pluggy
 
 from . import hookspec, settings
-from .backend import (Backend, BackendInfo, availability_of, complete, contract_problems, info_of)
-from .errors import BackendUnavailableError, ShapeError, UnknownBackendError
+from .backend import (REQUIRED, Backend, BackendInfo, availability_of, complete, contract_problems, info_of)
+from .errors import BackendUnavailableError, ContractError, ShapeError, UnknownBackendError
 
 _lock = threading.RLock()
 _backends: dict[str, Backend] | None = None
 _broken: dict[str, str] = {}  # entry-point name -> why its plugin could not be loaded
 _refused: list[BackendInfo] = []  # backends a plugin offered that broke the contract or reused a name
 _origins: dict[str, tuple[str, str]] = {}  # plugin name -> (entry-point name, distribution name)
+_owners: dict[str, str] = {}  # backend name -> who registered it ("plugin 'numpy' of distribution xconv", ...)
 _generation = 0  # bumped whenever the set of backends changes (keys of xconv.plan_cache)
 
 
@@ -103,29 +104,41 @@ def _registry() -> dict[str, Backend]:
                 else:
                     found[backend.name] = complete(backend)
                     origin[backend.name] = where
+            _owners.update(origin)
             _backends = found
             _changed()
         return _backends
 
 
+def _label(backend) -> str:
+    name = getattr(backend, "name", None) if not isinstance(backend, type) else None
+    return repr(name) if isinstance(name, str) and name else type(backend).__name__
+
+
 def register_backend(backend: Backend, *, replace: bool = False) -> None:
-    """Add a backend object at run time (tests, embedding). Its name must be new unless ``replace``; it must meet
-    the contract (:func:`xconv.backend.contract_problems`, a ShapeError naming what is missing otherwise)."""
+    """Add a backend object at run time (tests, embedding). It must meet the contract
+    (:func:`xconv.backend.contract_problems`) and its name must be new unless ``replace``; otherwise a
+    :class:`~xconv.errors.ContractError` naming every problem, or both owners of the name."""
     problems = contract_problems(backend)
     if problems:
-        raise ShapeError("backend", f"does not meet the backend contract: {'; '.join(problems)}",
-                         expected="the members of xconv.Backend (docs/backends.md)", given=repr(backend))
+        raise ContractError(_label(backend), f"does not meet the backend contract: {'; '.join(problems)}",
+                            expected="the members of xconv.Backend (docs/backends.md)", given=repr(backend))
+    owner = f"register_backend() of {type(backend).__module__}.{type(backend).__qualname__}"
     with _lock:
         registry = _registry()
         if backend.name in registry and not replace:
-            raise ValueError(f"a backend named {backend.name!r} is already registered")
+            raise ContractError(repr(backend.name), f"the name is already claimed by "
+                                f"{_owners.get(backend.name, 'register_backend()')}; this claim is from {owner} "
+                                "(pass replace=True to replace it)")
         registry[backend.name] = complete(backend)
+        _owners[backend.name] = owner
         _changed()
 
 
 def unregister_backend(name: str) -> None:
     with _lock:
         _registry().pop(name, None)
+        _owners.pop(name, None)
         _changed()
 
 
@@ -160,7 +173,9 @@ def select_backend(backend, family: str) -> Backend:
     """The backend a call runs on: ``backend=`` (a name or object), else ``$XCONV_BACKEND``, else by array family.
 
     Raises BackendUnavailableError when the choice cannot run here, UnknownBackendError when no
-    backend has that name, ShapeError when it does not take arrays of ``family``.
+    backend has that name, ContractError for an object that breaks the contract, ShapeError for
+    something that is neither a name nor a backend-like object, or a backend that does not take arrays of
+    ``family``.
     """
     if backend is None:
         backend = settings.current().backend
@@ -168,10 +183,13 @@ def select_backend(backend, family: str) -> Backend:
         return _by_family(family)
     if not isinstance(backend, str):
         problems = contract_problems(backend)
-        if problems:
-            raise ShapeError("backend", f"must be a backend name or a backend object ({'; '.join(problems)})",
-                             expected="a str such as 'numpy', or an object with the members of xconv.Backend",
-                             given=f"{type(backend).__name__} {backend!r}")
+        if problems:   # no member of the contract at all (backend=3): a wrong argument, not a broken backend
+            given = f"{type(backend).__name__} {backend!r}"
+            if len(problems) == len(REQUIRED):
+                raise ShapeError("backend", "must be a backend name or a backend object", given=given,
+                                 expected="a str such as 'numpy', or an object with the members of xconv.Backend")
+            raise ContractError(_label(backend), f"does not meet the backend contract: {'; '.join(problems)}",
+                                expected="the members of xconv.Backend (docs/backends.md)", given=given)
     chosen = get_backend(backend) if isinstance(backend, str) else complete(backend)
     available, reason = availability_of(chosen)
     if not available:

@@ -13,7 +13,7 @@ variable                              field (default)                  values
 ``XCONV_WORKSPACE_LIMIT``             ``workspace_limit`` (None)       bytes, or ``none``; None: no limit
 ``XCONV_NUMPY_C``                     ``numpy_c`` (True)               a switch (below): the dense C loops and small-call copies
 ``XCONV_NUMPY_DIRECT``                ``numpy_direct`` (True)          a switch: the depthwise C loops
-``XCONV_NUMPY_ISA``                   ``numpy_isa`` (None: the best)   ``baseline``, ``avx2`` or ``avx512``: the highest build loaded
+``XCONV_NUMPY_ISA``                   ``numpy_isa`` (None: the best)   ``baseline``, ``avx2`` or ``avx512`` (any case): the highest build loaded
 ``XCONV_NUMPY_OPENMP``                ``numpy_openmp`` (True)          a switch: run loops on torch's OpenMP team
 ``XCONV_CUDNN_BENCHMARK``             ``cudnn_benchmark`` (False)      a switch: autotune cuDNN plans
 ``XCONV_CUDNN_PLAN_CACHE_SIZE``       ``cudnn_plan_cache_size`` (512)  a whole number >= 1
@@ -76,7 +76,7 @@ def _switch(name: str, text: str, default: bool) -> bool:
 
 
 def _isa(name: str, text: str) -> str | None:
-    t = text.strip()
+    t = text.strip().lower()                 # any case, like the switches
     if t == "":
         return None
     if t not in NUMPY_ISAS:
@@ -149,17 +149,26 @@ def current() -> Settings:
     return _snapshot(_raw())
 
 
-def problems(environ=None) -> list[str]:
-    """The message of every bad variable in ``environ`` (default: ``os.environ``), [] when all are good: for a
-    report that lists them all (``xconv backends``) where :func:`current` stops at the first."""
+def problems(environ=None, names=NAMES) -> list[str]:
+    """The message of every bad variable of ``names`` (default: all) in ``environ`` (default: ``os.environ``), []
+    when all are good: for a report that lists them all (``xconv backends``) where :func:`current` stops at the
+    first, or for a plugin that reports only its own variables."""
     environ = os.environ if environ is None else environ
     found = []
-    for name in NAMES:
+    for name in names:
         try:
             from_environ({name: environ.get(name)})
         except ConfigError as exc:
             found.append(str(exc))
     return found
+
+
+def read(names, environ=None) -> Settings:
+    """The settings with only the variables ``names`` read from ``environ`` (default: ``os.environ``), the others at
+    their defaults: for a plugin that reads its own variables, at use, and must not fail for another's bad value
+    (ConfigError naming one of ``names`` if one of them is bad)."""
+    environ = os.environ if environ is None else environ
+    return from_environ({name: environ.get(name) for name in names})
 
 
 def key() -> tuple:
@@ -171,4 +180,5 @@ def key() -> tuple:
     return raw
 
 
-__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems"]
+__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems",
+           "read"]

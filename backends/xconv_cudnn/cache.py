@@ -13,8 +13,10 @@ One entry per :func:`xconv_cudnn.compiler.plan_key`. An entry is one of:
 
 Autotune mode (``XCONV_CUDNN_BENCHMARK=1``, like ``torch.backends.cudnn.benchmark``): plans are
 built with ``build_plan_policy.ALL`` and each candidate is timed once per key on the call's own
-buffers; later calls run the fastest. The flag is part of the key. Both variables are read and
-validated by :mod:`xconv.settings` (a bad value is a ConfigError naming it).
+buffers; later calls run the fastest. The flag is part of the key. Both variables are validated by
+:mod:`xconv.settings` (a bad value is a ConfigError naming it) and read here at use, only these two
+(:func:`xconv.settings.read`): never when the plugin is loaded, so a bad value of another variable
+never marks this plugin broken.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ CACHE_SIZE_ENV = "XCONV_CUDNN_PLAN_CACHE_SIZE"
 DEFAULT_CACHE_SIZE = settings.DEFAULT_CUDNN_PLAN_CACHE_SIZE
 
 
+NAMES = (BENCHMARK_ENV, CACHE_SIZE_ENV)
+
+
 def _settings(environ) -> settings.Settings:
-    return settings.current() if environ is None else settings.from_environ(environ)
+    return settings.read(NAMES, environ)
 
 
 def benchmark_enabled(environ=None) -> bool:
@@ -65,12 +70,19 @@ class PlanCache:
     """A thread-safe LRU map from plan keys to :class:`Entry`, at most ``maxsize`` entries."""
 
     def __init__(self, maxsize: int | None = None):
-        self.maxsize = cache_size_from_env() if maxsize is None else max(int(maxsize), 1)
+        self._maxsize = None if maxsize is None else max(int(maxsize), 1)   # None: read at first use
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+
+    @property
+    def maxsize(self) -> int:
+        """The bound given, else ``XCONV_CUDNN_PLAN_CACHE_SIZE`` read at first use (not at construction)."""
+        if self._maxsize is None:
+            self._maxsize = cache_size_from_env()
+        return self._maxsize
 
     def get(self, key):
         with self._lock:

@@ -1,4 +1,6 @@
-"""The reference convolution: the executable definition of xconv's semantics.
+"""The reference convolution: the four sums computed memory-bounded (what ``numpy-exact`` runs, in float64).
+
+The executable definition is :mod:`xconv_numpy.definition` (the sums as written); this module agrees with it.
 
 For a direct convolution with stride s, dilation d, padding (pre, post), groups g, input x of
 shape (N, C_in, *S) and weight w of shape (C_out, C_in/g, *k), with x_pad the input zero-padded

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from xconv import settings
+from xconv.errors import ConfigError
 
 from . import blas, dense, depthwise, native, small
 
 
 def describe() -> str:
-    """One line: the build and the parts it runs, or why none runs."""
-    on = settings.current()
+    """One line: the build and the parts it runs, or why none runs (or which of its variables is bad)."""
+    try:
+        on = settings.current()
+    except ConfigError:   # `xconv backends` lists every bad variable; here only this backend's own are named
+        own = [n for n in settings.NAMES if n.startswith("XCONV_NUMPY_") and settings.problems(names=(n,))]
+        bad = f"{' and '.join(own)} {'is' if len(own) == 1 else 'are'} bad" if own else "an XCONV_* variable is bad"
+        return f"compiled loops: not known while {bad} (xconv backends lists the settings problems)"
 
     def why(switch, error):
         return f"{native.switch_variable(switch)}=0" if not getattr(on, switch) else (error or "not loaded")

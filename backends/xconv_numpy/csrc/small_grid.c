@@ -36,7 +36,8 @@ enum { F_N, F_C, F_KD, F_KH, F_KW, F_SN, F_SC, F_SD, F_SH, F_SW, F_GD, F_GH, F_G
 enum { C_N, C_G, C_CIG, C_COG, C_K, C_ROWS, C_PS, C_LDI, C_BASE, C_LDO };
 /* a whole call's plan (small.py, _s1_plan): csrc/layout.h's XCONV_SMALL_S1_PLAN (P_*); x's and dy's element
  * strides: XCONV_SMALL_S1_STRIDES */
-/* elements after a grid's last channel that vector loads may read (zeros); small.py's _SLACK */
+/* elements after a grid's last channel that vector loads may read (zeros); allocated here with each grid and
+ * counted in the scratch bytes reported (no Python counterpart) */
 #define SG_SLACK 16
 
 #define T float
