@@ -109,5 +109,14 @@ def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = F
     return it * (cols * (int(need_dx) + int(need_dw)) + f.Co * f.N * f.Q)
 
 
+def fits(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> bool:
+    """Whether the call's scratch stays within the backend's memory contract: at most the bytes of its inputs
+    and outputs (the columns are not chunked)."""
+    it = np.dtype(DTYPES[p.dtype]).itemsize
+    x, w, y = (math.prod(s) for s in (p.input_shape, p.weight_shape, p.output_shape))
+    io = it * (x + w + y if fprop_call else x + w + y + x * need_dx + w * need_dw)
+    return cols_bytes(p, need_dx, need_dw, fprop_call) <= io
+
+
 def macs(p: ConvParams) -> int:
     return p.input_shape[0] * p.output_shape[1] * math.prod(p.output_shape[2:]) * math.prod(p.weight_shape[1:])

@@ -45,7 +45,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 from xconv.workspace import check_request
 
-from . import columns, compiled, direct, small
+from . import colgemm, columns, compiled, cost, direct, grid_blocks, small
 from .budget import check_im2col
 from .blas import MAX_WORKERS, blas_workers, single_threaded_blas
 from .workers import cap_workers as _cap_workers, even_ranges, executor as _executor, run as _run
@@ -556,11 +556,68 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
+#: Calls of at most this many multiply-adds per output stay on the small path's rules (per-call overhead
+#: decides there, not the rates the cost model knows).
+SMALL_MACS = 1 << 22
+
+
+def modelled(p: ConvParams, output: str):
+    """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``, or None (the older rules decide)."""
+    if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not small.compiled_available()
+            or columns.serves(p) or cost.macs(p) <= SMALL_MACS):
+        return None
+    cands = []
+    if colgemm.fits(p, output == "dx", output == "dw", output == "y"):
+        cands.append("colgemm")
+    if output == "y":
+        if all(s == 1 for s in p.stride):
+            cands.append("grid")
+    else:
+        if compiled.serves(p):
+            cands.append("direct")
+        if math.prod(p.kernel) == 1 and set(p.stride) == {1} and all(a == b == 0 for a, b in p.padding):
+            cands.append("pointwise")
+    return cost.cheapest(p, output, cands) if cands else None
+
+
+def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
+    """(dx, dw, db) when the cost model picks a path for every requested gradient (each on its own), else None."""
+    picks = {o: modelled(p, o) for o, bit in (("dx", need_dx), ("dw", need_dw)) if bit}
+    if None in picks.values():
+        return None
+    if "colgemm" in picks.values() and columns.has_nonfinite(p, dy, x if picks.get("dw") == "colgemm" else None,
+                                                             w if picks.get("dx") == "colgemm" else None):
+        return None
+    out = {}
+    with single_threaded_blas() as workers, _Lease(p.workspace_limit) as lease:
+        for path in dict.fromkeys(picks.values()):
+            want_dx, want_dw = picks.get("dx") == path, picks.get("dw") == path
+            tracing.note(f"cost model: {path} for {'dx' if want_dx else ''}{'+' if want_dx and want_dw else ''}"
+                         f"{'dw' if want_dw else ''}")
+            if path == "colgemm":
+                r = colgemm.backward(dy, x, w, p, want_dx, want_dw, workers)
+            elif path == "direct":
+                geo = _geom(p)
+                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, want_dx, want_dw), p)
+                r = compiled.backward(dy, x, w, p, want_dx, want_dw, False, workers, budget, lease)[:2]
+            else:
+                r = _backward_pointwise(_geom(p), dy, x if want_dw else None, w, want_dx, want_dw, False, workers,
+                                        lease)[:2]
+            if want_dx:
+                out["dx"] = r[0]
+            if want_dw:
+                out["dw"] = r[1]
+    return out.get("dx"), out.get("dw"), (bgrad(dy, p) if need_db else None)
+
+
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False."""
     need_dx, need_dw, need_db = mask
     dx = dw = None
     if need_dx or need_dw:
+        results = _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db)
+        if results is not None:
+            return results
         # the depthwise loops' scratch is not leased: under a workspace limit the counted paths run
         depthwise = direct.serves(p) and p.workspace_limit is None and not small.before_depthwise(p, need_dx)
         compiled_loops = depthwise or compiled.serves(p)      # they keep NaN/Inf where the reference does
@@ -997,6 +1054,14 @@ def fprop(x, w, bias, p: ConvParams):
     if direct.serves(p) and p.workspace_limit is None and not small.before_depthwise(p):  # scratch not leased
         tracing.note("depthwise C loops")                       # no BLAS: not pinned
         return direct.fprop(x, w, bias, p, blas_workers())
+    pick = modelled(p, "y")
+    if pick == "colgemm":
+        tracing.note("cost model: colgemm for y")
+        with single_threaded_blas() as workers:
+            return colgemm.fprop(x, w, bias, p, workers)
+    if pick == "grid":
+        tracing.note("cost model: grid loops for y")
+        return grid_blocks.fprop(x, w, bias, p, blas_workers())
     if p.workspace_limit is None and small.serves(p):       # its scratch is not leased: not under a limit
         tracing.note("small-call columns")
         if small.grid_compiled(p):                          # one C call, no BLAS

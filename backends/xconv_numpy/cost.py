@@ -1,0 +1,92 @@
+"""Estimated time of one output of a call on each candidate path, from the call's configuration alone.
+
+The path table asks :func:`cheapest` which of the paths that can serve a call's forward output ("y"),
+input gradient ("dx") or weight gradient ("dw") should: the one with the least estimated time. The
+estimates read the shapes, strides and kernel only (never a clock, the thread count or the mask), so the
+choice, and with it the bits, is a pure function of the configuration and the build. Each output is
+costed on its own, so which outputs a call asks for cannot change how one of them is computed.
+
+The model (seconds on one core, then divided by the cores the path keeps busy, :data:`CORES` assumed):
+
+- ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
+  runs at ``BLAS_MACS * e(m) e(n) e(k)`` multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
+  products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
+- ``direct`` (the dense C loops, csrc/direct_conv.c) and ``grid`` (the stride-1 register-blocked grid
+  loops of the small path, csrc/small_grid.c, forward only, split into sample blocks): ``LOOP_MACS * Q /
+  (Q + LOOP_Q0)`` multiply-adds per second, Q the output positions per sample (the loops vectorize and
+  block along a sample's positions: a 2x2 output runs them at a fifth of their rate);
+- every path pays ``CALL`` per output.
+
+Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core
+at a time (thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel): ResNet-18 at 64 and
+224 pixels, MobileNetV2 0.5 expansion and projection 1x1s, U-Net 3x3s and its 2x2 stride-2 transposed
+convolutions, the wav2vec 1-D encoder, a 3-D conv net. RMS error of log time: colgemm 0.20, direct 0.32,
+grid 0.36 (a factor of about 1.3). benchmarks/models.py --breakdown shows each layer's path and rate.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
+CORES = 2
+BLAS_MACS = 40e9
+BLAS_HALF = 8
+COPY = 0.5e-9
+LOOP_MACS = 35e9
+LOOP_Q0 = 12
+CALL = 20e-6
+#: The grid loops' forward runs in sample blocks of at least this many output elements each.
+GRID_BLOCK_ELEMENTS = 1 << 15
+
+
+def _e(d: int) -> float:
+    return d / (d + BLAS_HALF)
+
+
+def _sizes(p):
+    N, C = p.input_shape[:2]
+    Co = p.output_shape[1]
+    g = p.groups
+    K = math.prod(p.kernel)
+    Q = math.prod(p.output_shape[2:])
+    return N, C // g, Co // g, g, K, Q
+
+
+def colgemm(p, output: str) -> float:
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    m, n, k = {"y": (Cog, N * Q, Cg * K), "dw": (Cog, Cg * K, N * Q), "dx": (Cg * K, N * Q, Cog)}[output]
+    products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
+    copies = COPY * (g * Cg * K * N * Q + g * Cog * N * Q)
+    blocks = min(CORES, max(1, g * m * n * k >> 22))
+    return CALL + (products + copies) / blocks
+
+
+def loops(p, output: str) -> float:
+    """The dense C loops (any output) or the grid loops (forward): same rate model."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    macs = N * g * Cog * Cg * K * Q
+    return CALL + macs / (LOOP_MACS * Q / (Q + LOOP_Q0)) / CORES
+
+
+def pointwise(p, output: str) -> float:
+    """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
+    return CALL + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
+
+
+#: path name -> estimate(p, output)
+ESTIMATES = {"colgemm": colgemm, "direct": loops, "grid": loops, "pointwise": pointwise}
+
+
+def macs(p) -> int:
+    """Multiply-adds of one output (forward, dx or dw: the same count)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    return N * g * Cog * Cg * K * Q
+
+
+def cheapest(p, output: str, candidates) -> str:
+    """The candidate (path names of :data:`ESTIMATES`) with the least estimated time for ``output``; ties go to
+    the earlier one."""
+    return min(candidates, key=lambda name: ESTIMATES[name](p, output))
