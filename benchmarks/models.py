@@ -57,7 +57,7 @@ import xconv  # noqa: E402
 import xconv.torch  # noqa: E402
 
 _USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
-from cpu_backward import blas_info, compiled_loops_info, cpu_model, limit_blas_threads, matmul_rate  # noqa: E402
+from cpu_backward import blas_info, compiled_loops_info, cpu_model, limit_blas_threads  # noqa: E402
 if _USER_OMP_WAIT_POLICY is None:       # cpu_backward sets PASSIVE on import; a user's process has no setting
     os.environ.pop("OMP_WAIT_POLICY", None)
 
@@ -392,7 +392,7 @@ def breakdown(name: str, reps: int) -> None:
         step()
     finally:
         xconv.conv_fprop, xconv.convolution_backward = orig_f, orig_b
-    rate = matmul_rate(1024)
+    rate = _sgemm_rate()
     print(f"\nper-layer breakdown of one xconv training step of {name} (numpy sgemm {rate:.0f} GFLOP/s)")
     print(f"{'op':<9}{'mask':<6}{'input':<20}{'weight':<20}{'cfg':<14}{'in-step ms':>11}{'alone ms':>9}"
           f"{'torch ms':>9}{'pt/xc':>7}{'GF/s':>7}{'%sgemm':>7}  path")
@@ -414,6 +414,20 @@ def breakdown(name: str, reps: int) -> None:
               f"{'x'.join(map(str, shapes['weight'])):<20}{cfg:<14}{c['sec'] * 1e3:>11.2f}{tx * 1e3:>9.2f}"
               f"{tt * 1e3:>9.2f}{tt / tx:>7.2f}{fl / tx / 1e9:>7.1f}{100 * fl / tx / 1e9 / rate:>6.0f}%  {c['path']}")
     print(f"{'sum of calls alone':<89}{total_x * 1e3:>9.1f}{total_t * 1e3:>9.1f}{total_t / total_x:>7.2f}")
+
+
+def _sgemm_rate(size: int = 1024, reps: int = 5) -> float:
+    """GFLOP/s of numpy's float32 (size x size) products on the benchmark's clock (best of reps)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    a @ b
+    best = math.inf
+    for _ in range(reps):
+        t = CLOCK()
+        a @ b
+        best = min(best, CLOCK() - t)
+    return 2.0 * size**3 / best / 1e9
 
 
 def _cfg(kw, wshape) -> str:

@@ -15,7 +15,9 @@ The model (seconds on one core, then divided by the cores the path keeps busy, :
   loops of the small path, csrc/small_grid.c, forward only, split into sample blocks): ``LOOP_MACS * Q /
   (Q + LOOP_Q0)`` multiply-adds per second, Q the output positions per sample (the loops vectorize and
   block along a sample's positions: a 2x2 output runs them at a fifth of their rate);
-- every path pays ``CALL`` per output.
+- ``small`` (the small path: one core, ``SMALL_CALL`` per call): the grid loops' rate at stride 1, else
+  colgemm's on one core;
+- every other path pays ``CALL`` per output.
 
 Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core
 at a time (thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel): ResNet-18 at 64 and
@@ -36,6 +38,7 @@ COPY = 0.5e-9
 LOOP_MACS = 35e9
 LOOP_Q0 = 12
 CALL = 20e-6
+SMALL_CALL = 3e-6
 #: The grid loops' forward runs in sample blocks of at least this many output elements each.
 GRID_BLOCK_ELEMENTS = 1 << 15
 
@@ -53,20 +56,28 @@ def _sizes(p):
     return N, C // g, Co // g, g, K, Q
 
 
-def colgemm(p, output: str) -> float:
+def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, N * Q, Cg * K), "dw": (Cog, Cg * K, N * Q), "dx": (Cg * K, N * Q, Cog)}[output]
     products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
     copies = COPY * (g * Cg * K * N * Q + g * Cog * N * Q)
-    blocks = min(CORES, max(1, g * m * n * k >> 22))
-    return CALL + (products + copies) / blocks
+    blocks = min(cores, max(1, g * m * n * k >> 22))
+    return call + (products + copies) / blocks
 
 
-def loops(p, output: str) -> float:
+def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     """The dense C loops (any output) or the grid loops (forward): same rate model."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     macs = N * g * Cog * Cg * K * Q
-    return CALL + macs / (LOOP_MACS * Q / (Q + LOOP_Q0)) / CORES
+    return call + macs / (LOOP_MACS * Q / (Q + LOOP_Q0)) / cores
+
+
+def small(p, output: str) -> float:
+    """The small path (one core, little per-call work): its grid loops at stride 1, else its columns and one
+    BLAS product."""
+    if all(s == 1 for s in p.stride):
+        return loops(p, output, 1, SMALL_CALL)
+    return colgemm(p, output, 1, SMALL_CALL)
 
 
 def pointwise(p, output: str) -> float:
@@ -77,7 +88,7 @@ def pointwise(p, output: str) -> float:
 
 
 #: path name -> estimate(p, output)
-ESTIMATES = {"colgemm": colgemm, "direct": loops, "grid": loops, "pointwise": pointwise}
+ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": loops, "pointwise": pointwise}
 
 
 def macs(p) -> int:

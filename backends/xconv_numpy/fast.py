@@ -556,17 +556,20 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
-#: Calls of at most this many multiply-adds per output stay on the small path's rules (per-call overhead
-#: decides there, not the rates the cost model knows).
+#: Calls the small path serves with at most this many multiply-adds per output stay there (per-call work decides
+#: at that size, which the cost model's rates do not know).
 SMALL_MACS = 1 << 22
 
 
 def modelled(p: ConvParams, output: str):
-    """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``, or None (the older rules decide)."""
+    """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``: "small" (the small path's older
+    rules), a path the model knows, or None (the older rules decide)."""
     if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not small.compiled_available()
-            or columns.serves(p) or cost.macs(p) <= SMALL_MACS):
+            or columns.serves(p)):
         return None
-    cands = []
+    cands = ["small"] if small.serves(p, output == "dx") else []
+    if cands and cost.macs(p) <= SMALL_MACS:
+        return "small"
     if colgemm.fits(p, output == "dx", output == "dw", output == "y"):
         cands.append("colgemm")
     if output == "y":
@@ -583,7 +586,7 @@ def modelled(p: ConvParams, output: str):
 def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
     """(dx, dw, db) when the cost model picks a path for every requested gradient (each on its own), else None."""
     picks = {o: modelled(p, o) for o, bit in (("dx", need_dx), ("dw", need_dw)) if bit}
-    if None in picks.values():
+    if None in picks.values() or "small" in picks.values():
         return None
     if "colgemm" in picks.values() and columns.has_nonfinite(p, dy, x if picks.get("dw") == "colgemm" else None,
                                                              w if picks.get("dx") == "colgemm" else None):
