@@ -556,11 +556,6 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
-#: Calls the small path serves with at most this many multiply-adds per output stay there (per-call work decides
-#: at that size, which the cost model's rates do not know).
-SMALL_MACS = 1 << 22
-
-
 def modelled(p: ConvParams, output: str):
     """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``: "small" (the small path's older
     rules), a path the model knows, or None (the older rules decide)."""
@@ -568,12 +563,10 @@ def modelled(p: ConvParams, output: str):
             or columns.serves(p)):
         return None
     cands = ["small"] if small.serves(p, output == "dx") else []
-    if cands and cost.macs(p) <= SMALL_MACS:
-        return "small"
     if colgemm.fits(p, output == "dx", output == "dw", output == "y"):
         cands.append("colgemm")
     if output == "y":
-        if all(s == 1 for s in p.stride):
+        if all(s == 1 for s in p.stride) and not cands[:1] == ["small"]:    # the small path's loops past its size
             cands.append("grid")
     else:
         if compiled.serves(p):
