@@ -562,11 +562,13 @@ def modelled(p: ConvParams, output: str):
     if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not small.compiled_available()
             or columns.serves(p)):
         return None
-    cands = ["small"] if small.serves(p, output == "dx") else []
+    served = small.serves(p, output == "dx")                        # the small path by its own size rule
+    same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)       # no wider copies: its grids stay within the contract
+    cands = ["small"] if served or (same and small.grid_compiled(p)) else []   # its stride-1 loops at any size
     if colgemm.fits(p, output == "dx", output == "dw", output == "y"):
         cands.append("colgemm")
     if output == "y":
-        if all(s == 1 for s in p.stride) and not cands[:1] == ["small"]:    # the small path's loops past its size
+        if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
             cands.append("grid")
     else:
         if compiled.serves(p):
@@ -576,21 +578,39 @@ def modelled(p: ConvParams, output: str):
     return cost.cheapest(p, output, cands) if cands else None
 
 
+def _columns_backward(dy, x, w, p, need_dx, need_dw, need_db):
+    check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
+                 compute_dtype(p).itemsize, "im2col columns (fallback)")
+    dx, dw = columns.backward(dy, x, w, p, need_dx, need_dw)
+    return dx, dw, (bgrad(dy, p) if need_db else None)
+
+
 def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
     """(dx, dw, db) when the cost model picks a path for every requested gradient (each on its own), else None."""
     picks = {o: modelled(p, o) for o, bit in (("dx", need_dx), ("dw", need_dw)) if bit}
-    if None in picks.values() or "small" in picks.values():
+    if None in picks.values():
         return None
-    if "colgemm" in picks.values() and columns.has_nonfinite(p, dy, x if picks.get("dw") == "colgemm" else None,
-                                                             w if picks.get("dx") == "colgemm" else None):
-        return None
+    check = [path for path in ("colgemm", "small") if path in picks.values()
+             and not (path == "small" and small.grid_compiled(p))]           # those multiply padding zeros
+    if check and columns.has_nonfinite(p, dy, x if picks.get("dw") in check else None,
+                                       w if picks.get("dx") in check else None):
+        return _columns_backward(dy, x, w, p, need_dx, need_dw, need_db)
     out = {}
     with single_threaded_blas() as workers, _Lease(p.workspace_limit) as lease:
         for path in dict.fromkeys(picks.values()):
             want_dx, want_dw = picks.get("dx") == path, picks.get("dw") == path
             tracing.note(f"cost model: {path} for {'dx' if want_dx else ''}{'+' if want_dx and want_dw else ''}"
                          f"{'dw' if want_dw else ''}")
-            if path == "colgemm":
+            if path == "small":
+                if small.grid_compiled(p):                          # checks for NaN/Inf itself
+                    r = small.compiled_backward(dy, x, w, p, want_dx, want_dw, need_db)   # db in double, as before
+                    if r is None:                                   # NaN/Inf: the exact-zero path
+                        return _columns_backward(dy, x, w, p, need_dx, need_dw, need_db)
+                    if need_db:
+                        out["db"] = r[2]
+                else:
+                    r = small.backward(dy, x, w, p, want_dx, want_dw)
+            elif path == "colgemm":
                 r = colgemm.backward(dy, x, w, p, want_dx, want_dw, workers)
             elif path == "direct":
                 geo = _geom(p)
@@ -603,7 +623,9 @@ def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
                 out["dx"] = r[0]
             if want_dw:
                 out["dw"] = r[1]
-    return out.get("dx"), out.get("dw"), (bgrad(dy, p) if need_db else None)
+    if need_db and "db" not in out:
+        out["db"] = bgrad(dy, p)
+    return out.get("dx"), out.get("dw"), out.get("db")
 
 
 def backward(dy, x, w, p: ConvParams, mask):
