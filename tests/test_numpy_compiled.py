@@ -231,6 +231,7 @@ def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
     calls with other masks of the same shapes, still match the exact path (nothing of one call's data or
     grids leaks into the next)."""
     calls = count_calls(monkeypatch, compiled, "backward")
+    monkeypatch.setattr(compiled, "ENABLED", True)       # these loops, whatever the cost model would pick
     c = dict(input=[3, 32, 9, 10], weight=[32, 16, 3, 2], stride=[1, 1], padding=[(1, 0), (2, 1)],
              dilation=[1, 2], groups=2, transposed=False, output_padding=[0, 0], dtype="float32")
     rng = np.random.default_rng(21)

@@ -560,7 +560,8 @@ def modelled(p: ConvParams, output: str):
     """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``: "small" (the small path's older
     rules), a path the model knows, or None (the older rules decide)."""
     if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not small.compiled_available()
-            or columns.serves(p)):
+            or columns.serves(p) or small.ENABLED is not None or compiled.ENABLED is not None
+            or STRATEGY is not None):                  # a path forced (tests, benchmarks): the older rules
         return None
     served = small.serves(p, output == "dx")                        # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)       # no wider copies: its grids stay within the contract
