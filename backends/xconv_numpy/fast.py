@@ -559,9 +559,15 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
 def modelled(p: ConvParams, output: str):
     """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``: "small" (the small path's older
     rules), a path the model knows, or None (the older rules decide)."""
+    if small.ENABLED is not None or compiled.ENABLED is not None or STRATEGY is not None:
+        return None                                    # a path forced (tests, benchmarks): the older rules
+    return _modelled(p, output)
+
+
+@functools.lru_cache(maxsize=1024)
+def _modelled(p: ConvParams, output: str):
     if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not small.compiled_available()
-            or columns.serves(p) or small.ENABLED is not None or compiled.ENABLED is not None
-            or STRATEGY is not None):                  # a path forced (tests, benchmarks): the older rules
+            or columns.serves(p)):
         return None
     served = small.serves(p, output == "dx")                        # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)       # no wider copies: its grids stay within the contract
