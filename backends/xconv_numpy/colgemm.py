@@ -14,7 +14,8 @@ Blocks are fixed by the call's shapes alone (:func:`blocks`), each block is one 
 shapes and values only, never on the worker count, the mask or which thread ran a block. Where the small
 path's one product runs on one core, this one keeps both cores busy on layers of a few to a few hundred
 MFLOP: the deep stages of a ResNet (small spatial size, wide channels), 3-channel stems, strided
-shortcuts. Padding zeros are multiplied, so (as for the small path) calls with non-finite inputs run in
+shortcuts. Calls whose columns would outgrow the bytes of their operands run in chunks of samples (fixed by
+the shapes; dW's partial sums added in chunk order). Padding zeros are multiplied, so (as for the small path) calls with non-finite inputs run in
 :mod:`.columns`; the scratch is not leased, so calls under a workspace limit run elsewhere.
 """
 
@@ -68,8 +69,24 @@ def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -
     run(parts, task, lambda: None, workers)
 
 
+def _sub(p: ConvParams, n0: int, n1: int) -> ConvParams:
+    """``p`` for samples [n0, n1)."""
+    return p.replace(input_shape=(n1 - n0,) + tuple(p.input_shape[1:]),
+                     output_shape=(n1 - n0,) + tuple(p.output_shape[1:]))
+
+
 def fprop(x, w, bias, p: ConvParams, workers: int):
-    """y = conv(x, w) + bias (inputs finite)."""
+    """y = conv(x, w) + bias (inputs finite), chunk by chunk of samples (:func:`sample_chunks`)."""
+    chunks = sample_chunks(p, False, False, True)
+    if len(chunks) <= 1:
+        return _fprop(x, w, bias, p, workers)
+    y = np.empty(p.output_shape, DTYPES[p.dtype])
+    for n0, n1 in chunks:
+        y[n0:n1] = _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers)
+    return y
+
+
+def _fprop(x, w, bias, p: ConvParams, workers: int):
     f, cdt = small._plan(p), accumulation_dtype(p.dtype)
     cols = small._im2col(x, p, f, cdt)                                   # (g, Cg*K, N*Q)
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
@@ -81,26 +98,49 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
-    """(dx, dw), None where not needed (inputs finite)."""
-    f, cdt = small._plan(p), accumulation_dtype(p.dtype)
+    """(dx, dw), None where not needed (inputs finite), chunk by chunk of samples (:func:`sample_chunks`); dW's
+    partial sums added in chunk order."""
+    chunks = sample_chunks(p, True, True)          # whatever the mask: dW's chunking (so its bits) must not change
     out_dt = DTYPES[p.dtype]
+    if len(chunks) <= 1:
+        dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers)
+        return (None if dx is None else dx.astype(out_dt, copy=False),
+                None if dw is None else dw.astype(out_dt, copy=False))
+    dx = np.empty(p.input_shape, out_dt) if need_dx else None
+    dw = None
+    for n0, n1 in chunks:
+        dxq, dwq = _backward(dy[n0:n1], None if x is None else x[n0:n1], w, _sub(p, n0, n1), need_dx, need_dw,
+                             workers)
+        if need_dx:
+            dx[n0:n1] = dxq
+        if need_dw:
+            if dw is None:
+                dw = dwq
+            else:
+                dw += dwq
+    return dx, (None if dw is None else dw.astype(out_dt, copy=False))
+
+
+def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
+    """(dx, dw) in the compute dtype."""
+    f, cdt = small._plan(p), accumulation_dtype(p.dtype)
     dyc = small._dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
     dx = dw = None
     if need_dw:
         cols_t = small._im2col(x, p, f, cdt).transpose(0, 2, 1)          # (g, N*Q, Cg*K)
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
         _split_matmul(dyc, cols_t, dwm, workers)
-        dw = dwm.reshape(p.weight_shape).astype(out_dt, copy=False)
+        dw = dwm.reshape(p.weight_shape)
     if need_dx:
         wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
         _split_matmul(wt, dyc, dcols, workers)
-        dx = small._col2im(dcols, p, f, cdt).astype(out_dt, copy=False)
+        dx = small._col2im(dcols, p, f, cdt)
     return dx, dw
 
 
 def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:
-    """Scratch bytes of a call: the columns (x's, and dx's), dy channel-major, the result matrix."""
+    """Scratch bytes of a call in one chunk: the columns (x's, and dx's), dy channel-major, the result matrix."""
     f = small._plan(p)
     it = np.dtype(accumulation_dtype(p.dtype)).itemsize
     cols = f.C * f.K * f.N * f.Q
@@ -109,13 +149,31 @@ def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = F
     return it * (cols * (int(need_dx) + int(need_dw)) + f.Co * f.N * f.Q)
 
 
-def fits(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> bool:
-    """Whether the call's scratch stays within the backend's memory contract: at most the bytes of its inputs
-    and outputs (the columns are not chunked)."""
+def _io_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool) -> int:
     it = np.dtype(DTYPES[p.dtype]).itemsize
     x, w, y = (math.prod(s) for s in (p.input_shape, p.weight_shape, p.output_shape))
-    io = it * (x + w + y if fprop_call else x + w + y + x * need_dx + w * need_dw)
-    return cols_bytes(p, need_dx, need_dw, fprop_call) <= io
+    return it * (x + w + y if fprop_call else x + w + y + x * need_dx + w * need_dw)
+
+
+def sample_chunks(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> list[tuple[int, int]]:
+    """[n0, n1) chunks of samples whose scratch stays within the backend's memory contract (at most the bytes of
+    the call's inputs and outputs); fixed by the configuration alone. Empty when one sample does not fit."""
+    N = p.input_shape[0]
+    it = np.dtype(accumulation_dtype(p.dtype)).itemsize
+    budget = _io_bytes(p, need_dx, need_dw, fprop_call) - it * math.prod(p.weight_shape) * need_dw   # dW partial
+    one = cols_bytes(_sub(p, 0, 1), need_dx, need_dw, fprop_call)
+    size = min(N, budget // max(one, 1))
+    if size < 1:
+        return []
+    size = -(-N // -(-N // size))                  # equal chunks
+    return [(a, min(a + size, N)) for a in range(0, N, size)]
+
+
+def fits(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> bool:
+    """Whether this path serves the call within the memory contract (see :func:`sample_chunks`); a backward call
+    is chunked as if both gradients were asked for."""
+    return p.input_shape[0] > 0 and bool(sample_chunks(p, *((False, False) if fprop_call else (True, True)),
+                                                       fprop_call))
 
 
 def macs(p: ConvParams) -> int:

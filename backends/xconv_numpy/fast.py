@@ -561,18 +561,19 @@ def modelled(p: ConvParams, output: str):
     rules), a path the model knows, or None (the older rules decide)."""
     if small.ENABLED is not None or compiled.ENABLED is not None or STRATEGY is not None:
         return None                                    # a path forced (tests, benchmarks): the older rules
-    return _modelled(p, output)
+    return _modelled(p, output, small.compiled_available(), compiled.available())   # ($XCONV_NUMPY_C in the key)
 
 
 @functools.lru_cache(maxsize=1024)
-def _modelled(p: ConvParams, output: str):
-    if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not small.compiled_available()
+def _modelled(p: ConvParams, output: str, compiled_small: bool, compiled_dense: bool):
+    if (p.workspace_limit is not None or p.transposed or direct.serves(p) or not compiled_small
             or columns.serves(p)):
         return None
     served = small.serves(p, output == "dx")                        # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)       # no wider copies: its grids stay within the contract
     cands = ["small"] if served or (same and small.grid_compiled(p)) else []   # its stride-1 loops at any size
-    if colgemm.fits(p, output == "dx", output == "dw", output == "y"):
+    if colgemm.fits(p, output == "dx", output == "dw", output == "y") and (
+            output != "y" or len(colgemm.sample_chunks(p, False, False, True)) == 1):   # forward: unchunked only
         cands.append("colgemm")
     if output == "y":
         if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
