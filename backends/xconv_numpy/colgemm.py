@@ -131,6 +131,7 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
         _split_matmul(dyc, cols_t, dwm, workers)
         dw = dwm.reshape(p.weight_shape)
+        del cols_t                                  # freed before dx's columns: one of the two at a time
     if need_dx:
         wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
@@ -140,13 +141,14 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
 
 
 def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:
-    """Scratch bytes of a call in one chunk: the columns (x's, and dx's), dy channel-major, the result matrix."""
+    """Scratch bytes of a call in one chunk: the columns (x's, or dx's: one at a time), dy channel-major or the
+    result matrix."""
     f = small._plan(p)
     it = np.dtype(accumulation_dtype(p.dtype)).itemsize
     cols = f.C * f.K * f.N * f.Q
     if fprop_call:
         return it * (cols + f.Co * f.N * f.Q)
-    return it * (cols * (int(need_dx) + int(need_dw)) + f.Co * f.N * f.Q)
+    return it * (cols * int(need_dx or need_dw) + f.Co * f.N * f.Q)
 
 
 def _io_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool) -> int:

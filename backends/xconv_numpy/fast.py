@@ -594,7 +594,10 @@ def _columns_backward(dy, x, w, p, need_dx, need_dw, need_db):
 
 
 def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
-    """(dx, dw, db) when the cost model picks a path for every requested gradient (each on its own), else None."""
+    """(dx, dw, db) when the cost model picks a path for every requested gradient (each on its own, so the mask
+    changes no output's path), else None. db: summed in double by the small path's C call when that call is the
+    weight gradient's pick (as the small path always did), else by :func:`bgrad`: either way a function of the
+    configuration, not of the mask."""
     picks = {o: modelled(p, o) for o, bit in (("dx", need_dx), ("dw", need_dw)) if bit}
     if None in picks.values():
         return None
@@ -603,6 +606,7 @@ def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
     if check and columns.has_nonfinite(p, dy, x if picks.get("dw") in check else None,
                                        w if picks.get("dx") in check else None):
         return _columns_backward(dy, x, w, p, need_dx, need_dw, need_db)
+    db_in_c = need_db and small.grid_compiled(p) and modelled(p, "dw") == "small"
     out = {}
     with single_threaded_blas() as workers, _Lease(p.workspace_limit) as lease:
         for path in dict.fromkeys(picks.values()):
@@ -611,10 +615,11 @@ def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
                          f"{'dw' if want_dw else ''}")
             if path == "small":
                 if small.grid_compiled(p):                          # checks for NaN/Inf itself
-                    r = small.compiled_backward(dy, x, w, p, want_dx, want_dw, need_db)   # db in double, as before
+                    with_db = db_in_c and "db" not in out
+                    r = small.compiled_backward(dy, x, w, p, want_dx, want_dw, with_db)
                     if r is None:                                   # NaN/Inf: the exact-zero path
                         return _columns_backward(dy, x, w, p, need_dx, need_dw, need_db)
-                    if need_db:
+                    if with_db:
                         out["db"] = r[2]
                 else:
                     r = small.backward(dy, x, w, p, want_dx, want_dw)
@@ -622,7 +627,7 @@ def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
                 r = colgemm.backward(dy, x, w, p, want_dx, want_dw, workers)
             elif path == "direct":
                 geo = _geom(p)
-                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, want_dx, want_dw), p)
+                budget = _budget(_io_bytes(geo, DTYPES[p.dtype].itemsize, True, True), p)   # not the mask's
                 r = compiled.backward(dy, x, w, p, want_dx, want_dw, False, workers, budget, lease)[:2]
             else:
                 r = _backward_pointwise(_geom(p), dy, x if want_dw else None, w, want_dx, want_dw, False, workers,
@@ -632,7 +637,13 @@ def _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db):
             if want_dw:
                 out["dw"] = r[1]
     if need_db and "db" not in out:
-        out["db"] = bgrad(dy, p)
+        if db_in_c:
+            r = small.compiled_backward(dy, x, w, p, False, False, True)
+            if r is None:
+                return _columns_backward(dy, x, w, p, need_dx, need_dw, need_db)
+            out["db"] = r[2]
+        else:
+            out["db"] = bgrad(dy, p)
     return out.get("dx"), out.get("dw"), out.get("db")
 
 
@@ -640,6 +651,10 @@ def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False."""
     need_dx, need_dw, need_db = mask
     dx = dw = None
+    if need_db and not (need_dx or need_dw) and modelled(p, "dw") == "small" and small.grid_compiled(p):
+        r = small.compiled_backward(dy, x, w, p, False, False, True)     # db as the full mask computes it
+        if r is not None:
+            return None, None, r[2]
     if need_dx or need_dw:
         results = _backward_modelled(dy, x, w, p, need_dx, need_dw, need_db)
         if results is not None:
