@@ -15,16 +15,17 @@ The model (seconds on one core, then divided by the cores the path keeps busy, :
   loops of the small path, csrc/small_grid.c, forward only, split into sample blocks): ``LOOP_MACS * Q /
   (Q + LOOP_Q0)`` multiply-adds per second, Q the output positions per sample (the loops vectorize and
   block along a sample's positions: a 2x2 output runs them at a fifth of their rate);
-- ``small`` (the small path: one core, ``SMALL_CALL`` per call): the grid loops' rate at stride 1 (its
-  weight gradient at ``K / (K + SMALL_DW_TAPS)`` of it: a 1x1 MobileNet projection at 3x3 pixels measured
-  1.5 ms against colgemm's 0.14), else colgemm's on one core;
+- ``small`` (the small path: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
+  K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
+  gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
+  0.14), else colgemm's model on one core;
 - every other path pays ``CALL`` per output.
 
 Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core
 at a time (thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel): ResNet-18 at 64 and
 224 pixels, MobileNetV2 0.5 expansion and projection 1x1s, U-Net 3x3s and its 2x2 stride-2 transposed
-convolutions, the wav2vec 1-D encoder, a 3-D conv net. RMS error of log time: colgemm 0.20, direct 0.32,
-grid 0.36 (a factor of about 1.3). benchmarks/models.py --breakdown shows each layer's path and rate.
+convolutions, the wav2vec 1-D encoder, a 3-D conv net. RMS error of log time: colgemm 0.19, direct 0.32,
+small 0.23 (forward), 0.47 (dx), 0.30 (dw) (a factor of about 1.2-1.6). benchmarks/models.py --breakdown shows each layer's path and rate.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ import math
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
 CORES = 2
-BLAS_MACS = 40e9
-BLAS_HALF = 8
-COPY = 0.5e-9
+BLAS_MACS = 45e9
+BLAS_HALF = 16
+COPY = 0.25e-9
 LOOP_MACS = 35e9
 LOOP_Q0 = 12
 CALL = 20e-6
 SMALL_CALL = 3e-6
-SMALL_DW_TAPS = 4
+#: The small path's stride-1 loops per output: (multiply-adds per second, Q0, K0): rate R * Q/(Q+Q0) * K/(K+K0).
+SMALL_LOOPS = {"y": (50e9, 4, 2), "dx": (40e9, 8, 2), "dw": (60e9, 12, 8)}
 #: The grid loops' forward runs in sample blocks of at least this many output elements each.
 GRID_BLOCK_ELEMENTS = 1 << 15
 
@@ -78,11 +80,9 @@ def small(p, output: str) -> float:
     """The small path (one core, little per-call work): its grid loops at stride 1 (whose weight gradient blocks
     over taps: few taps run it at a fraction of the rate), else its columns and one BLAS product."""
     if all(s == 1 for s in p.stride):
-        t = loops(p, output, 1, 0.0)
-        if output == "dw":
-            K = math.prod(p.kernel)
-            t *= (K + SMALL_DW_TAPS) / K
-        return SMALL_CALL + t
+        N, Cg, Cog, g, K, Q = _sizes(p)
+        rate, q0, k0 = SMALL_LOOPS[output]
+        return SMALL_CALL + N * g * Cog * Cg * K * Q / (rate * Q / (Q + q0) * K / (K + k0))
     return colgemm(p, output, 1, SMALL_CALL)
 
 
