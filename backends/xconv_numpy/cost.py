@@ -11,10 +11,14 @@ The model (seconds on one core, then divided by the cores the path keeps busy, :
 - ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
   runs at ``BLAS_MACS * e(m) e(n) e(k)`` multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
   products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
-- ``direct`` (the dense C loops, csrc/direct_conv.c) and ``grid`` (the stride-1 register-blocked grid
-  loops of the small path, csrc/small_grid.c, forward only, split into sample blocks): ``LOOP_MACS * Q /
-  (Q + LOOP_Q0)`` multiply-adds per second, Q the output positions per sample (the loops vectorize and
-  block along a sample's positions: a 2x2 output runs them at a fifth of their rate);
+- ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
+  positions: 81 ms against the dense loops' 58);
+- ``direct`` (the dense C loops, csrc/direct_conv.c): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
+  per second, Q the output positions per sample (the loops vectorize and block along a sample's
+  positions: a 2x2 output runs them at a fifth of their rate);
+- ``grid`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
+  small path's estimate over the cores; ``blas-grid`` (the grid engine's x-columns forward): colgemm's
+  product model, columns only for kernels with several taps;
 - ``small`` (the small path: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
   K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
   gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
@@ -37,7 +41,10 @@ CORES = 2
 BLAS_MACS = 45e9
 BLAS_HALF = 16
 COPY = 0.25e-9
-LOOP_MACS = 35e9
+#: Per element of column matrices past COPY_CACHED elements (they leave the caches: the products slow down too).
+COPY_BIG = 1e-9
+COPY_CACHED = 1 << 20
+LOOP_MACS = 46e9
 LOOP_Q0 = 12
 CALL = 20e-6
 SMALL_CALL = 3e-6
@@ -64,13 +71,14 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, N * Q, Cg * K), "dw": (Cog, Cg * K, N * Q), "dx": (Cg * K, N * Q, Cog)}[output]
     products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
-    copies = COPY * (g * Cg * K * N * Q + g * Cog * N * Q)
+    elements = g * Cg * K * N * Q + g * Cog * N * Q
+    copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
     blocks = min(cores, max(1, g * m * n * k >> 22))
     return call + (products + copies) / blocks
 
 
 def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
-    """The dense C loops (any output) or the grid loops (forward): same rate model."""
+    """The dense C loops (any output)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     macs = N * g * Cog * Cg * K * Q
     return call + macs / (LOOP_MACS * Q / (Q + LOOP_Q0)) / cores
@@ -93,8 +101,24 @@ def pointwise(p, output: str) -> float:
     return CALL + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
 
 
+def grid(p, output: str) -> float:
+    """The small path's stride-1 loops in sample blocks on the cores (forward)."""
+    return CALL + (small(p, output) - SMALL_CALL) / CORES
+
+
+def blas_grid(p, output: str) -> float:
+    """The grid engine's x-columns forward (fast.py): one product per chunk of grid lines, columns only for taps."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    m, n, k = Cog, N * Q, Cg * K
+    products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
+    elements = g * Cg * K * N * Q if K > 1 else 0
+    copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
+    return CALL + (products + copies) / CORES
+
+
 #: path name -> estimate(p, output)
-ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": loops, "pointwise": pointwise}
+ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": grid, "pointwise": pointwise,
+             "blas-grid": blas_grid}
 
 
 def macs(p) -> int:

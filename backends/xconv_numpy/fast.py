@@ -556,6 +556,11 @@ def _strategy_a(geo: _Geom, need_dx: bool, need_dw: bool) -> bool:
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
+#: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
+#: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
+COLGEMM_FORWARD_COLUMNS = 4096
+
+
 def modelled(p: ConvParams, output: str):
     """The path the cost model picks for ``output`` ("y", "dx", "dw") of ``p``: "small" (the small path's older
     rules), a path the model knows, or None (the older rules decide)."""
@@ -573,17 +578,21 @@ def _modelled(p: ConvParams, output: str, compiled_small: bool, compiled_dense: 
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)       # no wider copies: its grids stay within the contract
     cands = ["small"] if served or (same and small.grid_compiled(p)) else []   # its stride-1 loops at any size
     if colgemm.fits(p, output == "dx", output == "dw", output == "y") and (
-            output != "y" or len(colgemm.sample_chunks(p, False, False, True)) == 1):   # forward: unchunked only
+            output != "y" or (len(colgemm.sample_chunks(p, False, False, True)) == 1
+                              and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS)):
         cands.append("colgemm")
     if output == "y":
         if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
             cands.append("grid")
+        if not served:
+            cands.append("blas-grid")                      # the older rules' forward past the small path
     else:
         if compiled.serves(p):
             cands.append("direct")
         if math.prod(p.kernel) == 1 and set(p.stride) == {1} and all(a == b == 0 for a, b in p.padding):
             cands.append("pointwise")
-    return cost.cheapest(p, output, cands) if cands else None
+    pick = cost.cheapest(p, output, cands) if cands else None
+    return None if pick == "blas-grid" else pick
 
 
 def _columns_backward(dy, x, w, p, need_dx, need_dw, need_db):
