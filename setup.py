@@ -5,6 +5,7 @@ AVX2+FMA, AVX-512); the backend loads the best one the CPU runs (xconv_numpy/nat
 optional: without a C compiler the package still installs and the backend runs its NumPy paths. No compiler
 ever runs after installation.
 """
+import glob
 import platform
 import sys
 
@@ -29,9 +30,7 @@ def _isas() -> dict:
 
 setup(ext_modules=[
     Extension(f"xconv_numpy._kernels_{isa}", sources=[f"{CSRC}kernels_{isa}.c"],
-              depends=[CSRC + n for n in ("kernels.c", "direct_conv.c", "depthwise.c", "depthwise_impl.h",
-                                                           "small_cols.c", "small_cols_impl.h", "small_grid.c",
-                                                           "small_grid_impl.h")],
+              depends=sorted(glob.glob(CSRC + "*.[ch]")),
               extra_compile_args=FLAGS + flags, define_macros=[("XCONV_ISA", f'"{isa}"')], optional=True)
     for isa, flags in _isas().items()
 ])

@@ -599,14 +599,17 @@ def test_lru_bound_and_recency():
 def test_cache_size_and_benchmark_from_environment():
     assert cache_mod.cache_size_from_env({}) == cache_mod.DEFAULT_CACHE_SIZE
     assert cache_mod.cache_size_from_env({"XCONV_CUDNN_PLAN_CACHE_SIZE": "7"}) == 7
-    assert cache_mod.cache_size_from_env({"XCONV_CUDNN_PLAN_CACHE_SIZE": "0"}) == 1
-    assert cache_mod.cache_size_from_env({"XCONV_CUDNN_PLAN_CACHE_SIZE": "x"}) == cache_mod.DEFAULT_CACHE_SIZE
+    for bad in ("0", "x", "-3", "1.5"):          # refused by name (xconv.settings), never silently the default
+        with pytest.raises(xconv.ConfigError, match=r"XCONV_CUDNN_PLAN_CACHE_SIZE: .*given '"):
+            cache_mod.cache_size_from_env({"XCONV_CUDNN_PLAN_CACHE_SIZE": bad})
     assert PlanCache(maxsize=0).maxsize == 1
     for on in ("1", "true", "YES", " on "):
         assert benchmark_enabled({"XCONV_CUDNN_BENCHMARK": on})
     for off in ("", "0", "false", "no"):
         assert not benchmark_enabled({"XCONV_CUDNN_BENCHMARK": off})
     assert not benchmark_enabled({})
+    with pytest.raises(xconv.ConfigError, match="XCONV_CUDNN_BENCHMARK: .*given 'maybe'"):
+        benchmark_enabled({"XCONV_CUDNN_BENCHMARK": "maybe"})
 
 
 def test_autotune_picks_the_fastest_runnable_plan():

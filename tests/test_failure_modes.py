@@ -274,7 +274,7 @@ def test_the_memory_limit_is_overridable(monkeypatch):
     assert xconv.conv_fprop(x, w).shape == (1, 4, 14, 14)
     for bad in ("lots", "-5", "inf", "1X"):
         monkeypatch.setenv("XCONV_MEMORY_LIMIT", bad)
-        with pytest.raises(xconv.ShapeError, match="XCONV_MEMORY_LIMIT"):
+        with pytest.raises(xconv.ConfigError, match="XCONV_MEMORY_LIMIT"):
             xconv.conv_fprop(x, w)
 
 

@@ -25,6 +25,7 @@ PLUGIN = textwrap.dedent('''
         def __init__(self):
             super().__init__()
             self.name = "thirdparty"
+            self.priority = 10  # NumpyBackend.__init__ sets its own on the instance
             self.calls = 0
 
         def version(self):

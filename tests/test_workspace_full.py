@@ -88,7 +88,7 @@ def test_env_default_and_bad_values(monkeypatch):
         xconv.conv_fprop(x, w, padding=1, backend="numpy-exact")
     xconv.conv_fprop(x, w, padding=1, backend="numpy-exact", workspace_limit=64 * MiB)     # the argument wins
     monkeypatch.setenv(workspace.ENV, "lots")
-    with pytest.raises(xconv.ShapeError, match=workspace.ENV):
+    with pytest.raises(xconv.ConfigError, match=workspace.ENV):
         xconv.conv_fprop(x, w)
     monkeypatch.delenv(workspace.ENV)
     for bad in (-1, 1.5, "4MiB", True):

@@ -8,7 +8,7 @@ Backends are plugins (see :mod:`xconv.hookspec`).
 
 from .api import conv_dgrad, conv_fprop, conv_wgrad, convolution_backward
 from .backend import Backend, BackendInfo, Capabilities
-from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, BackendUnavailableError, DTypeError,
+from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, BackendUnavailableError, ConfigError, DTypeError,
                      ResourceError, ShapeError, UnknownBackendError, UnsupportedError, XconvError)
 from .hookspec import hookimpl
 from .params import ConvParams, output_shape
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendFailedError", "BackendInfo", "BackendOutOfMemoryError",
-    "BackendUnavailableError", "Capabilities", "ConvParams", "DTypeError", "Record", "ResourceError", "ShapeError",
+    "BackendUnavailableError", "Capabilities", "ConfigError", "ConvParams", "DTypeError", "Record", "ResourceError", "ShapeError",
     "UnknownBackendError", "UnsupportedError", "XconvError", "conv_dgrad", "conv_fprop", "conv_wgrad", "convolution_backward",
     "get_backend", "hookimpl", "list_backends", "output_shape", "register_backend", "trace", "unregister_backend",
     "__version__",

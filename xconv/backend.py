@@ -131,3 +131,101 @@ def availability_of(backend) -> tuple[bool, str]:
     except Exception as exc:  # an availability check must never break the caller
         return False, f"availability() raised {type(exc).__name__}: {exc}"
     return bool(available), str(reason or "")
+
+
+# The contract, as the registry enforces it (docs/backends.md, "The contract, enforced").
+#: Members a backend object must have; one missing is reported by name and the backend is refused.
+REQUIRED = ("name", "capabilities", "array_families", "fprop", "dgrad", "wgrad", "bgrad")
+#: Members a backend object may leave out, and what the core uses then (the :class:`Backend` defaults).
+DEFAULTS = {"priority": "0", "availability": "always available", "capabilities_for": "capabilities everywhere",
+            "version": '""', "devices": "()", "backward": "the primitives composed", "info": "built by the core"}
+
+
+def contract_problems(backend) -> list[str]:
+    """What keeps ``backend`` from being registered: "missing fprop", "name must be a non-empty str", ...
+    (empty when it meets the contract; members in :data:`DEFAULTS` may be missing)."""
+    problems = [f"missing {attr}" for attr in REQUIRED if not _has(backend, attr)]
+    name = _get(backend, "name")
+    if _has(backend, "name") and not (isinstance(name, str) and name.strip()):
+        problems.append(f"name must be a non-empty str, not {name!r}")
+    families = _get(backend, "array_families")
+    if _has(backend, "array_families") and (isinstance(families, str) or not isinstance(families, (tuple, list, frozenset, set))
+                                            or not all(isinstance(f, str) for f in families)):
+        problems.append(f"array_families must be a tuple of str, not {families!r}")
+    priority = _get(backend, "priority")
+    if _has(backend, "priority") and (isinstance(priority, bool) or not isinstance(priority, (int, float))):
+        problems.append(f"priority must be a number, not {priority!r}")
+    problems += [f"{attr} is not callable" for attr in (*REQUIRED[3:], *DEFAULTS) if attr != "priority"
+                 and _has(backend, attr) and not callable(_get(backend, attr))]
+    return problems
+
+
+def missing_optional(backend) -> tuple[str, ...]:
+    """The members of :data:`DEFAULTS` that ``backend`` leaves out (the core supplies them)."""
+    return tuple(attr for attr in DEFAULTS if not _has(backend, attr))
+
+
+def _has(obj, attr: str) -> bool:
+    try:
+        getattr(obj, attr)
+    except Exception:           # a property that raises counts as missing
+        return False
+    return True
+
+
+def _get(obj, attr: str):
+    try:
+        return getattr(obj, attr)
+    except Exception:
+        return None
+
+
+def complete(backend):
+    """``backend`` itself when it has every member, else a :class:`Completed` view supplying the defaults."""
+    return Completed(backend) if missing_optional(backend) else backend
+
+
+class Completed:
+    """A backend object that leaves out members of :data:`DEFAULTS`, with the :class:`Backend` defaults
+    for those; everything else (reads and writes) goes to the object itself (``inner``)."""
+
+    def __init__(self, inner):
+        object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "defaulted", missing_optional(inner))
+
+    def __getattr__(self, attr):
+        try:
+            return getattr(self.inner, attr)
+        except AttributeError:
+            if attr not in DEFAULTS:
+                raise
+        if attr == "priority":
+            return Backend.priority
+        return getattr(Backend, attr).__get__(self)
+
+    def __setattr__(self, attr, value):
+        setattr(self.inner, attr, value)
+
+    def info(self) -> BackendInfo:
+        row = Backend.info(self) if "info" in self.defaulted else _info_of(self.inner)
+        note = f"contract: missing {', '.join(self.defaulted)} (defaults used)"
+        return dataclasses.replace(row, reason=f"{row.reason}; {note}" if row.reason else note)
+
+    def __repr__(self) -> str:
+        return f"<{self.inner!r} with defaults for {', '.join(self.defaulted)}>"
+
+
+def _info_of(backend) -> BackendInfo:
+    row = backend.info()
+    if not isinstance(row, BackendInfo):
+        raise TypeError(f"info() returned {type(row).__name__}, not BackendInfo")
+    return row
+
+
+def info_of(backend) -> BackendInfo:
+    """``backend.info()``; a row saying what went wrong when it raises or returns something else (never raises)."""
+    try:
+        return _info_of(backend)
+    except Exception as exc:
+        return BackendInfo(str(_get(backend, "name")), False, f"info() raised {type(exc).__name__}: {exc}", "", (),
+                           tuple(_get(backend, "array_families") or ()))

@@ -26,6 +26,18 @@ class ShapeError(XconvError, ValueError):
         super().__init__(text)
 
 
+class ConfigError(XconvError, ValueError):
+    """A bad setting: an ``XCONV_*`` environment variable or a command-line option whose text is not a value it
+    takes. The message names ``what`` (the variable or option), the expected form and the given text; raised
+    when the setting is read (:mod:`xconv.settings`), before any work."""
+
+    def __init__(self, what: str, problem: str, *, expected, given):
+        self.what = what
+        self.expected = expected
+        self.given = given
+        super().__init__(f"{what}: {problem} (expected {expected}, given {given})")
+
+
 class DTypeError(ShapeError, TypeError):
     """A dtype mistake: a tensor whose dtype is not a supported floating type, or differs from another's.
 

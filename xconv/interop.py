@@ -15,12 +15,11 @@ DLPack has no portable bfloat16 for NumPy, so bfloat16 CPU tensors cross as thei
 from __future__ import annotations
 
 import importlib
-import os
 
 import numpy as np
 
 from .arrays import array_family
-from . import dtypes
+from . import dtypes, settings
 from .errors import BackendUnavailableError, ShapeError, UnsupportedError, XconvError
 
 NATIVE_FAMILIES = ("numpy", "cupy")
@@ -89,7 +88,7 @@ def to_native_for(backend, family: str | None, named: dict) -> list:
 
 
 def _families_of(backend) -> tuple:
-    chosen = backend if backend is not None else (os.environ.get("XCONV_BACKEND") or None)
+    chosen = backend if backend is not None else settings.current().backend
     if isinstance(chosen, str):
         from .registry import get_backend
         try:

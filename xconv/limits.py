@@ -1,6 +1,7 @@
 """Resource guards: a call whose memory would not fit is refused, with the bytes it needs, before allocating.
 
-The limit is ``$XCONV_MEMORY_LIMIT`` (bytes; suffixes K, M, G, T for powers of 1024) when set,
+The limit is ``$XCONV_MEMORY_LIMIT`` (bytes, as :mod:`xconv.units` reads them: ``8G``, ``512MiB``;
+units are powers of 1024; read through :mod:`xconv.settings`) when set,
 else the memory the operating system reports available now (``MemAvailable`` of /proc/meminfo,
 else ``sysconf`` available pages), else no limit. The core checks each call's outputs and the
 copies it makes itself (explicit padding, converted inputs) against it (:func:`check_call`);
@@ -13,28 +14,20 @@ from __future__ import annotations
 
 import math
 import os
-import re
 
-from .errors import ResourceError, ShapeError
+from . import settings
+from .errors import ResourceError
 
 ENV = "XCONV_MEMORY_LIMIT"
 #: Without $XCONV_MEMORY_LIMIT, requests below this many bytes are not checked against the available
 #: memory (reading it costs a file read per check; a call this small fits any machine xconv runs on).
 UNCHECKED_BYTES = 64 << 20
-_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def memory_limit() -> int | None:
     """The bytes one call may allocate: $XCONV_MEMORY_LIMIT, else the available memory, else None (unknown)."""
-    text = os.environ.get(ENV, "").strip()
-    if text:
-        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]?)(?:i?B)?", text, flags=re.IGNORECASE)
-        value = float(m.group(1)) * _SUFFIXES[m.group(2).upper()] if m else math.nan
-        if not math.isfinite(value):
-            raise ShapeError(ENV, "must be a non-negative number of bytes, optionally with a K, M, G or T suffix",
-                             expected="e.g. 8G, 8GiB or 8589934592", given=repr(text))
-        return int(value)
-    return available_memory()
+    limit = settings.current().memory_limit
+    return available_memory() if limit is None else limit
 
 
 def available_memory() -> int | None:
@@ -54,7 +47,7 @@ def available_memory() -> int | None:
 
 def require(nbytes: int, what: str) -> None:
     """Raise ResourceError when ``nbytes`` (needed at once by ``what``) exceed the memory limit."""
-    if nbytes < UNCHECKED_BYTES and not os.environ.get(ENV):
+    if nbytes < UNCHECKED_BYTES and settings.current().memory_limit is None:
         return
     limit = memory_limit()
     if limit is not None and nbytes > limit:

@@ -19,8 +19,6 @@ from .errors import DTypeError, ResourceError, ShapeError
 
 MATH_MODES = ("keep_dtype", "allow_tf32", "allow_fp16")
 PADDING_STRINGS = ("valid", "same", "same_lower", "full")
-#: The accepted values of ``deterministic``: no promise, run to run, and run to run plus batch invariance.
-DETERMINISM_LEVELS = (False, True, "batch_invariant")
 
 _SPATIAL_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 

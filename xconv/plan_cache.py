@@ -2,8 +2,9 @@
 
 A call's validation (:func:`xconv.api._prepare`: shapes, dtypes, every parameter, the backend
 choice, the memory guard) is a pure function of what it reads: each tensor's type, shape and
-dtype, the value and type of every parameter, the ``backend=`` argument, ``$XCONV_BACKEND``,
-``$XCONV_MEMORY_LIMIT`` and the registry's contents. :func:`prepared` keys a plan on exactly
+dtype, the value and type of every parameter, the ``backend=`` argument, the ``XCONV_*`` settings
+(:func:`xconv.settings.key`: ``$XCONV_BACKEND``, ``$XCONV_MEMORY_LIMIT``, ``$XCONV_WORKSPACE_LIMIT``, ...)
+and the registry's contents. :func:`prepared` keys a plan on exactly
 those and keeps the validated result (backend, :class:`~xconv.params.ConvParams`) of each call
 that passed, so a call with the same key gets the same result without running the checks again.
 A call that fails validation is never stored: a bad argument is refused with the same error
@@ -24,13 +25,12 @@ Thread safety: lookups are plain dict reads; inserts and evictions take a lock. 
 from __future__ import annotations
 
 import math
-import os
 import threading
 from typing import NamedTuple
 
 import numpy as np
 
-from . import legalize, limits, registry
+from . import legalize, limits, registry, settings
 from .backend import availability_of
 from .dtypes import DTYPES
 
@@ -78,11 +78,11 @@ def _array_key(a):
     return key
 
 
-def _key(tensors: dict, backend, outputs, args: dict, bias):
+def _key(tensors: dict, backend, outputs, args: dict, bias, env: tuple):
     """One flat tuple: the tensors' names and (type, shape, dtype), the bias's, the outputs, each argument's name
-    and typed value, the backend, the environment and registry state validation reads."""
+    and typed value, the backend, the settings snapshot ``env`` and the registry state validation reads."""
     key = [backend if backend is None or type(backend) is str else ("object", id(backend)), tuple(outputs),
-           os.environ.get("XCONV_BACKEND"), os.environ.get(limits.ENV), limits.UNCHECKED_BYTES, registry.generation(),
+           env, limits.UNCHECKED_BYTES, registry.generation(),
            _array_key(bias), tuple(tensors), tuple(args)]         # the names fix where each entry below belongs
     for a in tensors.values():
         key.append(_array_key(a))
@@ -96,7 +96,7 @@ def _key(tensors: dict, backend, outputs, args: dict, bias):
 def _static_guard(p, outputs, tensors: dict, bias) -> bool:
     """Whether the memory guard can never refuse this call (no $XCONV_MEMORY_LIMIT, and even with every
     input copied and the padded input or output materialized it stays below UNCHECKED_BYTES)."""
-    if os.environ.get(limits.ENV):
+    if settings.current().memory_limit is not None:
         return False
     shapes = {"input": p.input_shape, "weight": p.weight_shape, "bias": (p.bias_size,), "output": p.output_shape}
     grown = p.output_shape if p.transposed else p.input_shape
@@ -115,15 +115,16 @@ def prepared(tensors: dict, backend, outputs, args: dict, validate, guard_memory
     for NumPy arrays; a hit runs it again unless the plan says it cannot refuse.
     """
     bias = args.get("bias")
+    env = settings.key()                    # a bad XCONV_* variable is refused here, cached call or not
     try:
-        key = _key(tensors, backend, outputs, args, bias)
+        key = _key(tensors, backend, outputs, args, bias, env)
     except _Uncacheable:
         return validate(tensors, backend, outputs, **args)
     plan = _plans.get(key)
     if plan is None:
         b, p = validate(tensors, backend, outputs, **args)
         family = _family(tensors, bias)
-        key = _key(tensors, backend, outputs, args, bias)       # validation may have loaded the registry
+        key = _key(tensors, backend, outputs, args, bias, env)  # validation may have loaded the registry
         _store(key, Plan(b, p, not _static_guard(p, outputs, tensors, bias), family))
         return b, p
     b, p = plan.backend, plan.params

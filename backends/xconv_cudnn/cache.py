@@ -13,36 +13,37 @@ One entry per :func:`xconv_cudnn.compiler.plan_key`. An entry is one of:
 
 Autotune mode (``XCONV_CUDNN_BENCHMARK=1``, like ``torch.backends.cudnn.benchmark``): plans are
 built with ``build_plan_policy.ALL`` and each candidate is timed once per key on the call's own
-buffers; later calls run the fastest. The flag is part of the key.
+buffers; later calls run the fastest. The flag is part of the key. Both variables are read and
+validated by :mod:`xconv.settings` (a bad value is a ConfigError naming it).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import statistics
 import threading
 from collections.abc import Callable
 
+from xconv import settings
+
 BENCHMARK_ENV = "XCONV_CUDNN_BENCHMARK"
 CACHE_SIZE_ENV = "XCONV_CUDNN_PLAN_CACHE_SIZE"
-DEFAULT_CACHE_SIZE = 512
-_TRUE = ("1", "true", "yes", "on")
+DEFAULT_CACHE_SIZE = settings.DEFAULT_CUDNN_PLAN_CACHE_SIZE
 
 
-def benchmark_enabled(environ=os.environ) -> bool:
-    """Whether autotune mode is on (``XCONV_CUDNN_BENCHMARK`` is 1/true/yes/on)."""
-    return environ.get(BENCHMARK_ENV, "").strip().lower() in _TRUE
+def _settings(environ) -> settings.Settings:
+    return settings.current() if environ is None else settings.from_environ(environ)
 
 
-def cache_size_from_env(environ=os.environ) -> int:
-    text = environ.get(CACHE_SIZE_ENV, "").strip()
-    try:
-        size = int(text) if text else DEFAULT_CACHE_SIZE
-    except ValueError:
-        size = DEFAULT_CACHE_SIZE
-    return max(size, 1)
+def benchmark_enabled(environ=None) -> bool:
+    """Whether autotune mode is on (``XCONV_CUDNN_BENCHMARK`` is 1/true/yes/on) in ``environ`` (default: now)."""
+    return _settings(environ).cudnn_benchmark
+
+
+def cache_size_from_env(environ=None) -> int:
+    """``XCONV_CUDNN_PLAN_CACHE_SIZE`` (a whole number >= 1; default 512) in ``environ`` (default: now)."""
+    return _settings(environ).cudnn_plan_cache_size
 
 
 @dataclasses.dataclass

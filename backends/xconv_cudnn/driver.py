@@ -296,9 +296,6 @@ class CupyRuntime:
             slot[1] = stream
         return slot[0]
 
-    def stream_ptr(self) -> int:
-        return self.cp.cuda.get_current_stream().ptr
-
     # CuPy fallbacks (same stream) ---------------------------------------------------------------
     # CuPy has no bfloat16 dtype: bfloat16 data arrives as its 16-bit patterns (xconv.interop), so
     # the fallbacks widen those bits to float32 and round back to nearest-even themselves.

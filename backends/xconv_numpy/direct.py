@@ -34,6 +34,7 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import native
+from .layout import DEPTHWISE_GEO
 from .native import address
 from .lazy import Lazy
 from .workers import even_ranges, run
@@ -68,6 +69,9 @@ def serves(p: ConvParams) -> bool:
             and math.prod(p.kernel) <= MAX_TAPS
             and all(a + b < 1 << 40 for a, b in p.padding)
             and all((k - 1) * d < 1 << 40 for k, d in zip(p.kernel, p.dilation)) and available())
+
+
+_DX, _DW, _DB, _XS, _DYS, _FLATDX = (DEPTHWISE_GEO.index(n) for n in ("dx", "dw", "db", "xs", "dys", "flatdx"))
 
 
 class _Plan:
@@ -113,13 +117,18 @@ class _Plan:
         for a in (self.tab, self.taps):
             a.flags.writeable = False
         self.tab_at, self.taps_at = self.tab.ctypes.data, self.taps.ctypes.data     # held with the arrays
-
-    def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds, finite_w: bool = True) -> np.ndarray:
-        """The C loops' geometry vector (see csrc/depthwise.c) with element strides xs of x and ds of dy."""
         C, H, W = self.in4[1], self.in4[2], self.in4[3]
         OH, OW = self.out4[2:]
-        return np.array([C, self.m, H, W, OH, OW, self.Lh, self.Lw, self.K, self.nRw, self.nslots,
-                         need_dx, need_dw, need_db, *xs, *ds, self.sw, finite_w, self.F], np.int64)
+        self._geo = list(DEPTHWISE_GEO.pack(c=C, m=self.m, h=H, w=W, oh=OH, ow=OW, lh=self.Lh, lw=self.Lw,
+                                            k=self.K, nrw=self.nRw, nslots=self.nslots, dx=0, dw=0, db=0,
+                                            xs=(0,) * 4, dys=(0,) * 4, sw=self.sw, flatdx=1, f=self.F))
+
+    def geo(self, need_dx: bool, need_dw: bool, need_db: bool, xs, ds, finite_w: bool = True) -> np.ndarray:
+        """The C loops' geometry vector (layout.DEPTHWISE_GEO) with element strides xs of x and ds of dy."""
+        geo = self._geo.copy()                 # the call's slots set by name (a per-call pack costs ~10 us)
+        geo[_DX], geo[_DW], geo[_DB], geo[_FLATDX] = need_dx, need_dw, need_db, finite_w
+        geo[_XS:_XS + 4], geo[_DYS:_DYS + 4] = xs, ds
+        return np.array(geo, np.int64)
 
     def scratch(self, dtype, need_acc: bool = True):
         """One worker's scratch: (g, xph, acc): dy (or y) on the grid behind F zeros, the phases kept of x and dx."""

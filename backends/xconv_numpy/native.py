@@ -5,7 +5,8 @@ directory; :func:`load` opens the baseline build, asks it what the CPU runs (``_
 and opens the best build present that the CPU runs (``XCONV_NUMPY_ISA`` may choose a lower one). Each is
 opened by absolute path from the package's own directory, and only if it is a regular file (never through a
 link); no compiler runs and no cache is read. When the builds are missing (installed without a C compiler),
-:func:`load` raises and the backend runs its NumPy paths.
+:func:`load` raises and the backend runs its NumPy paths; likewise when a build's argument layout is not the one
+:mod:`.layout` declares.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import importlib.machinery
 import os
 import stat
 from pathlib import Path
+
+from . import layout
 
 #: Instruction sets of the builds, lowest first.
 ISAS = ("baseline", "avx2", "avx512")
@@ -75,6 +78,7 @@ def load() -> ctypes.CDLL:
             lib = ctypes.CDLL(str(path))
             _declare(lib)
             break
+    layout.check(lib)
     return lib
 
 

@@ -32,6 +32,7 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
+from .layout import SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES
 from .lazy import Lazy
 
 #: Calls whose largest gathered matrix (x or dy columns) holds at most this many elements run here (measured on
@@ -229,12 +230,14 @@ def compiled_available() -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _geo(p: ConvParams) -> np.ndarray:
-    """The C loops' geometry (see csrc/small_cols.c) of ``p`` lifted to 3-D; x's strides left to fill."""
-    lift = 3 - p.nd
-    one = (1,) * lift
-    geo = np.zeros(25, np.int64)
-    geo[:20] = (p.input_shape[0], p.input_shape[1], *one, *p.input_shape[2:], *one, *p.output_shape[2:],
-                *one, *p.kernel, *one, *p.stride, *one, *p.dilation, *(0,) * lift, *(a for a, _ in p.padding))
+    """The C loops' geometry (layout.SMALL_COLS_GEO) of ``p`` lifted to 3-D; x's strides left to fill."""
+    nd = p.nd
+    n, c = p.input_shape[:2]
+    (d, h, w), (od, oh, ow) = _lift(p.input_shape[2:], nd, 1), _lift(p.output_shape[2:], nd, 1)
+    (kd, kh, kw), (sd, sh, sw) = _lift(p.kernel, nd, 1), _lift(p.stride, nd, 1)
+    (dd, dh, dw), (pd, ph, pw) = _lift(p.dilation, nd, 1), _lift((a for a, _ in p.padding), nd, 0)
+    geo = np.array(SMALL_COLS_GEO.pack(n=n, c=c, d=d, h=h, w=w, od=od, oh=oh, ow=ow, kd=kd, kh=kh, kw=kw, sd=sd,
+                                       sh=sh, sw=sw, dd=dd, dh=dh, dw=dw, pd=pd, ph=ph, pw=pw, xs=(0,) * 5), np.int64)
     geo.flags.writeable = False
     return geo
 
@@ -248,8 +251,9 @@ def _im2col(t: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     """x's columns (g, C/g * K, N * Q), channel-major then tap; zeros where a tap reads padding."""
     t = _readable(t, cdt)
     geo = _geo(p).copy()
-    geo[20:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
-    geo[20:] //= t.itemsize
+    xs = SMALL_COLS_GEO.index("xs")
+    geo[xs:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
+    geo[xs:] //= t.itemsize
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
     getattr(_C.get(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
     return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
@@ -281,7 +285,7 @@ def _tap_offsets(grid: _Grid) -> list:
 
 
 class _S1Plan:
-    """The C loops' plan of a stride-1 call (the layout csrc/small_grid.c's P_* names), and its address."""
+    """The C loops' plan of a stride-1 call (layout.SMALL_S1_PLAN, then the taps' offsets), and its address."""
 
     def __init__(self, p: ConvParams, f: _Plan):
         xg, dyg, keep = _grids(p)
@@ -293,12 +297,12 @@ class _S1Plan:
         # dW reads dy from dx's dy grid when that grid holds all of dy and has the x grid's rows
         from_grid = tuple(keep) == p.output_shape[2:] and dyg.dims[1:] == xg.dims[1:]
         corner = sum(a * g for a, g in zip(dyg.at, dyg.gs))
-        self.vector = np.array((f.N, f.C, f.Co, f.g, f.Cg, f.Cog, f.K, *grid(xg), *grid(dyg), dyg.base,
-                                *_lift(keep, nd, 1), *_lift(p.input_shape[2:], nd, 1),
-                                *_lift(p.output_shape[2:], nd, 1), int(from_grid), corner,
-                                *_lift((xg.rows // xg.gs[0],) + xg.dims[1:], nd, 1),
-                                *_lift((dyg.rows // dyg.gs[0],) + dyg.dims[1:], nd, 1),
-                                *_tap_offsets(xg), *_tap_offsets(dyg)), np.int64)
+        head = SMALL_S1_PLAN.pack(n=f.N, c=f.C, co=f.Co, g=f.g, cig=f.Cg, cog=f.Cog, k=f.K, xg=grid(xg), dg=grid(dyg),
+                                  dbase=dyg.base, keep=_lift(keep, nd, 1), s=_lift(p.input_shape[2:], nd, 1),
+                                  o=_lift(p.output_shape[2:], nd, 1), dz=int(from_grid), corner=corner,
+                                  ycrop=_lift((xg.rows // xg.gs[0],) + xg.dims[1:], nd, 1),
+                                  xcrop=_lift((dyg.rows // dyg.gs[0],) + dyg.dims[1:], nd, 1))
+        self.vector = np.array((*head, *_tap_offsets(xg), *_tap_offsets(dyg)), np.int64)
         self.vector.flags.writeable = False
         self.address = self.vector.ctypes.data
         self.lift = (0,) * (3 - nd)
@@ -321,7 +325,8 @@ def _strides(t: np.ndarray, lift) -> tuple:
     held = _STRIDES.get(key)
     if held is None:
         it = t.itemsize
-        a = np.array((t.strides[0] // it, t.strides[1] // it, *lift, *(v // it for v in t.strides[2:])), np.int64)
+        d, h, w = (*lift, *(v // it for v in t.strides[2:]))
+        a = np.array(SMALL_S1_STRIDES.pack(n=t.strides[0] // it, c=t.strides[1] // it, d=d, h=h, w=w), np.int64)
         a.flags.writeable = False
         if len(_STRIDES) > 256:
             _STRIDES.clear()

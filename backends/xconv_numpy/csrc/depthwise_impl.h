@@ -1,18 +1,15 @@
 /* Depthwise convolution loops of one element type (see depthwise.c, which includes this file once per type with
  * T the element type and SUF its suffix). Everything here is static except the two entry points. */
 
-#define DW_CAT_(a, b) a##b
-#define DW_CAT(a, b) DW_CAT_(a, b)
-#define DW_NAME(name) DW_CAT(name, SUF)
 #define DW_VL ((int)(32 / sizeof(T)))
 
-typedef T DW_NAME(vec_) __attribute__((vector_size(32)));
-#define DW_V DW_NAME(vec_)
+typedef T XCONV_T(vec) __attribute__((vector_size(32)));
+#define DW_V XCONV_T(vec)
 
-static inline DW_V DW_NAME(vload_)(const T *p) { DW_V v; memcpy(&v, p, sizeof v); return v; }
+static inline DW_V XCONV_T(vload)(const T *p) { DW_V v; memcpy(&v, p, sizeof v); return v; }
 
 /* The sum of a vector's lanes, in a fixed tree (halves added pairwise). */
-static inline T DW_NAME(hsum_)(DW_V v) {
+static inline T XCONV_T(hsum)(DW_V v) {
     T l[DW_VL];
     memcpy(l, &v, sizeof v);
     for (int w = DW_VL / 2; w >= 1; w /= 2)
@@ -21,18 +18,18 @@ static inline T DW_NAME(hsum_)(DW_V v) {
 }
 
 /* The sum of g[0..n), lanes then tail, in a fixed order. */
-static T DW_NAME(sum_)(const T *g, int64_t n) {
+static T XCONV_T(sum)(const T *g, int64_t n) {
     DW_V acc = {0};
     T tail = 0;
     int64_t i = 0;
-    for (; i + DW_VL <= n; i += DW_VL) acc += DW_NAME(vload_)(g + i);
+    for (; i + DW_VL <= n; i += DW_VL) acc += XCONV_T(vload)(g + i);
     for (; i < n; i++) tail += g[i];
-    return DW_NAME(hsum_)(acc) + tail;
+    return XCONV_T(hsum)(acc) + tail;
 }
 
 /* out[k] = sum over oh < OH, ow < OW of g[oh * Lw + ow] * src[k][oh * Lw + ow], k < CNT (only positions of the
  * OH x OW box are read). */
-static inline __attribute__((always_inline)) void DW_NAME(dots_)(const T *g, int64_t OH, int64_t OW,
+static inline __attribute__((always_inline)) void XCONV_T(dots)(const T *g, int64_t OH, int64_t OW,
                                                                  const T *const *src, int64_t Lw, int CNT, T *out) {
     DW_V acc[8];
     T tail[8];
@@ -44,31 +41,31 @@ static inline __attribute__((always_inline)) void DW_NAME(dots_)(const T *g, int
         const T *gr = g + oh * Lw;
         int64_t ow = 0;
         for (; ow + DW_VL <= OW; ow += DW_VL) {
-            DW_V gv = DW_NAME(vload_)(gr + ow);
-            for (int k = 0; k < CNT; k++) acc[k] += gv * DW_NAME(vload_)(src[k] + oh * Lw + ow);
+            DW_V gv = XCONV_T(vload)(gr + ow);
+            for (int k = 0; k < CNT; k++) acc[k] += gv * XCONV_T(vload)(src[k] + oh * Lw + ow);
         }
         for (; ow < OW; ow++)
             for (int k = 0; k < CNT; k++) tail[k] += gr[ow] * src[k][oh * Lw + ow];
     }
-    for (int k = 0; k < CNT; k++) out[k] = DW_NAME(hsum_)(acc[k]) + tail[k];
+    for (int k = 0; k < CNT; k++) out[k] = XCONV_T(hsum)(acc[k]) + tail[k];
 }
 
-static void DW_NAME(dots_any_)(const T *g, int64_t OH, int64_t OW, const T *const *src, int64_t Lw, int cnt,
+static void XCONV_T(dots_any)(const T *g, int64_t OH, int64_t OW, const T *const *src, int64_t Lw, int cnt,
                                T *out) {
     switch (cnt) {
-    case 8: DW_NAME(dots_)(g, OH, OW, src, Lw, 8, out); break;
-    case 7: DW_NAME(dots_)(g, OH, OW, src, Lw, 7, out); break;
-    case 6: DW_NAME(dots_)(g, OH, OW, src, Lw, 6, out); break;
-    case 5: DW_NAME(dots_)(g, OH, OW, src, Lw, 5, out); break;
-    case 4: DW_NAME(dots_)(g, OH, OW, src, Lw, 4, out); break;
-    case 3: DW_NAME(dots_)(g, OH, OW, src, Lw, 3, out); break;
-    case 2: DW_NAME(dots_)(g, OH, OW, src, Lw, 2, out); break;
-    default: DW_NAME(dots_)(g, OH, OW, src, Lw, 1, out); break;
+    case 8: XCONV_T(dots)(g, OH, OW, src, Lw, 8, out); break;
+    case 7: XCONV_T(dots)(g, OH, OW, src, Lw, 7, out); break;
+    case 6: XCONV_T(dots)(g, OH, OW, src, Lw, 6, out); break;
+    case 5: XCONV_T(dots)(g, OH, OW, src, Lw, 5, out); break;
+    case 4: XCONV_T(dots)(g, OH, OW, src, Lw, 4, out); break;
+    case 3: XCONV_T(dots)(g, OH, OW, src, Lw, 3, out); break;
+    case 2: XCONV_T(dots)(g, OH, OW, src, Lw, 2, out); break;
+    default: XCONV_T(dots)(g, OH, OW, src, Lw, 1, out); break;
     }
 }
 
 /* dst[i] += a[0] * s[0][i] + ... + a[CNT-1] * s[CNT-1][i] for i < n (terms in order). */
-static inline __attribute__((always_inline)) void DW_NAME(axpys_)(T *restrict dst, const T *const *s, const T *a,
+static inline __attribute__((always_inline)) void XCONV_T(axpys)(T *restrict dst, const T *const *s, const T *a,
                                                                   int64_t n, int CNT) {
     const T *restrict p[8];
     T c[8];
@@ -84,23 +81,23 @@ static inline __attribute__((always_inline)) void DW_NAME(axpys_)(T *restrict ds
 }
 
 /* axpys_ with a count known at run time (1..8). */
-static void DW_NAME(axpys_any_)(T *dst, const T *const *s, const T *a, int64_t n, int cnt) {
+static void XCONV_T(axpys_any)(T *dst, const T *const *s, const T *a, int64_t n, int cnt) {
     switch (cnt) {
-    case 8: DW_NAME(axpys_)(dst, s, a, n, 8); break;
-    case 7: DW_NAME(axpys_)(dst, s, a, n, 7); break;
-    case 6: DW_NAME(axpys_)(dst, s, a, n, 6); break;
-    case 5: DW_NAME(axpys_)(dst, s, a, n, 5); break;
-    case 4: DW_NAME(axpys_)(dst, s, a, n, 4); break;
-    case 3: DW_NAME(axpys_)(dst, s, a, n, 3); break;
-    case 2: DW_NAME(axpys_)(dst, s, a, n, 2); break;
-    default: DW_NAME(axpys_)(dst, s, a, n, 1); break;
+    case 8: XCONV_T(axpys)(dst, s, a, n, 8); break;
+    case 7: XCONV_T(axpys)(dst, s, a, n, 7); break;
+    case 6: XCONV_T(axpys)(dst, s, a, n, 6); break;
+    case 5: XCONV_T(axpys)(dst, s, a, n, 5); break;
+    case 4: XCONV_T(axpys)(dst, s, a, n, 4); break;
+    case 3: XCONV_T(axpys)(dst, s, a, n, 3); break;
+    case 2: XCONV_T(axpys)(dst, s, a, n, 2); break;
+    default: XCONV_T(axpys)(dst, s, a, n, 1); break;
     }
 }
 
 /* A chunk of cnt (1..8) taps adding into dst (a row of the phase grid): tap k reads src[k][b - lo[k]] for
  * lo[k] <= b < lo[k] + len and nothing elsewhere (no term for positions a tap does not reach: no Inf meets a
  * zero). Columns every tap reaches run vectorized, the edges one by one with the terms in the same order. */
-static void DW_NAME(chunk_)(T *dst, const T *const *src, const int64_t *lo, const T *a, int cnt, int64_t len) {
+static void XCONV_T(chunk)(T *dst, const T *const *src, const int64_t *lo, const T *a, int cnt, int64_t len) {
     int64_t l0 = lo[0], l1 = lo[0];
     for (int k = 1; k < cnt; k++) {
         l0 = lo[k] < l0 ? lo[k] : l0;
@@ -113,7 +110,7 @@ static void DW_NAME(chunk_)(T *dst, const T *const *src, const int64_t *lo, cons
         if (b == in0 && in1 > in0) {
             const T *s[8];
             for (int k = 0; k < cnt; k++) s[k] = src[k] + (in0 - lo[k]);
-            DW_NAME(axpys_any_)(dst + in0, s, a, in1 - in0, cnt);
+            XCONV_T(axpys_any)(dst + in0, s, a, in1 - in0, cnt);
             b = in1 - 1;
             continue;
         }
@@ -132,7 +129,7 @@ static void DW_NAME(chunk_)(T *dst, const T *const *src, const int64_t *lo, cons
  * (LP >= Lh * Lw). Input row y lies in row rowa[y] of row slot rows[y] (-1: no tap reads that row phase); column
  * slot j holds the columns z = z0 + k * sw (k < cnt) at b0 + k, (z0, b0, cnt) = runs[3j..3j+2]. Returns whether
  * every value copied is finite. */
-static int DW_NAME(to_phases_)(const T *x, int64_t sy, int64_t sz, int64_t H, const int64_t *tab,
+static int XCONV_T(to_phases)(const T *x, int64_t sy, int64_t sz, int64_t H, const int64_t *tab,
                                const int64_t *runs, int64_t sw, int64_t nRw, int64_t nslots, int64_t LP,
                                int64_t Lw, T *xph) {
     const int64_t *rows = tab, *rowa = tab + H;
@@ -150,7 +147,7 @@ static int DW_NAME(to_phases_)(const T *x, int64_t sy, int64_t sz, int64_t H, co
             int64_t step = sw * sz, k = 0;
             if (step == 1)                                  /* v * 0 is NaN exactly when v is not finite */
                 for (; k + DW_VL <= r[2]; k += DW_VL) {
-                    DW_V v = DW_NAME(vload_)(src + k);
+                    DW_V v = XCONV_T(vload)(src + k);
                     memcpy(d + k, &v, sizeof v);
                     chk += v * 0;
                 }
@@ -160,11 +157,11 @@ static int DW_NAME(to_phases_)(const T *x, int64_t sy, int64_t sz, int64_t H, co
             }
         }
     }
-    return DW_NAME(hsum_)(chk) + tchk == 0;
+    return XCONV_T(hsum)(chk) + tchk == 0;
 }
 
 /* The inverse of to_phases_ into a C-contiguous (H, W) plane: zeros where no tap reaches. */
-static void DW_NAME(from_phases_)(const T *acc, const int64_t *tab, const int64_t *runs, int64_t sw, int64_t H,
+static void XCONV_T(from_phases)(const T *acc, const int64_t *tab, const int64_t *runs, int64_t sw, int64_t H,
                                   int64_t W, int64_t nRw, int64_t LP, int64_t Lw, T *dx) {
     const int64_t *rows = tab, *rowa = tab + H;
     int64_t covered = 0;
@@ -196,7 +193,7 @@ static void DW_NAME(from_phases_)(const T *acc, const int64_t *tab, const int64_
  * vector loop per group of taps; its extra terms multiply grid zeros, which is exact for finite factors: used for
  * dx when the weights are finite (geo flag) and for dw when the x plane is. Otherwise by rows, with only the
  * (tap, position) pairs that exist. */
-void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *dx, T *dwp, T *dbp,
+void XCONV_T(xconv_depthwise_backward)(const T *dy, const T *x, const T *w, T *dx, T *dwp, T *dbp,
                                         const int64_t *geo, const int64_t *taps, const int64_t *tab, T *g, T *xph,
                                         T *acc, int64_t p0, int64_t p1) {
     int64_t C = geo[G_C], m = geo[G_M], H = geo[G_H], W = geo[G_W], OH = geo[G_OH], OW = geo[G_OW];
@@ -211,7 +208,7 @@ void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *
         int64_t n = pi / C, c = pi - n * C;
         int flat_dw = 0;
         if (need_dw)
-            flat_dw = DW_NAME(to_phases_)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, tab, runs, sw, nRw, nslots,
+            flat_dw = XCONV_T(to_phases)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, tab, runs, sw, nRw, nslots,
                                           LP, Lw, xph);
         if (need_dx) memset(acc, 0, nslots * LP * sizeof(T));
         for (int64_t mo = 0; mo < m; mo++) {
@@ -225,7 +222,7 @@ void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *
                 else
                     for (int64_t ow = 0; ow < OW; ow++) d[ow] = dyp[oh * ds[2] + ow * ds[3]];
             }
-            if (need_db) dbp[n * Co + co] = DW_NAME(sum_)(gpad, OH * Lw);   /* the grid's zeros add nothing */
+            if (need_db) dbp[n * Co + co] = XCONV_T(sum)(gpad, OH * Lw);   /* the grid's zeros add nothing */
             if (need_dw) {
                 for (int64_t k0 = 0; k0 < K; k0 += 8) {
                     int cnt = K - k0 < 8 ? (int)(K - k0) : 8;
@@ -236,9 +233,9 @@ void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *
                         src[k] = xph + tp[3] * LP + tp[1] * Lw + tp[2];
                     }
                     if (flat_dw)
-                        DW_NAME(dots_any_)(gpad, 1, OH * Lw, src, 0, cnt, out);
+                        XCONV_T(dots_any)(gpad, 1, OH * Lw, src, 0, cnt, out);
                     else
-                        DW_NAME(dots_any_)(gpad, OH, OW, src, Lw, cnt, out);
+                        XCONV_T(dots_any)(gpad, OH, OW, src, Lw, cnt, out);
                     for (int k = 0; k < cnt; k++) dwp[(n * Co + co) * K + taps[4 * (k0 + k)]] = out[k];
                 }
             }
@@ -257,7 +254,7 @@ void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *
                                 src[k] = gpad - (tp[1] * Lw + tp[2]);
                                 wt[k] = w[co * K + tp[0]];
                             }
-                            DW_NAME(axpys_any_)(acc + slot * LP, src, wt, Lh * Lw, cnt);
+                            XCONV_T(axpys_any)(acc + slot * LP, src, wt, Lh * Lw, cnt);
                         }
                         k0 = k1;
                         continue;
@@ -275,24 +272,24 @@ void DW_NAME(xconv_depthwise_backward_)(const T *dy, const T *x, const T *w, T *
                             lo[cnt] = tp[2];
                             wt[cnt] = w[co * K + tp[0]];
                             if (++cnt == 8) {
-                                DW_NAME(chunk_)(acc + slot * LP + a * Lw, src, lo, wt, cnt, OW);
+                                XCONV_T(chunk)(acc + slot * LP + a * Lw, src, lo, wt, cnt, OW);
                                 cnt = 0;
                             }
                         }
-                        if (cnt) DW_NAME(chunk_)(acc + slot * LP + a * Lw, src, lo, wt, cnt, OW);
+                        if (cnt) XCONV_T(chunk)(acc + slot * LP + a * Lw, src, lo, wt, cnt, OW);
                     }
                     k0 = k1;
                 }
             }
         }
-        if (need_dx) DW_NAME(from_phases_)(acc, tab, runs, sw, H, W, nRw, LP, Lw, dx + (n * C + c) * H * W);
+        if (need_dx) XCONV_T(from_phases)(acc, tab, runs, sw, H, W, nRw, LP, Lw, dx + (n * C + c) * H * W);
     }
 }
 
 /* Planes [p0, p1) of a depthwise forward into y (N, C*m, OH, OW), C-contiguous; x at any element strides (geo);
  * scratch g and xph as for the backward. y on the grid (rows of Lw: the extra columns are dropped) = sum over
  * taps (in the order of taps, groups of 8) of w * the phase at the tap's offset. */
-void DW_NAME(xconv_depthwise_fprop_)(const T *x, const T *w, T *y, const int64_t *geo, const int64_t *taps,
+void XCONV_T(xconv_depthwise_fprop)(const T *x, const T *w, T *y, const int64_t *geo, const int64_t *taps,
                                      const int64_t *tab, T *g, T *xph, int64_t p0, int64_t p1) {
     int64_t C = geo[G_C], m = geo[G_M], H = geo[G_H], OH = geo[G_OH], OW = geo[G_OW];
     int64_t Lw = geo[G_LW], K = geo[G_K], nRw = geo[G_NRW], nslots = geo[G_NSLOTS], LP = (geo[G_LH] + 1) * Lw;
@@ -300,7 +297,7 @@ void DW_NAME(xconv_depthwise_fprop_)(const T *x, const T *w, T *y, const int64_t
     int64_t sw = geo[G_SW];
     for (int64_t pi = p0; pi < p1; pi++) {
         int64_t n = pi / C, c = pi - n * C;
-        DW_NAME(to_phases_)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, tab, runs, sw, nRw, nslots, LP, Lw, xph);
+        XCONV_T(to_phases)(x + n * xs[0] + c * xs[1], xs[2], xs[3], H, tab, runs, sw, nRw, nslots, LP, Lw, xph);
         for (int64_t mo = 0; mo < m; mo++) {
             int64_t co = c * m + mo;
             memset(g, 0, OH * Lw * sizeof(T));
@@ -313,7 +310,7 @@ void DW_NAME(xconv_depthwise_fprop_)(const T *x, const T *w, T *y, const int64_t
                     src[k] = xph + tp[3] * LP + tp[1] * Lw + tp[2];
                     wt[k] = w[co * K + tp[0]];
                 }
-                DW_NAME(axpys_any_)(g, src, wt, OH * Lw, cnt);
+                XCONV_T(axpys_any)(g, src, wt, OH * Lw, cnt);
             }
             T *yp = y + (n * C * m + co) * OH * OW;
             for (int64_t oh = 0; oh < OH; oh++) memcpy(yp + oh * OW, g + oh * Lw, OW * sizeof(T));
@@ -323,6 +320,3 @@ void DW_NAME(xconv_depthwise_fprop_)(const T *x, const T *w, T *y, const int64_t
 
 #undef DW_V
 #undef DW_VL
-#undef DW_NAME
-#undef DW_CAT
-#undef DW_CAT_

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "template.h"
+
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));
@@ -20,8 +22,9 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 #if defined(__GNUC__) && !defined(__clang__)
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of
- * their row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. */
+/* One stage of a 16 x 16 transposition in registers: rows i and i + D (bit D of i clear) exchange bit D of their
+ * row and column index. After the stages D = 8, 4, 2, 1 row j holds column j. (A statement macro, not a
+ * template: as an inline function of D, GCC schedules the dx blocks differently.) */
 #define STAGE(D)                                                                                        \
     {                                                                                                   \
         v16i lo, hi;                                                                                    \
@@ -44,7 +47,7 @@ static inline void transpose16(v16 t[16]) {
 }
 #define HAVE_TILE16 1
 #endif
-#if defined(HAVE_TILE16) && !defined(NO_TILE_STORES)
+#ifdef HAVE_TILE16
 #define TILE_STORES 1
 #else
 #define TILE_STORES 0
@@ -53,60 +56,50 @@ static inline void transpose16(v16 t[16]) {
 static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE_STORES is 0 */
 #endif
 
-/* Input gradient, one block of NR positions j.. of a row and 16 * NV input channels from cb:
- *   dx[rout + (cb + ci) * ldx + (j + k) * os] = sum_t sum_co dy[rin + co * ldy + j + k - off[t]] * w[(t * Cog + co) * ldw + cb + ci]
- * taps in order, channels in order within a tap (os: the output's position step, the stride on a phase). */
-#define DX_BLOCK(NAME, NR, NV)                                                                          \
-    static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, \
-                            int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j,       \
-                            int64_t cb) {                                                                 \
-        v16 acc[NR][NV];                                                                              \
-        for (int k = 0; k < NR; k++)                                                                  \
-            for (int v = 0; v < NV; v++) acc[k][v] = (v16){0};                                        \
-        for (int64_t t = 0; t < T; t++) {                                                             \
-            const float *d = dyr + j - off[t];                                                        \
-            const float *wt = w + t * Cog * ldw + cb;                                                 \
-            _Pragma("GCC unroll 2") for (int64_t co = 0; co < Cog; co++) {                          \
-                v16 wv[NV];                                                                           \
-                for (int v = 0; v < NV; v++) wv[v] = load16(wt + co * ldw + 16 * v);                  \
-                const float *dc = d + co * ldy;                                                       \
-                _Pragma("GCC unroll 14") for (int k = 0; k < NR; k++) {                              \
-                    float b = dc[k];                                                                  \
-                    for (int v = 0; v < NV; v++) acc[k][v] += b * wv[v];                              \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
-        if (TILE_STORES && NR <= 16 && os == 1) {  /* a channel's positions contiguous: transpose, store */ \
-            for (int v = 0; v < NV; v++) {                                                            \
-                v16 t[16];                                                                            \
-                for (int k = 0; k < 16; k++) t[k] = k < NR ? acc[k][v] : (v16){0};                    \
-                transpose16(t);                                                                       \
-                for (int c = 0; c < 16; c++)                                                          \
-                    memcpy(dxr + (cb + 16 * v + c) * ldx + j, &t[c], NR * sizeof(float));             \
-            }                                                                                         \
-            return;                                                                                   \
-        }                                                                                             \
-        float buf[NR][16 * NV];                                                                       \
-        for (int k = 0; k < NR; k++)                                                                  \
-            for (int v = 0; v < NV; v++) store16(&buf[k][16 * v], acc[k][v]);                         \
-        for (int c = 0; c < 16 * NV; c++)                                                             \
-            for (int k = 0; k < NR; k++) dxr[(cb + c) * ldx + (j + k) * os] = buf[k][c];              \
-    }
+/* dx_<NR>x<NV>: the block of direct_dx_block.h for NR positions and NV vectors of channels */
+#define NR 14
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 13
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 12
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 11
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 10
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 9
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 8
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 4
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 2
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 1
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 12
+#define NV 1
+#include "direct_dx_block.h"
+#define NR 4
+#define NV 1
+#include "direct_dx_block.h"
+#define NR 2
+#define NV 1
+#include "direct_dx_block.h"
+#define NR 1
+#define NV 1
+#include "direct_dx_block.h"
 
-DX_BLOCK(dx_14x2, 14, 2)
-DX_BLOCK(dx_13x2, 13, 2)
-DX_BLOCK(dx_12x2, 12, 2)
-DX_BLOCK(dx_11x2, 11, 2)
-DX_BLOCK(dx_10x2, 10, 2)
-DX_BLOCK(dx_9x2, 9, 2)
-DX_BLOCK(dx_8x2, 8, 2)
-DX_BLOCK(dx_4x2, 4, 2)
-DX_BLOCK(dx_2x2, 2, 2)
-DX_BLOCK(dx_1x2, 1, 2)
-DX_BLOCK(dx_12x1, 12, 1)
-DX_BLOCK(dx_4x1, 4, 1)
-DX_BLOCK(dx_2x1, 2, 1)
-DX_BLOCK(dx_1x1, 1, 1)
 
 typedef void (*dx_block_fn)(const float *, int64_t, const float *, int64_t, const int64_t *, int64_t, int64_t, float *,
                             int64_t, int64_t, int64_t, int64_t);
@@ -162,33 +155,14 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
     }
 }
 
-/* Weight gradient of one task over rows [r0, r1) and positions [o0, o1): RC output channels from c0 x 16 * NV
- * input channels from cb of tap offset xo, added into out (row stride Cg). */
-#define DW_BLOCK(NAME, RC, NV)                                                                          \
-    static inline void NAME(const float *dy, int64_t ldy, const float *x, int64_t ldx, int64_t step,        \
-                            int64_t xo, const int64_t *rdy, const int64_t *rx, int64_t r0, int64_t r1,      \
-                            int64_t o0, int64_t o1, int64_t c0, int64_t cb, float *out, int64_t Cg) {      \
-        v16 acc[RC][NV];                                                                              \
-        for (int c = 0; c < RC; c++)                                                                  \
-            for (int v = 0; v < NV; v++) acc[c][v] = load16(out + c * Cg + 16 * v);                  \
-        for (int64_t r = r0; r < r1; r++) {                                                           \
-            const float *d = dy + rdy[r] + c0 * ldy;                                                  \
-            const float *xr = x + (rx[r] + xo) * ldx + cb;                                            \
-            _Pragma("GCC unroll 2") for (int64_t o = o0; o < o1; o++) {                             \
-                v16 xv[NV];                                                                           \
-                for (int v = 0; v < NV; v++) xv[v] = load16(xr + o * step + 16 * v);                  \
-                _Pragma("GCC unroll 16") for (int c = 0; c < RC; c++) {                               \
-                    float b = d[c * ldy + o];                                                         \
-                    for (int v = 0; v < NV; v++) acc[c][v] += b * xv[v];                              \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
-        for (int c = 0; c < RC; c++)                                                                  \
-            for (int v = 0; v < NV; v++) store16(out + c * Cg + 16 * v, acc[c][v]);                   \
-    }
+/* dw_<RC>x<NV>: the block of direct_dw_block.h for RC output channels and NV vectors of input channels */
+#define RC 16
+#define NV 1
+#include "direct_dw_block.h"
+#define RC 8
+#define NV 2
+#include "direct_dw_block.h"
 
-DW_BLOCK(dw_16x1, 16, 1)
-DW_BLOCK(dw_8x2, 8, 2)
 
 /* Weight gradient of the tasks [k0, k1) of the list (t, co block, ci block), in that order, over rows r < nrows of
  * dy positions (channel-major: channel co of row r at dy + rdy[r] + co * ldy + j) and x positions (channels-last:

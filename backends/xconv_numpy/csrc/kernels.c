@@ -1,6 +1,11 @@
 /* Every compiled loop of the NumPy backend in one library (see ../compiled.py and ../direct.py). setup.py builds
  * it once per instruction set (kernels_<isa>.c include this file; XCONV_ISA names the build) and the loader
- * picks the best one the CPU runs, asking the baseline build's xconv_cpu_level(). */
+ * picks the best one the CPU runs, asking the baseline build's xconv_cpu_level(), and checks that the build's
+ * argument layout (layout.h; xconv_layout, xconv_layout_slots) is the one ../layout.py declares.
+ *
+ * One template idiom throughout (template.h): a template header instantiated by #define-ing its parameters and
+ * including it (element types T/SUF, block shapes NR/NV); XCONV_CAT the only token paste. */
+#include "layout.h"
 #include "direct_conv.c"
 #include "depthwise.c"
 #include "small_cols.c"
@@ -9,6 +14,30 @@
 #ifndef XCONV_ISA
 #define XCONV_ISA "baseline"
 #endif
+
+/* The argument layout of this build (layout.h): which = 0 gives XCONV_LAYOUT_VERSION, which = XCONV_LAYOUT_* the
+ * length of that vector (for the stride-1 plan: its fixed head, before the taps' offsets); -1 for another which. */
+int64_t xconv_layout(int which) {
+    switch (which) {
+    case 0: return XCONV_LAYOUT_VERSION;
+    case XCONV_LAYOUT_DEPTHWISE_GEO: return G_LEN;
+    case XCONV_LAYOUT_SMALL_COLS_GEO: return S_LEN;
+    case XCONV_LAYOUT_SMALL_S1_PLAN: return P_LEN;
+    case XCONV_LAYOUT_SMALL_S1_STRIDES: return E_LEN;
+    default: return -1;
+    }
+}
+
+/* The slots of vector `which` in order, "NAME:width NAME:width ..." (layout.h's lists); NULL for another which. */
+const char *xconv_layout_slots(int which) {
+    switch (which) {
+    case XCONV_LAYOUT_DEPTHWISE_GEO: return XCONV_DEPTHWISE_GEO(XCONV_SLOT_TEXT);
+    case XCONV_LAYOUT_SMALL_COLS_GEO: return XCONV_SMALL_COLS_GEO(XCONV_SLOT_TEXT);
+    case XCONV_LAYOUT_SMALL_S1_PLAN: return XCONV_SMALL_S1_PLAN(XCONV_SLOT_TEXT);
+    case XCONV_LAYOUT_SMALL_S1_STRIDES: return XCONV_SMALL_S1_STRIDES(XCONV_SLOT_TEXT);
+    default: return 0;
+    }
+}
 
 /* The name of this build's instruction set. */
 const char *xconv_build_isa(void) { return XCONV_ISA; }

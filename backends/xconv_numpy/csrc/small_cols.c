@@ -8,10 +8,10 @@
 #include <stdint.h>
 #include <string.h>
 
-/* geo: N, C, D, H, W, OD, OH, OW, KD, KH, KW, strides (d, h, w), dilations (d, h, w), padding before (d, h, w),
- * x's element strides (n, c, d, h, w) */
-enum { S_N, S_C, S_D, S_H, S_W, S_OD, S_OH, S_OW, S_KD, S_KH, S_KW, S_SD, S_SH, S_SW, S_DD, S_DH, S_DW,
-       S_PD, S_PH, S_PW, S_XS };
+#include "layout.h"
+#include "template.h"
+
+/* geo: csrc/layout.h's XCONV_SMALL_COLS_GEO (S_*) */
 
 /* The outputs o in [0, O) whose input position o * s + off lies in [0, L): [*lo, *hi). */
 static inline void xconv_valid_range(int64_t off, int64_t s, int64_t L, int64_t O, int64_t *lo, int64_t *hi) {
@@ -24,13 +24,13 @@ static inline void xconv_valid_range(int64_t off, int64_t s, int64_t L, int64_t 
 }
 
 #define T float
-#define SUF f32
+#define SUF _f32
 #include "small_cols_impl.h"
 #undef T
 #undef SUF
 
 #define T double
-#define SUF f64
+#define SUF _f64
 #include "small_cols_impl.h"
 #undef T
 #undef SUF

@@ -1,8 +1,6 @@
 /* The column copies of small_cols.c for one element type T (suffix SUF). */
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
 
-void CAT(xconv_small_im2col, SUF)(const T *x, T *cols, const int64_t *g) {
+void XCONV_T(xconv_small_im2col)(const T *x, T *cols, const int64_t *g) {
     const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W];
     const int64_t OD = g[S_OD], OH = g[S_OH], OW = g[S_OW], KD = g[S_KD], KH = g[S_KH], KW = g[S_KW];
     const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
@@ -40,7 +38,7 @@ void CAT(xconv_small_im2col, SUF)(const T *x, T *cols, const int64_t *g) {
                 }
 }
 
-void CAT(xconv_small_col2im, SUF)(const T *dcols, T *dx, const int64_t *g) {
+void XCONV_T(xconv_small_col2im)(const T *dcols, T *dx, const int64_t *g) {
     const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W];
     const int64_t OD = g[S_OD], OH = g[S_OH], OW = g[S_OW], KD = g[S_KD], KH = g[S_KH], KW = g[S_KW];
     const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
@@ -74,5 +72,3 @@ void CAT(xconv_small_col2im, SUF)(const T *dcols, T *dx, const int64_t *g) {
         }
 }
 
-#undef CAT
-#undef CAT_

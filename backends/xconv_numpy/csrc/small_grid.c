@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layout.h"
+#include "template.h"
+
 #if defined(__AVX512F__)
 #define SG_BYTES 64
 #elif defined(__AVX__)
@@ -31,22 +34,19 @@ enum { F_N, F_C, F_KD, F_KH, F_KW, F_SN, F_SC, F_SD, F_SH, F_SW, F_GD, F_GH, F_G
        F_TAIL };
 /* corr / dw geo: N, groups, Cig, Cog, K, rows, ps, ldi, base, ldo (corr) or R (dw) */
 enum { C_N, C_G, C_CIG, C_COG, C_K, C_ROWS, C_PS, C_LDI, C_BASE, C_LDO };
-/* a whole call's plan (small.py, _s1_plan): sizes, the x grid (dims, at, size, rows), the dy grid (the same), the dy
- * grid's base, dy's kept extents, the input's and output's spatial dims, whether dW reads dy from dy's grid (and from
- * which corner), the planes y and dx have on the grids' rows, then the x taps' offsets and the dy taps' */
-enum { P_N, P_C, P_CO, P_G, P_CIG, P_COG, P_K, P_XG, P_DG = P_XG + 8, P_DBASE = P_DG + 8, P_KEEP, P_S = P_KEEP + 3,
-       P_O = P_S + 3, P_DZ = P_O + 3, P_CORNER, P_YCROP, P_XCROP = P_YCROP + 3, P_OFF = P_XCROP + 3 };
+/* a whole call's plan (small.py, _s1_plan): csrc/layout.h's XCONV_SMALL_S1_PLAN (P_*); x's and dy's element
+ * strides: XCONV_SMALL_S1_STRIDES */
 /* elements after a grid's last channel that vector loads may read (zeros); small.py's _SLACK */
 #define SG_SLACK 16
 
 #define T float
-#define SUF f32
+#define SUF _f32
 #include "small_grid_impl.h"
 #undef T
 #undef SUF
 
 #define T double
-#define SUF f64
+#define SUF _f64
 #include "small_grid_impl.h"
 #undef T
 #undef SUF

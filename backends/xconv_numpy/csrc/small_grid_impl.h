@@ -1,16 +1,13 @@
 /* The loops of small_grid.c for one element type T (suffix SUF). */
-#define SG_CAT_(a, b) a##_##b
-#define SG_CAT(a, b) SG_CAT_(a, b)
-#define SG(name) SG_CAT(name, SUF)
 #define VW ((int64_t)(SG_BYTES / sizeof(T)))
 #define OB 8 /* output channels per block */
 
-typedef T SG(sgvec) __attribute__((vector_size(SG_BYTES)));
+typedef T XCONV_T(sgvec) __attribute__((vector_size(SG_BYTES)));
 
-static inline SG(sgvec) SG(sg_load)(const T *p) { SG(sgvec) v; memcpy(&v, p, sizeof v); return v; }
+static inline XCONV_T(sgvec) XCONV_T(sg_load)(const T *p) { XCONV_T(sgvec) v; memcpy(&v, p, sizeof v); return v; }
 
 /* Returns nonzero when a copied value is not finite (inf or NaN: v - v is not 0). */
-static int SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
+static int XCONV_T(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
     const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
     const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
     int bad = 0;
@@ -39,7 +36,7 @@ static int SG(xconv_small_fill)(const T *src, T *grid, const int64_t *g) {
  * lane k % SG_LANES, the lanes added in order at the end (a fixed order). Returns nonzero when a sum is not finite
  * (dy holds an inf or a NaN; for double dy also an overflow, which only sends the call to the exact-zero path).
  * db may be NULL (the check alone). geo as the fill's (N, C = C_out, kept = dy's extents, strides). */
-static int SG(xconv_small_bias)(const T *dy, T *db, const int64_t *g) {
+static int XCONV_T(xconv_small_bias)(const T *dy, T *db, const int64_t *g) {
     const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW], sw = g[F_SW];
     int bad = 0;
     for (int64_t c = 0; c < C; c++) {
@@ -62,7 +59,7 @@ static int SG(xconv_small_bias)(const T *dy, T *db, const int64_t *g) {
 }
 #undef SG_LANES
 
-static void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, const int64_t *g) {
+static void XCONV_T(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t *off, const int64_t *g) {
     const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
     const int64_t ps = g[C_PS], ldi = g[C_LDI], base = g[C_BASE], ldo = g[C_LDO];
     for (int64_t gr = 0; gr < G; gr++)
@@ -71,25 +68,25 @@ static void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t 
             const T *wb = w + (gr * Cog + ob) * Cig * K;
             for (int64_t n = 0; n < N; n++)
                 for (int64_t r = 0; r < rows; r += VW) {
-                    SG(sgvec) acc[OB];
-                    for (int o = 0; o < OB; o++) acc[o] = (SG(sgvec)){0};
+                    XCONV_T(sgvec) acc[OB];
+                    for (int o = 0; o < OB; o++) acc[o] = (XCONV_T(sgvec)){0};
                     const T *src0 = in + gr * Cig * ldi + base + n * ps + r;
                     for (int64_t i = 0; i < Cig; i++) {
                         const T *src = src0 + i * ldi;
                         const T *wi = wb + i * K;
                         if (nb == OB)
                             for (int64_t t = 0; t < K; t++) {
-                                SG(sgvec) xv = SG(sg_load)(src + off[t]);
+                                XCONV_T(sgvec) xv = XCONV_T(sg_load)(src + off[t]);
                                 for (int o = 0; o < OB; o++) acc[o] += wi[o * Cig * K + t] * xv;
                             }
                         else if (nb == 4)
                             for (int64_t t = 0; t < K; t++) {
-                                SG(sgvec) xv = SG(sg_load)(src + off[t]);
+                                XCONV_T(sgvec) xv = XCONV_T(sg_load)(src + off[t]);
                                 for (int o = 0; o < 4; o++) acc[o] += wi[o * Cig * K + t] * xv;
                             }
                         else
                             for (int64_t t = 0; t < K; t++) {
-                                SG(sgvec) xv = SG(sg_load)(src + off[t]);
+                                XCONV_T(sgvec) xv = XCONV_T(sg_load)(src + off[t]);
                                 for (int o = 0; o < nb; o++) acc[o] += wi[o * Cig * K + t] * xv;
                             }
                     }
@@ -109,30 +106,31 @@ static void SG(xconv_small_corr)(const T *in, const T *w, T *out, const int64_t 
 #define OBW 4 /* output channels per block of the weight gradient */
 
 /* One (output channel block, tap block) of the weight gradient over positions [0, m) of every sample: NB channels
- * and NT taps known at compile time (the generic block takes nb, tb at run time). */
+ * and NT taps known at compile time (the generic block takes nb, tb at run time). A statement macro, not a template
+ * (as an always_inline function GCC compiles the caller differently). */
 #define SG_DW_BODY(NB, NT)                                                                              \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *s = src0 + n * ps;                                                                     \
         const T *d = dzb + n * pz;                                                                      \
         for (int64_t r = 0; r < rows; r += VW) {                                                        \
-            SG(sgvec) xv[TB], dv[OBW];                                                                  \
+            XCONV_T(sgvec) xv[TB], dv[OBW];                                                             \
             if (rows - r >= VW) {                                                                       \
-                for (int o = 0; o < (NB); o++) dv[o] = SG(sg_load)(d + o * ldz + r);                    \
+                for (int o = 0; o < (NB); o++) dv[o] = XCONV_T(sg_load)(d + o * ldz + r);               \
             } else {                                                                                    \
                 for (int o = 0; o < (NB); o++) {                                                        \
-                    dv[o] = (SG(sgvec)){0};                                                             \
-                    for (int64_t k = 0; k < rows - r; k++) dv[o][k] = d[o * ldz + r + k];              \
+                    dv[o] = (XCONV_T(sgvec)){0};                                                        \
+                    for (int64_t k = 0; k < rows - r; k++) dv[o][k] = d[o * ldz + r + k];               \
                 }                                                                                       \
             }                                                                                           \
-            for (int t = 0; t < (NT); t++) xv[t] = SG(sg_load)(s + offb[t] + r);                        \
+            for (int t = 0; t < (NT); t++) xv[t] = XCONV_T(sg_load)(s + offb[t] + r);                   \
             for (int o = 0; o < (NB); o++)                                                              \
-                for (int t = 0; t < (NT); t++) acc[o][t] += dv[o] * xv[t];                             \
+                for (int t = 0; t < (NT); t++) acc[o][t] += dv[o] * xv[t];                              \
         }                                                                                               \
     }
 
 /* dz: dy on a grid of the x grid's plane geometry, channel o's sample n at dz[o * ldz + n * pz], zero wherever no
  * output lies among the first rows positions (the positions past rows are not read). */
-static void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *off, const int64_t *g, const int64_t *zg) {
+static void XCONV_T(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *off, const int64_t *g, const int64_t *zg) {
     const int64_t N = g[C_N], G = g[C_G], Cig = g[C_CIG], Cog = g[C_COG], K = g[C_K], rows = g[C_ROWS];
     const int64_t ps = g[C_PS], ldi = g[C_LDI], base = g[C_BASE], pz = zg[0], ldz = zg[1];
     for (int64_t gr = 0; gr < G; gr++)
@@ -142,10 +140,10 @@ static void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *o
             for (int64_t i = 0; i < Cig; i++)
                 for (int64_t t0 = 0; t0 < K; t0 += TB) {
                     const int64_t tb = K - t0 < TB ? K - t0 : TB;
-                    SG(sgvec) acc[OBW][TB];
+                    XCONV_T(sgvec) acc[OBW][TB];
                     int64_t offb[TB];
                     for (int o = 0; o < OBW; o++)
-                        for (int t = 0; t < TB; t++) acc[o][t] = (SG(sgvec)){0};
+                        for (int t = 0; t < TB; t++) acc[o][t] = (XCONV_T(sgvec)){0};
                     for (int t = 0; t < TB; t++) offb[t] = off[t0 + (t < tb ? t : 0)];
                     const T *src0 = in + (gr * Cig + i) * ldi + base;
                     if (nb == OBW && tb == TB) {
@@ -166,7 +164,7 @@ static void SG(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64_t *o
 
 /* out (N, C, *keep) contiguous <- grid: channel c's sample n at grid[c * ldc + n * ps], box keep at the plane's
  * origin in a plane of dims (geo as fill's: N, C, keep, -, grid dims, -, ps, ldc). */
-static void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
+static void XCONV_T(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
     const int64_t N = g[F_N], C = g[F_C], KD = g[F_KD], KH = g[F_KH], KW = g[F_KW];
     const int64_t GH = g[F_GH], GW = g[F_GW], ps = g[F_PS], ldc = g[F_LDC];
     for (int64_t n = 0; n < N; n++)
@@ -183,7 +181,7 @@ static void SG(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
  * when scratch could not be allocated (nothing written), or (backward) 2 when an input it reads (dy; x for dW; w for
  * dx) holds an inf or a NaN: the grids multiply padding zeros the definition never multiplies, so the caller runs
  * such a call on the exact-zero path instead (the outputs are then partly written). */
-static int64_t *SG(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C, const int64_t *keep, const int64_t *s,
+static int64_t *XCONV_T(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C, const int64_t *keep, const int64_t *s,
                                 const int64_t *dims, const int64_t *at, int64_t ps, int64_t ldc, int64_t tail) {
     g[F_N] = plan[P_N]; g[F_C] = C;
     for (int k = 0; k < 3; k++) { g[F_KD + k] = keep[k]; g[F_GD + k] = dims[k]; g[F_AD + k] = at[k]; }
@@ -192,30 +190,30 @@ static int64_t *SG(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C, cons
     return g;
 }
 
-int SG(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, const int64_t *plan, const int64_t *xs) {
+int XCONV_T(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, const int64_t *plan, const int64_t *xs) {
     const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], size = plan[P_XG + 6], rows = plan[P_XG + 7];
     const int64_t ldc = (N + 1) * size;
     T *grid = malloc((size_t)(C * ldc + SG_SLACK) * sizeof(T));
     T *acc = malloc((size_t)(Co * N * rows) * sizeof(T));
     if (!grid || !acc) { free(grid); free(acc); return 1; }
     int64_t fg[F_TAIL + 1], cg[C_LDO + 1];
-    SG(xconv_small_fill)(x, grid, SG(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3, size,
+    XCONV_T(xconv_small_fill)(x, grid, XCONV_T(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3, size,
                                                   ldc, SG_SLACK));
     cg[C_N] = N; cg[C_G] = plan[P_G]; cg[C_CIG] = plan[P_CIG]; cg[C_COG] = plan[P_COG]; cg[C_K] = plan[P_K];
     cg[C_ROWS] = rows; cg[C_PS] = size; cg[C_LDI] = ldc; cg[C_BASE] = 0; cg[C_LDO] = N * rows;
-    SG(xconv_small_corr)(grid, w, acc, plan + P_OFF, cg);
+    XCONV_T(xconv_small_corr)(grid, w, acc, plan + P_OFF, cg);
     if (bias)
         for (int64_t o = 0; o < Co; o++)
             for (int64_t k = 0; k < N * rows; k++) acc[o * N * rows + k] += bias[o];
     static const int64_t zero5[5] = {0};
-    SG(xconv_small_crop)(acc, y, SG(sg_fill_geo)(fg, plan, Co, plan + P_O, zero5, plan + P_YCROP, zero5, rows,
+    XCONV_T(xconv_small_crop)(acc, y, XCONV_T(sg_fill_geo)(fg, plan, Co, plan + P_O, zero5, plan + P_YCROP, zero5, rows,
                                                  N * rows, 0));
     free(grid);
     free(acc);
     return 0;
 }
 
-int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *dw, T *db, const int64_t *plan,
+int XCONV_T(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *dw, T *db, const int64_t *plan,
                                 const int64_t *dys, const int64_t *xs) {
     const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], G = plan[P_G], Cig = plan[P_CIG];
     const int64_t Cog = plan[P_COG], K = plan[P_K];
@@ -234,25 +232,25 @@ int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *d
         free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
         return 1;
     }
-    int bad = SG(xconv_small_bias)(dy, db, SG(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, zero5, zero5, 0, 0, 0));
+    int bad = XCONV_T(xconv_small_bias)(dy, db, XCONV_T(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, zero5, zero5, 0, 0, 0));
     if (need_dygrid)
-        SG(xconv_small_fill)(dy, dgrid, SG(sg_fill_geo)(fg, plan, Co, plan + P_KEEP, dys, plan + P_DG, plan + P_DG + 3,
+        XCONV_T(xconv_small_fill)(dy, dgrid, XCONV_T(sg_fill_geo)(fg, plan, Co, plan + P_KEEP, dys, plan + P_DG, plan + P_DG + 3,
                                                         dsize, dldc, SG_SLACK));
     cg[C_N] = N; cg[C_G] = G; cg[C_K] = K;
     if (dw) {
-        bad |= SG(xconv_small_fill)(x, xgrid, SG(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3,
+        bad |= XCONV_T(xconv_small_fill)(x, xgrid, XCONV_T(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3,
                                                        xsize, xldc, SG_SLACK));
         const T *dzp;
         if (dz_from_grid) {
             dzp = dgrid + plan[P_CORNER]; zg[0] = dsize; zg[1] = dldc;
         } else {
-            SG(xconv_small_fill)(dy, dz, SG(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, plan + P_YCROP, zero5, xrows,
+            XCONV_T(xconv_small_fill)(dy, dz, XCONV_T(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, plan + P_YCROP, zero5, xrows,
                                                          N * xrows, SG_SLACK));
             dzp = dz; zg[0] = xrows; zg[1] = N * xrows;
         }
         cg[C_CIG] = Cig; cg[C_COG] = Cog; cg[C_ROWS] = xrows; cg[C_PS] = xsize; cg[C_LDI] = xldc; cg[C_BASE] = 0;
         cg[C_LDO] = 0;
-        SG(xconv_small_dw)(dzp, xgrid, dw, plan + P_OFF, cg, zg);
+        XCONV_T(xconv_small_dw)(dzp, xgrid, dw, plan + P_OFF, cg, zg);
     }
     if (dx) {
         /* the weights per group transposed (C/g x C_out/g) and their taps reversed */
@@ -266,8 +264,8 @@ int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *d
                     }
         cg[C_CIG] = Cog; cg[C_COG] = Cig; cg[C_ROWS] = drows; cg[C_PS] = dsize; cg[C_LDI] = dldc;
         cg[C_BASE] = plan[P_DBASE]; cg[C_LDO] = N * drows;
-        SG(xconv_small_corr)(dgrid, wt, acc, plan + P_OFF + K, cg);
-        SG(xconv_small_crop)(acc, dx, SG(sg_fill_geo)(fg, plan, C, plan + P_S, zero5, plan + P_XCROP, zero5, drows,
+        XCONV_T(xconv_small_corr)(dgrid, wt, acc, plan + P_OFF + K, cg);
+        XCONV_T(xconv_small_crop)(acc, dx, XCONV_T(sg_fill_geo)(fg, plan, C, plan + P_S, zero5, plan + P_XCROP, zero5, drows,
                                                       N * drows, 0));
     }
     free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
@@ -278,6 +276,3 @@ int SG(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *d
 #undef OBW
 #undef TB
 #undef VW
-#undef SG
-#undef SG_CAT
-#undef SG_CAT_
