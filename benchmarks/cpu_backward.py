@@ -66,9 +66,9 @@ def load_suite() -> tuple[list[dict], Path]:
 
 def compiled_loops_info() -> str:
     """Which compiled loops the NumPy backend uses here, and which instruction-set build, or why none."""
-    from xconv_numpy import native
+    from xconv_numpy import status
 
-    return native.describe()
+    return status.describe()
 
 
 def cpu_model() -> str:

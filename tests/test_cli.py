@@ -57,6 +57,18 @@ def test_run_fprop_transposed():
     assert "output: shape=(1, 3, 10, 10)" in out.stdout
 
 
+def test_run_explain_names_each_output_s_path_and_rule():
+    """--explain: per path, the outputs it computed and the rule of the NumPy backend's table that chose it."""
+    out = run("run", "--input", "2,3,9,9", "--weight", "5,3,3,3", "--mask", "011", "--backend", "numpy",
+              "--repeat", "0", "--explain", module=True)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("explain: ")]
+    assert lines == ["explain: backward path: small-call columns [grad_weight, grad_bias: small, stride 1, C loops "
+                     "built (small.serves; mask-dependent today; removed by issue 24)]"] or \
+        lines == ["explain: backward path: small-call columns [grad_weight: small (small.serves; mask-dependent "
+                  "today; removed by issue 24)]", "explain: backward path: bias sum [grad_bias: bias-sum]"], lines
+
+
 def test_run_reports_invalid_arguments_as_usage_errors():
     out = run("run", "--groups", "3")
     assert out.returncode == 2

@@ -13,7 +13,8 @@ import pytest
 import xconv
 from core_helpers import SpyBackend, assert_same_non_finite, registered
 from xconv.errors import BackendFailedError, BackendOutOfMemoryError, DTypeError, ResourceError
-from xconv_numpy import fast, reference
+from xconv_numpy import paths, reference
+from xconv_numpy.grid import scratch, strategy_a
 
 f = np.float32
 CB = xconv.convolution_backward
@@ -281,15 +282,15 @@ def test_the_memory_limit_is_overridable(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # NaN and Inf: every NumPy path agrees with numpy-exact (the definition)
 
-PATHS = {  # name: (x shape, w shape, kwargs, fast-path settings)
-    "blas-a": ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=1), dict(STRATEGY="a")),
-    "blas-b": ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=1, stride=2), dict(STRATEGY="b")),
-    "blas-flat": ((1, 2, 7, 5), (3, 2, 2, 3), dict(padding=(1, 2)), dict(STRATEGY="a", COMPACT_INNER=False)),
-    "pointwise": ((2, 4, 5, 5), (3, 4, 1, 1), {}, {}),
-    "compiled": ((1, 16, 6, 6), (16, 16, 3, 3), dict(padding=1), {}),
-    "depthwise": ((2, 3, 6, 6), (3, 1, 3, 3), dict(padding=1, groups=3), {}),
-    "columns": ((1, 2, 10, 10), (3, 2, 5, 5), dict(stride=5), {}),
-    "transposed": ((1, 3, 4, 4), (3, 2, 3, 3), dict(stride=2, padding=1, transposed=True), {}),
+PATHS = {  # name: (x shape, w shape, kwargs, forced path and strategy A knobs)
+    "blas-a": ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=1), ("grid-a", {})),
+    "blas-b": ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=1, stride=2), ("grid-b", {})),
+    "blas-flat": ((1, 2, 7, 5), (3, 2, 2, 3), dict(padding=(1, 2)), ("grid-a", dict(COMPACT_INNER=False))),
+    "pointwise": ((2, 4, 5, 5), (3, 4, 1, 1), {}, (None, {})),
+    "compiled": ((1, 16, 6, 6), (16, 16, 3, 3), dict(padding=1), (None, {})),
+    "depthwise": ((2, 3, 6, 6), (3, 1, 3, 3), dict(padding=1, groups=3), (None, {})),
+    "columns": ((1, 2, 10, 10), (3, 2, 5, 5), dict(stride=5), (None, {})),
+    "transposed": ((1, 3, 4, 4), (3, 2, 3, 3), dict(stride=2, padding=1, transposed=True), (None, {})),
 }
 
 
@@ -304,19 +305,21 @@ def _poisoned(shape, where, value, rng):
 @pytest.mark.parametrize("tensor", ["dy", "x", "w"])
 @pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
 def test_non_finite_values_propagate_as_the_reference_says(monkeypatch, path, tensor, value):
-    xs, ws, kw, settings = PATHS[path]
-    for name, v in settings.items():
-        monkeypatch.setattr(fast, name, v)
+    xs, ws, kw, (forced, knobs) = PATHS[path]
+    for name, v in knobs.items():
+        monkeypatch.setattr(strategy_a, name, v)
     rng = np.random.default_rng(1)
     out = xconv.output_shape(xs, ws, **kw)
     corner = (0, 0, 0, 0)
     x = _poisoned(xs, corner if tensor == "x" else None, value, rng)
     w = _poisoned(ws, corner if tensor == "w" else None, value, rng)
     dy = _poisoned(out, (0, 0, 1, 1) if tensor == "dy" else None, value, rng)
-    got = CB(dy, x, w, backend="numpy", **kw)
+    with paths.force(*[forced] if forced else []):
+        got = CB(dy, x, w, backend="numpy", **kw)
     want = CB(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw)
     assert_same_non_finite(got, want, rtol=1e-5)
-    y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+    with paths.force(*[forced] if forced else []):
+        y = xconv.conv_fprop(x, w, backend="numpy", **kw)
     ye = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw)
     np.testing.assert_array_equal(np.isnan(y), np.isnan(ye))
     np.testing.assert_array_equal(np.isinf(y), np.isinf(ye))
@@ -388,7 +391,7 @@ def test_patch_embedding_against_torch_and_the_arena_stays_small(k):
     np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-2)
-    assert sum(len(v) for v in fast._ARENA.free.values()) < 200
+    assert sum(len(v) for v in scratch.ARENA.free.values()) < 200
 
 
 def test_a_kernel_of_ten_billion_taps_is_refused_not_planned(monkeypatch):
@@ -411,15 +414,15 @@ def test_large_kernels_on_few_outputs_run_on_columns():
 
 
 def test_the_arena_takes_and_gives_without_scanning_every_buffer():
-    arena = fast._Arena()
+    arena = scratch.Arena()
     bufs = [arena.take(n) for n in range(1, 4097)]
     arena.give(bufs)
     assert len(arena.free) == 1                               # all 4 KiB: one size class
-    assert arena.total <= fast.ARENA_BYTES
+    assert arena.total <= scratch.ARENA_BYTES
     big = arena.take(40 << 20)
     assert big.nbytes - (40 << 20) <= (40 << 20) // 8       # at most 1/8 wasted
     arena.give([big, arena.take(40 << 20)])
-    assert arena.total <= fast.ARENA_BYTES
+    assert arena.total <= scratch.ARENA_BYTES
 
 
 @pytest.mark.parametrize("xs, ws, kw", [

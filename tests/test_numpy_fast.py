@@ -27,7 +27,8 @@ import xconv
 from xconv.dtypes import DTYPES, UNIT_ROUNDOFF
 
 xconv_numpy = pytest.importorskip("xconv_numpy")
-from xconv_numpy import fast, small  # noqa: E402
+from xconv_numpy import fast, paths  # noqa: E402
+from xconv_numpy.grid import chunks, scratch, strategy_a  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -190,18 +191,17 @@ def test_scratch_contents_never_reach_results(conv, seed, monkeypatch):   # the 
 def compare_on_poisoned_scratch(monkeypatch, conv, seed):
     """compare() with the arena's scratch filled with 3e38 (float32's near-largest value) when handed out,
     and any RuntimeWarning (an overflow from a leftover value) an error."""
-    real_take = fast._Arena.take
+    real_take = scratch.Arena.take
 
     def poisoned(self, nbytes):
         buf = real_take(self, nbytes)
         buf[:buf.nbytes // 4 * 4].view(np.float32).fill(3e38)
         return buf
 
-    monkeypatch.setattr(fast._Arena, "take", poisoned)
-    monkeypatch.setattr(small, "ENABLED", False)          # the grid path (the one with scratch from the arena)
+    monkeypatch.setattr(scratch.Arena, "take", poisoned)
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), paths.force(off=["small-paths"]):   # the grid (scratch from the arena)
         warnings.simplefilter("error", RuntimeWarning)
         compare(c, x, w, dy, mask, layout)
 
@@ -214,14 +214,14 @@ def test_chunked_matches_exact(conv, seed, budget, strategy):
     sample (halos between chunks) and many chunks per call (ordered accumulation across chunks)."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(small, "ENABLED", False)                   # the grid path, whatever the size
-        if budget is not None:
-            mp.setattr(fast, "MAX_CHUNK_BYTES", budget)
-            mp.setattr(fast, "MIN_CHUNK_BYTES", 1)
-        mp.setattr(fast, "STRATEGY", strategy and strategy[0])
-        mp.setattr(fast, "IMPLICIT_OUTER", True if strategy == "a-implicit" else None)
-        mp.setattr(fast, "COMPACT_INNER", True if strategy == "a-compact" else False if strategy == "a" else None)
+    forced = {None: (), "a": ("grid-a",), "b": ("grid-b",), "a-implicit": ("grid-a",), "a-compact": ("grid-a",)}
+    with pytest.MonkeyPatch.context() as mp, paths.force(*forced[strategy], off=["small-paths"]):  # the grid
+        if budget is not None:                                # the strategies' tuning knobs
+            mp.setattr(chunks, "MAX_CHUNK_BYTES", budget)
+            mp.setattr(chunks, "MIN_CHUNK_BYTES", 1)
+        mp.setattr(strategy_a, "IMPLICIT_OUTER", True if strategy == "a-implicit" else None)
+        mp.setattr(strategy_a, "COMPACT_INNER",
+                   True if strategy == "a-compact" else False if strategy == "a" else None)
         compare(c, x, w, dy, mask, layout)
 
 

@@ -103,12 +103,12 @@ def test_pack_puts_values_in_slot_order_and_refuses_a_wrong_width():
 def test_the_vectors_python_builds_have_the_declared_lengths(lib):
     """What the drivers pass to C: the depthwise geometry, the small-call column geometry and stride-1 plan."""
     from xconv import ConvParams
-    from xconv_numpy import direct, small
+    from xconv_numpy import depthwise, small
 
     p = xconv.api.params_for({"input": (2, 4, 9, 8), "weight": (4, 1, 3, 3)}, "float32", stride=2, padding=1,
                              groups=4)
     assert isinstance(p, ConvParams)
-    geo = direct._plan(p).geo(True, True, True, (1, 2, 3, 4), (5, 6, 7, 8))
+    geo = depthwise._plan(p).geo(True, True, True, (1, 2, 3, 4), (5, 6, 7, 8))
     assert len(geo) == layout.DEPTHWISE_GEO.length and list(geo[18:22]) == [5, 6, 7, 8]
     assert len(small._geo(p)) == layout.SMALL_COLS_GEO.length
     q = xconv.api.params_for({"input": (1, 3, 6, 5), "weight": (5, 3, 3, 2)}, "float64", padding=1)
@@ -126,9 +126,9 @@ def test_a_refused_library_turns_the_compiled_paths_off_and_numpy_serves():
         "from xconv_numpy import layout\n"
         "layout.VERSION = 999\n"
         "import numpy as np, xconv\n"
-        "from xconv_numpy import compiled, direct, small\n"
-        "assert not compiled.available() and not direct.available() and not small.compiled_available()\n"
-        "print(compiled.build_error())\n"
+        "from xconv_numpy import dense, depthwise, small\n"
+        "assert not dense.available() and not depthwise.available() and not small.compiled_available()\n"
+        "print(dense.build_error())\n"
         "print(xconv.get_backend('numpy').version())\n"
         "rng = np.random.default_rng(0)\n"
         "for xs, ws, kw in [((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1)),\n"

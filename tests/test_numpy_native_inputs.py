@@ -1,5 +1,5 @@
 """Every array a user can hold, and non-finite values, on the NumPy backend's compiled paths (depthwise loops of
-xconv_numpy.direct, dense C loops of xconv_numpy.compiled), against the float64 oracle; inputs never written.
+xconv_numpy.depthwise, dense C loops of xconv_numpy.dense), against the float64 oracle; inputs never written.
 
 Also the scratch and planning bounds of the depthwise loops (scratch does not grow with the stride; huge kernels
 do not enumerate their taps there).
@@ -17,19 +17,19 @@ from xconv.params import make_params
 
 from core_helpers import assert_same_non_finite, count_calls  # noqa: E402
 
-from xconv_numpy import compiled, direct  # noqa: E402
+from xconv_numpy import dense, depthwise  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (direct.available() and compiled.available()),
-                                reason=f"compiled loops not built: {direct.import_error()}")
+pytestmark = pytest.mark.skipif(not (depthwise.available() and dense.available()),
+                                reason=f"compiled loops not built: {depthwise.import_error()}")
 
 KINDS = ("readonly", "memmap", "frombuffer", "negative", "broadcast", "unaligned", "fortran", "gapped",
          "byteswapped")
 
 PATHS = {
     # name: module, input, weight, kwargs, dtypes
-    "depthwise": (direct, (2, 4, 7, 9), (8, 1, 3, 3), dict(stride=2, padding=1, groups=4), ("float32", "float64")),
-    "depthwise_1d": (direct, (2, 3, 17), (3, 1, 5), dict(padding=2, dilation=2, groups=3), ("float32",)),
-    "dense_c": (compiled, (2, 32, 6, 7), (16, 32, 3, 3), dict(padding=1), ("float32",)),
+    "depthwise": (depthwise, (2, 4, 7, 9), (8, 1, 3, 3), dict(stride=2, padding=1, groups=4), ("float32", "float64")),
+    "depthwise_1d": (depthwise, (2, 3, 17), (3, 1, 5), dict(padding=2, dilation=2, groups=3), ("float32",)),
+    "dense_c": (dense, (2, 32, 6, 7), (16, 32, 3, 3), dict(padding=1), ("float32",)),
 }
 
 
@@ -162,8 +162,8 @@ def test_depthwise_scratch_does_not_grow_with_the_stride():
 def test_depthwise_plan_of_a_huge_kernel_is_not_built():
     """A kernel of 10**10 taps is not planned tap by tap here (the depthwise loops decline it at once)."""
     p = make_params((1, 1, 1, 1), (1, 1, 10**5, 10**5), padding=50000)
-    assert not direct.serves(p)
-    assert direct.serves(make_params((1, 1, 70, 70), (1, 1, 64, 64)))
+    assert not depthwise.serves(p)
+    assert depthwise.serves(make_params((1, 1, 70, 70), (1, 1, 64, 64)))
 
 
 def test_depthwise_stride_near_and_beyond_int64():

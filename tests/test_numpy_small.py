@@ -13,7 +13,7 @@ import xconv
 from core_helpers import count_calls
 from test_numpy_fast import compare, convolutions, random_arrays
 
-from xconv_numpy import columns, small  # noqa: E402
+from xconv_numpy import columns, native, paths, small  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -22,8 +22,7 @@ def test_small_path_matches_exact(conv, seed, gather):
     """Forced on for every convolution it can compute (both the gather and, at stride 1, the padded-grid columns)."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(small, "ENABLED", True)
+    with pytest.MonkeyPatch.context() as mp, paths.force("small-paths"):
         if gather:
             mp.setattr(small, "_unit_stride", lambda p: False)
         compare(c, x, w, dy, mask, layout)
@@ -35,9 +34,8 @@ def test_numpy_fallback_matches_exact(conv, seed, gather):
     """Without the compiled copies (installed without a compiler, or XCONV_NUMPY_C=0) the NumPy gathers serve."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(small, "ENABLED", True)
-        mp.setattr(small, "compiled_available", lambda: False)
+    with pytest.MonkeyPatch.context() as mp, paths.force("small-paths"):
+        mp.setenv("XCONV_NUMPY_C", "0")                      # the documented switch (part of choose's key)
         if gather:
             mp.setattr(small, "_unit_stride", lambda p: False)
         compare(c, x, w, dy, mask, layout)
@@ -45,7 +43,7 @@ def test_numpy_fallback_matches_exact(conv, seed, gather):
 
 def test_compiled_copies_are_built_here():
     """CI installs with a compiler: the compiled copies must be what the tests above exercise."""
-    assert small.compiled_available(), small._C.error
+    assert small.compiled_available(), native.load_error()
 
 
 def _awkward(a: np.ndarray, kind: str) -> np.ndarray:
@@ -86,7 +84,7 @@ def test_awkward_inputs_read_not_written(kind, stride):
 def test_many_outputs_per_input_channel_leave_the_depthwise_loops(monkeypatch):
     """One input channel to many (the digits decoder's direct form, a first layer): the small path's loops; a true
     depthwise layer keeps the depthwise loops. Both against the exact path."""
-    from xconv_numpy import direct
+    from xconv_numpy import depthwise
 
     rng = np.random.default_rng(3)
     for xs, ws, kw, to_small in [((32, 32, 4, 4), (32, 1, 4, 4), dict(stride=2, padding=1, transposed=True), True),
@@ -96,7 +94,7 @@ def test_many_outputs_per_input_channel_leave_the_depthwise_loops(monkeypatch):
         dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
         with pytest.MonkeyPatch.context() as mp:
             calls = [count_calls(mp, small, "backward", "compiled_backward"), count_calls(mp, small, "fprop")]
-            dw_calls = [count_calls(mp, direct, "backward"), count_calls(mp, direct, "fprop")]
+            dw_calls = [count_calls(mp, depthwise, "backward"), count_calls(mp, depthwise, "fprop")]
             got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
             assert (any(calls), any(dw_calls)) == (to_small, not to_small), (xs, ws)
         want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
@@ -202,12 +200,12 @@ def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
 def test_xconv_backends_names_the_small_call_loops(monkeypatch):
     """`xconv backends` (native.describe) lists the small-call loops among the compiled paths, and says why they are
     off when XCONV_NUMPY_C=0 turns them off."""
-    from xconv_numpy import native
+    from xconv_numpy import status
 
     if not small.compiled_available():
-        assert "small calls off" in native.describe() or "none" in native.describe()
+        assert "small calls off" in status.describe() or "none" in status.describe()
         return
-    assert "small calls" in native.describe().split(";")[0]
+    assert "small calls" in status.describe().split(";")[0]
     monkeypatch.setenv("XCONV_NUMPY_C", "0")
-    text = native.describe()
+    text = status.describe()
     assert "small calls off: XCONV_NUMPY_C=0" in text and not small.compiled_available()

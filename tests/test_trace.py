@@ -8,14 +8,16 @@ import pytest
 import xconv
 from core_helpers import SpyBackend, count_calls
 from xconv import legalize, tracing
-from xconv_numpy import columns, compiled, direct, fast, small
+from xconv_numpy import columns, dense, depthwise, paths, small
+from xconv_numpy.grid import pointwise, strategy_a, strategy_b
 
 
 @pytest.fixture(autouse=True)
-def grid_paths(monkeypatch):
+def grid_paths():
     """These small shapes would take the small-call path; the tests below name the grid paths they spy on
     (test_small_call_path_reported turns it back on)."""
-    monkeypatch.setattr(small, "ENABLED", False)
+    with paths.force(off=["small-paths"]):
+        yield
 
 
 def _conv(rng, xs, ws, dtype=np.float32, **kw):
@@ -35,46 +37,48 @@ def test_no_trace_no_record():
 
 
 def test_pointwise_backward_reports_pointwise(monkeypatch):
-    ran = count_calls(monkeypatch, fast, "_backward_pointwise")
+    ran = count_calls(monkeypatch, pointwise, "backward")
     x, w, dy = _conv(np.random.default_rng(0), (2, 8, 6, 6), (4, 8, 1, 1))
     with xconv.trace() as t:
         xconv.convolution_backward(dy, x, w, math="allow_tf32")
     (r,) = t.records
     assert len(ran) == 1
-    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise per-sample GEMM")
+    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise per-sample GEMM [grad_input, grad_weight, "
+                                                          "grad_bias: 1x1 kernel, stride 1, no padding]")
     assert r.math == "keep_dtype"                          # effective: numpy never uses TF32
     assert r.deterministic == "run_to_run" and r.plan_cache is None and r.legalized == [] and r.error is None
     assert r.workspace_bytes > 0 and r.seconds > 0
     assert r.shapes == dict(input=[2, 8, 6, 6], weight=[4, 8, 1, 1], output=[2, 4, 6, 6])
 
 
-@pytest.mark.parametrize("strategy, fn", [("a", "_backward_a"), ("b", "_backward_b")])
-def test_blas_strategy_reported(monkeypatch, strategy, fn):
-    monkeypatch.setattr(fast, "STRATEGY", strategy)
-    ran = count_calls(monkeypatch, fast, fn)
+@pytest.mark.parametrize("strategy, module", [("a", strategy_a), ("b", strategy_b)])
+def test_blas_strategy_reported(monkeypatch, strategy, module):
+    ran = count_calls(monkeypatch, module, "backward")
     x, w, dy = _conv(np.random.default_rng(1), (2, 3, 9, 9), (5, 3, 3, 3), padding=1)
-    with xconv.trace() as t:
+    with xconv.trace() as t, paths.force(f"grid-{strategy}"):
         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
     assert len(ran) == 1
-    assert t.records[0].path == f"blas-grid strategy {strategy.upper()} ({'dy' if strategy == 'a' else 'x'}-columns)"
+    assert t.records[0].path == (f"blas-grid strategy {strategy.upper()} ({'dy' if strategy == 'a' else 'x'}-columns)"
+                                 " [grad_input, grad_weight: forced]")
 
 
 def test_compiled_and_depthwise_paths(monkeypatch):
     rng = np.random.default_rng(2)
-    c_runs = count_calls(monkeypatch, compiled, "backward")
-    d_runs = count_calls(monkeypatch, direct, "backward")
+    c_runs = count_calls(monkeypatch, dense, "backward")
+    d_runs = count_calls(monkeypatch, depthwise, "backward")
     x, w, dy = _conv(rng, (2, 32, 8, 8), (32, 32, 3, 3), padding=1)
     xd, wd, dyd = _conv(rng, (2, 6, 8, 8), (6, 1, 3, 3), padding=1, groups=6)
     with xconv.trace() as t:
         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
         xconv.convolution_backward(dyd, xd, wd, padding=1, groups=6, output_mask=(True, True, False))
         xconv.conv_fprop(x, w, padding=1)
-    paths = [r.path for r in t.records]
-    assert compiled.serves(xconv.params.make_params(x.shape, w.shape, padding=1)) == bool(c_runs)
-    assert paths[0] == "C direct loops" if c_runs else paths[0].startswith("blas-grid")
-    assert paths[1] == "depthwise C loops" if d_runs else paths[1].startswith("blas-grid")
+    ran = [r.path for r in t.records]
+    assert dense.serves(xconv.params.make_params(x.shape, w.shape, padding=1)) == bool(c_runs)
+    assert ran[0].startswith("C direct loops [grad_input, grad_weight: dense C loops serve" if c_runs else "blas-grid")
+    assert ran[1].startswith("depthwise C loops [grad_input, grad_weight: one input channel per group" if d_runs
+                             else "blas-grid")
     assert len(c_runs) <= 1 and len(d_runs) <= 1
-    assert paths[2] == "blas-grid x-columns"
+    assert ran[2] == "blas-grid x-columns [output: otherwise]"
 
 
 def test_column_fallback_reported(monkeypatch):
@@ -84,7 +88,8 @@ def test_column_fallback_reported(monkeypatch):
     dy[0, 0, 0, 0] = np.inf
     with xconv.trace() as t:
         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
-    assert len(ran) == 1 and t.records[0].path == "im2col columns (fallback)"
+    assert len(ran) == 1
+    assert t.records[0].path == "im2col columns (fallback) [grad_input, grad_weight: non-finite detour]"
     assert t.records[0].workspace_bytes > 0
 
 
@@ -157,7 +162,8 @@ def test_record_json_ready():
     with xconv.trace() as t:
         xconv.conv_fprop(x, w)
     d = json.loads(json.dumps(t.records[0].as_dict()))
-    assert d["op"] == "fprop" and d["path"] == "blas-grid x-columns" and "seconds=" in t.records[0].summary()
+    assert d["op"] == "fprop" and d["path"] == "blas-grid x-columns [output: otherwise]"
+    assert "seconds=" in t.records[0].summary()
 
 
 def test_torch_module_calls_recorded_with_their_time():
@@ -194,11 +200,13 @@ def test_torch_functional_route_keeps_level_and_limit():
 
 
 def test_small_call_path_reported(monkeypatch):
-    monkeypatch.setattr(small, "ENABLED", True)
     ran = count_calls(monkeypatch, small, "backward", "compiled_backward")
     x, w, dy = _conv(np.random.default_rng(9), (1, 4, 8, 8), (4, 4, 3, 3), padding=1)
-    with xconv.trace() as t:
+    with xconv.trace() as t, paths.force():                   # nothing forced (the fixture's undone): sizes choose
         xconv.convolution_backward(dy, x, w, padding=1)
         xconv.conv_fprop(x, w, padding=1)
     assert len(ran) == 1
-    assert [r.path for r in t.records] == ["small-call columns + bias sum", "small-call columns"]
+    assert [r.path for r in t.records] == [
+        "small-call columns [grad_input, grad_weight, grad_bias: small, stride 1, C loops built (small.serves; "
+        "mask-dependent today; removed by issue 24)]", "small-call columns [output: small, stride 1, C loops built "
+        "(small.serves)]"]

@@ -8,7 +8,7 @@ import torch
 
 import xconv
 from xconv import workspace
-from xconv_numpy import fast
+from xconv_numpy import fast, paths
 
 MiB = 1 << 20
 
@@ -41,8 +41,7 @@ def test_limit_keeps_peak_and_results():
 
 
 @pytest.mark.parametrize("strategy", ["a", "b"])
-def test_blas_paths_within_limit(monkeypatch, strategy):
-    monkeypatch.setattr(fast, "STRATEGY", strategy)
+def test_blas_paths_within_limit(strategy):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 3, 40, 40)).astype(np.float32)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
@@ -50,7 +49,7 @@ def test_blas_paths_within_limit(monkeypatch, strategy):
     ref = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), padding=1,
                                      backend="numpy-exact")
     for limit in (MiB // 4, 2 * MiB):
-        with xconv.trace() as t:
+        with xconv.trace() as t, paths.force(f"grid-{strategy}"):
             got = xconv.convolution_backward(dy, x, w, padding=1, workspace_limit=limit)
             y = xconv.conv_fprop(x, w, padding=1, workspace_limit=limit)
         assert all(r.workspace_bytes <= limit for r in t.records), [r.workspace_bytes for r in t.records]

@@ -129,6 +129,12 @@ def cmd_run(args) -> int:
     for name, r in zip(names, results):
         print(f"{name}: {_checksum(r)}")
     print(f"record: {first.records[-1].summary()}")
+    if args.explain:
+        for rec in first.records:
+            for step in rec.legalized:
+                print(f"explain: legalized: {step}")
+            for path in (rec.path or "(the backend named no path)").split(" + "):
+                print(f"explain: {rec.op} path: {path}")
     if times:
         print(f"time: median {1e3 * float(np.median(times)):.3f} ms over {len(times)} runs (min {1e3 * min(times):.3f} ms)")
     return 0
@@ -196,6 +202,8 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--math", choices=MATH_MODES, default="keep_dtype")
     run.add_argument("--deterministic", nargs="?", const=True, default=False, type=_determinism,
                      help="run-to-run determinism; --deterministic batch_invariant adds batch invariance")
+    run.add_argument("--explain", action="store_true",
+                     help="print which path computed each output and the rule that chose it (the trace record)")
     run.add_argument("--workspace-limit", type=lambda t: parse_bytes(t, "--workspace-limit"), default=None,
                      help="most scratch bytes (4194304, 4MiB, 512k); default $XCONV_WORKSPACE_LIMIT, else none")
     run.add_argument("--backend", default=None, help="backend name (default: $XCONV_BACKEND, else by array family)")

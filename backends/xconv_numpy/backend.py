@@ -10,9 +10,9 @@ import xconv
 from xconv import Backend, Capabilities, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import fast, invariant, native, reference
+from . import fast, invariant, reference, status
 from .budget import check_im2col
-from .blas import single_threaded_blas
+from .blas import single_threaded_blas as pinned_blas_workers
 
 
 def _quiet(method):
@@ -47,7 +47,7 @@ class NumpyBackend(Backend):
 
     def version(self) -> str:
         base = f"xconv {xconv.__version__}, numpy {np.__version__}"
-        return base if self.exact else f"{base}, {native.describe()}"
+        return base if self.exact else f"{base}, {status.describe()}"
 
     def devices(self) -> tuple[str, ...]:
         return ("cpu",)
@@ -106,19 +106,19 @@ class NumpyBackend(Backend):
 
     def _fprop(self, x, w, bias, p):
         if self.exact:
-            with single_threaded_blas():
+            with pinned_blas_workers():
                 return reference.fprop(x, w, bias, p, self._acc(p))
         return fast.fprop(x, w, bias, p)
 
     def _dgrad(self, dy, w, p):
         if self.exact:
-            with single_threaded_blas():
+            with pinned_blas_workers():
                 return reference.dgrad(dy, w, p, self._acc(p))
         return fast.dgrad(dy, w, p)
 
     def _wgrad(self, x, dy, p):
         if self.exact:
-            with single_threaded_blas():
+            with pinned_blas_workers():
                 return reference.wgrad(x, dy, p, self._acc(p))
         return fast.wgrad(x, dy, p)
 

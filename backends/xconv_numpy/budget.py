@@ -14,8 +14,7 @@ from . import reference
 def im2col_bytes(p: ConvParams, op: str, itemsize: int) -> int:
     """One chunk of the reference's columns plus x (or dx) and the result in the compute dtype (``itemsize``
     bytes): what :func:`reference._require` counts beyond the returned array."""
-    line = itemsize * p.input_shape[1] * math.prod(p.kernel) * math.prod(p.output_shape[3:])
-    chunk = max(line, min(reference.CHUNK_BYTES, line * p.output_shape[2]))
+    chunk = reference.columns_chunk_bytes(p, itemsize)
     result = {"fprop": p.output_shape, "dgrad": p.input_shape, "wgrad": p.weight_shape}[op]
     return chunk + itemsize * (math.prod(p.input_shape) + math.prod(result))
 

@@ -19,7 +19,6 @@ dtype (float32, float64 for float64), memory bounded by the reference's chunk si
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -28,7 +27,9 @@ from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import reference
-from .blas import single_threaded_blas
+from .grid.geometry import grid_lengths
+from .blas import single_threaded_blas as pinned_blas_workers
+from .plans import per_params
 
 #: Geometries with more polyphase phases than this run here.
 MAX_PHASES = 16
@@ -46,10 +47,10 @@ def n_phases(p: ConvParams) -> int:
     return math.prod(min(k, s // math.gcd(s, d)) for k, s, d in zip(p.kernel, p.stride, p.dilation))
 
 
-@functools.lru_cache(maxsize=256)
+@per_params
 def serves(p: ConvParams) -> bool:
     """Whether ``p``'s geometry runs here rather than on the grid."""
-    grid = math.prod(-(-(n + a + b) // s) for n, (a, b), s in zip(p.input_shape[2:], p.padding, p.stride))
+    grid = math.prod(grid_lengths(p))
     positions = math.prod(p.input_shape[2:]) + math.prod(p.output_shape[2:])
     return (n_phases(p) > MAX_PHASES or math.prod(p.stride) > MAX_STRIDE_PRODUCT
             or math.prod(p.kernel) > MAX_GRID_TAPS or grid > MAX_GRID_RATIO * positions + 4096)
@@ -83,13 +84,13 @@ def all_finite(a, cdt) -> bool:
 
 
 def fprop(x, w, bias, p: ConvParams):
-    with single_threaded_blas():
+    with pinned_blas_workers():
         return reference.fprop(x, w, bias, p, accumulation_dtype(p.dtype))
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
     """(dx, dw), None where not needed."""
     cdt = accumulation_dtype(p.dtype)
-    with single_threaded_blas():
+    with pinned_blas_workers():
         return (reference.dgrad(dy, w, p, cdt) if need_dx else None,
                 reference.wgrad(x, dy, p, cdt) if need_dw else None)

@@ -17,7 +17,10 @@ import os
 import stat
 from pathlib import Path
 
+from xconv import settings
+
 from . import layout
+from .lazy import Lazy
 
 #: Instruction sets of the builds, lowest first.
 ISAS = ("baseline", "avx2", "avx512")
@@ -69,7 +72,7 @@ def load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(base))
     _declare(lib)
     level = int(lib.xconv_cpu_level())
-    wanted = os.environ.get("XCONV_NUMPY_ISA")
+    wanted = settings.current().numpy_isa                     # validated: None or one of ISAS
     if wanted in ISAS:
         level = min(level, ISAS.index(wanted))
     for isa in reversed(ISAS[1:level + 1]):
@@ -99,21 +102,26 @@ def address(a) -> int:
         return a.ctypes.data
 
 
-def describe() -> str:
-    """Which paths of the backend run compiled loops, which build, and why any other is off (``xconv backends``)."""
-    from . import compiled, direct, small
+#: The one loaded library (:func:`load`, run once on first use), shared by every compiled part.
+LIBRARY = Lazy(load)
 
-    def why(lazy, error):
-        return f"{lazy._env}=0" if os.environ.get(lazy._env, "1") == "0" else (error or "not loaded")
 
-    states = [("depthwise", direct.available(), lambda: why(direct._KERNELS, direct.import_error())),
-              ("dense C loops", compiled.available(), lambda: why(compiled._LIB, compiled.build_error())),
-              ("small calls", small.compiled_available(), lambda: why(small._C, small._C.error))]
-    parts = [name for name, on, _ in states if on]
-    if parts:
-        lib = compiled._LIB.get() or direct._KERNELS.get() or small._C.get()
-        off = "; ".join(f"{name} off: {reason()}" for name, on, reason in states if not on)
-        return f"compiled loops ({isa(lib)} build): {', '.join(parts)}" + (f"; {off}" if off else "")
-    why_none = compiled.build_error() or direct.import_error() or small._C.error or \
-        "disabled (XCONV_NUMPY_C=0, XCONV_NUMPY_DIRECT=0)"
-    return f"compiled loops: none, NumPy paths only ({why_none})"
+def library() -> ctypes.CDLL | None:
+    """The loaded library, or None when loading failed (:func:`load_error` says why)."""
+    return LIBRARY.get()
+
+
+def load_error() -> str | None:
+    """Why the library could not be loaded (None if it was, or was not tried)."""
+    return LIBRARY.error
+
+
+def part_on(switch: str) -> bool:
+    """Whether a compiled part may run: its switch (a :class:`xconv.settings.Settings` field, ``numpy_c`` or
+    ``numpy_direct``: ``$XCONV_NUMPY_C``, ``$XCONV_NUMPY_DIRECT``) is on and the library loaded."""
+    return getattr(settings.current(), switch) and library() is not None
+
+
+def switch_variable(switch: str) -> str:
+    """The environment variable of a switch (``numpy_c``: ``XCONV_NUMPY_C``)."""
+    return "XCONV_" + switch.upper()

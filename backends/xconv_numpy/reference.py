@@ -39,13 +39,19 @@ from xconv.dtypes import DTYPES
 CHUNK_BYTES = 32 << 20
 
 
+def columns_chunk_bytes(p: ConvParams, itemsize: int) -> int:
+    """Bytes of the largest chunk of im2col columns (``itemsize`` bytes each): whole output lines, at most
+    :data:`CHUNK_BYTES` unless one line is larger."""
+    line = itemsize * p.input_shape[1] * math.prod(p.kernel) * math.prod(p.output_shape[3:])
+    return max(line, min(CHUNK_BYTES, line * p.output_shape[2]))
+
+
 def _require(p: ConvParams, acc, op: str, result: tuple) -> None:
     """Refuse (ResourceError) before allocating when ``op``'s memory would not fit: one chunk of columns,
     x or dx in ``acc``, the result in ``acc`` and in the output dtype."""
     it = np.dtype(acc).itemsize
-    line = it * p.input_shape[1] * math.prod(p.kernel) * math.prod(p.output_shape[3:])
-    chunk = max(line, min(CHUNK_BYTES, line * p.output_shape[2]))
-    total = chunk + math.prod(p.input_shape) * it + math.prod(result) * (it + DTYPES[p.dtype].itemsize)
+    total = (columns_chunk_bytes(p, it) + math.prod(p.input_shape) * it
+             + math.prod(result) * (it + DTYPES[p.dtype].itemsize))
     limits.require(total, f"numpy {op}: im2col columns and result")
 
 

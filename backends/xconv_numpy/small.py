@@ -32,21 +32,22 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
+from .grid.geometry import padded
 from .layout import SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES
-from .lazy import Lazy
+from .plans import per_params
 
 #: Calls whose largest gathered matrix (x or dy columns) holds at most this many elements run here (measured on
 #: the digits layers: 1.5-6x faster than the grid path up to 590k elements, the grouped 32x16x8x8 layer).
 MAX_ELEMENTS = 1 << 20
-#: Use (True), never use (False) or choose by size (None) this path for the calls it can compute.
-ENABLED = None
+def computes(p: ConvParams) -> bool:
+    """Whether this path can compute ``p``: direct, not empty."""
+    return not (p.transposed or min(p.input_shape) == 0 or p.output_shape[1] == 0)
 
 
 def serves(p: ConvParams, need_dx: bool = False) -> bool:
-    """Whether ``p`` (direct, not empty) is small enough for this path (see the module docstring)."""
-    if ENABLED is False or p.transposed or min(p.input_shape) == 0 or p.output_shape[1] == 0:
-        return False
-    return ENABLED is True or _elements(p, need_dx) <= MAX_ELEMENTS
+    """Whether ``p`` is small enough for this path (see the module docstring; ``paths.force("small")`` takes it
+    for all it computes)."""
+    return computes(p) and _elements(p, need_dx) <= MAX_ELEMENTS
 
 
 #: One input channel per group and at least this many outputs per input channel: the small path's compiled
@@ -122,7 +123,7 @@ def _per_sample(idx: np.ndarray, N: int, n: int) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=16)         # index tables: up to 8 bytes per column of a call (< 16 MiB each)
+@per_params
 def _plan(p: ConvParams) -> _Plan:
     return _Plan(p)
 
@@ -201,12 +202,12 @@ def _unit_stride(p: ConvParams) -> bool:
     return all(s == 1 for s in p.stride)
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _grids(p: ConvParams):
     """(x grid, dy grid for dx) of a stride-1 convolution (see _Grid)."""
     S, O, k, d = p.input_shape[2:], p.output_shape[2:], p.kernel, p.dilation
     pre = [a for a, _ in p.padding]
-    xg = _Grid([n + a + b for n, (a, b) in zip(S, p.padding)], pre, k, d, [0] * len(S), O[0])
+    xg = _Grid(padded(p), pre, k, d, [0] * len(S), O[0])
     # dx[i] = sum_t dyp[B + i + t*d] w[k-1-t], dy at A in dyp: A = max(0, (k-1)d - pre), B = pre + A - (k-1)d
     A = [max(0, (kk - 1) * dd - a) for kk, dd, a in zip(k, d, pre)]
     B = [a + aa - (kk - 1) * dd for a, aa, kk, dd in zip(pre, A, k, d)]
@@ -220,15 +221,16 @@ def _grids(p: ConvParams):
 # Compiled column copies (csrc/small_cols.c): x's columns by one C loop, dx by one GEMM and a C col2im
 
 
-_C = Lazy(native.load, "XCONV_NUMPY_C")
+#: The switch of the compiled copies (the settings field of ``$XCONV_NUMPY_C``; off: the NumPy gathers serve).
+SWITCH = "numpy_c"
 
 
 def compiled_available() -> bool:
     """Whether the compiled column copies serve (built at install, not disabled by XCONV_NUMPY_C=0)."""
-    return _C.available()
+    return native.part_on(SWITCH)
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _geo(p: ConvParams) -> np.ndarray:
     """The C loops' geometry (layout.SMALL_COLS_GEO) of ``p`` lifted to 3-D; x's strides left to fill."""
     nd = p.nd
@@ -255,7 +257,7 @@ def _im2col(t: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     geo[xs:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
     geo[xs:] //= t.itemsize
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
-    getattr(_C.get(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
+    getattr(native.library(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
     return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
 
 
@@ -263,16 +265,12 @@ def _col2im(dcols: np.ndarray, p: ConvParams, f: _Plan, cdt) -> np.ndarray:
     """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
     dx = np.empty(p.input_shape, cdt)
     geo = _geo(p)                                  # held here: the cache may drop it meanwhile
-    getattr(_C.get(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
+    getattr(native.library(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
     return dx
 
 
 def _suffix(cdt) -> str:
     return "f64" if cdt == np.float64 else "f32"
-
-
-#: Elements past a grid's last channel that vector loads may read (zeros): csrc/small_grid.c's SG_SLACK.
-_SLACK = 16
 
 
 def _lift(values, nd: int, fill: int) -> tuple:
@@ -309,7 +307,7 @@ class _S1Plan:
         self.dx_size, self.dw_size = math.prod(p.input_shape), math.prod(p.weight_shape)
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _s1_plan(p: ConvParams) -> _S1Plan:
     return _S1Plan(p, _plan(p))
 
@@ -351,7 +349,7 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     y = np.empty(p.output_shape, cdt)
     xs = _strides(x, plan.lift)                        # held: the C call reads it
-    if getattr(_C.get(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
+    if getattr(native.library(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
             _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1]):
         raise _scratch_failed(p)
     return y.astype(DTYPES[p.dtype], copy=False)
@@ -370,7 +368,7 @@ def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_d
     at = _address(out)
     it = out.itemsize
     dys, xs = _strides(dy, plan.lift), (None if x is None else _strides(x, plan.lift))   # held: the C call reads them
-    rc = getattr(_C.get(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
+    rc = getattr(native.library(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
         _address(dy), None if x is None else _address(x), None if w is None else _address(w),
         at if need_dx else None, at + it * sizes[0] if need_dw else None,
         at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1])

@@ -1,4 +1,4 @@
-"""The NumPy backend's compiled direct loops (xconv_numpy.compiled, csrc/direct_conv.c) against the
+"""The NumPy backend's compiled direct loops (xconv_numpy.dense, csrc/direct_conv.c) against the
 float64 oracle and PyTorch.
 
 They serve stride-1 convolutions whose channels per group are multiples of 16, which the small
@@ -25,11 +25,12 @@ from xconv.params import make_params
 from core_helpers import count_calls  # noqa: E402
 from test_numpy_fast import compare, compare_on_poisoned_scratch, random_arrays  # noqa: E402
 
-from xconv_numpy import compiled, fast, small  # noqa: E402
+from xconv_numpy import dense, native, paths
+from xconv_numpy.grid.scratch import Lease  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(not compiled.available(),
-                                reason=f"compiled loops unavailable: {compiled.build_error()}")
+pytestmark = pytest.mark.skipif(not dense.available(),
+                                reason=f"compiled loops unavailable: {dense.build_error()}")
 
 
 @st.composite
@@ -73,15 +74,14 @@ def convolutions(draw):
 def test_compiled_matches_exact(conv, seed, monkeypatch):   # one patch for all examples: strides too
     """Scratch (kept between calls) arrives filled with 3e38: the grids' padding must be zeroed, every
     result element written."""
-    monkeypatch.setattr(compiled, "ENABLED", True)
-    compare_on_poisoned_scratch(monkeypatch, conv, seed)
+    with paths.force("dense"):
+        compare_on_poisoned_scratch(monkeypatch, conv, seed)
 
 
 def test_compiled_loops_run_for_what_they_compute(monkeypatch):
     """Eligible convolutions go to the loops; XCONV_NUMPY_C=0, float64, 8 channels or 1x1 do not; by default
     strides only up to 2 and with 32k input channels per group."""
-    calls = count_calls(monkeypatch, compiled, "backward")
-    monkeypatch.setattr(small, "ENABLED", False)         # the older rules (the cost model may pick another path)
+    calls = count_calls(monkeypatch, dense, "backward")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 32, 9, 9)).astype(np.float32)
     w = rng.standard_normal((16, 32, 3, 3)).astype(np.float32)
@@ -94,18 +94,18 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
     for u, v in zip(a, b):       # two float32 computations of the same sums
         np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)
     monkeypatch.delenv("XCONV_NUMPY_C")
-    assert compiled.computes(make_params(x.shape, w.shape, padding=1))
-    assert compiled.computes(make_params(x.shape, w.shape, padding=1, stride=2))
-    assert compiled.serves(make_params(x.shape, w.shape, padding=1, stride=2))       # 32 channels, stride 2
-    assert not compiled.serves(make_params(x.shape, w.shape, padding=1, stride=3))   # stride 3: BLAS by default
-    assert not compiled.serves(make_params((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2))   # 16 channels
-    assert not compiled.computes(make_params(x.shape, w.shape, padding=1, dtype="float64"))
-    assert not compiled.computes(make_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
-    assert not compiled.computes(make_params(x.shape, (16, 32, 1, 1)))
+    assert dense.computes(make_params(x.shape, w.shape, padding=1))
+    assert dense.computes(make_params(x.shape, w.shape, padding=1, stride=2))
+    assert dense.serves(make_params(x.shape, w.shape, padding=1, stride=2))       # 32 channels, stride 2
+    assert not dense.serves(make_params(x.shape, w.shape, padding=1, stride=3))   # stride 3: BLAS by default
+    assert not dense.serves(make_params((2, 16, 9, 9), (16, 16, 3, 3), padding=1, stride=2))   # 16 channels
+    assert not dense.computes(make_params(x.shape, w.shape, padding=1, dtype="float64"))
+    assert not dense.computes(make_params((2, 8, 9, 9), (16, 8, 3, 3), padding=1))
+    assert not dense.computes(make_params(x.shape, (16, 32, 1, 1)))
 
 
 def test_compiled_bitwise_independent_of_workers(monkeypatch):
-    monkeypatch.setattr(compiled, "SMALL_WORK", 0)          # this small call would otherwise run on one thread
+    monkeypatch.setattr(dense, "SMALL_WORK", 0)          # this small call would otherwise run on one thread
     rng = np.random.default_rng(5)
     p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
     x = rng.standard_normal(p.input_shape).astype(np.float32)
@@ -113,8 +113,8 @@ def test_compiled_bitwise_independent_of_workers(monkeypatch):
     dy = rng.standard_normal(p.output_shape).astype(np.float32)
     runs = {}
     for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):      # budget 1: 1-sample blocks
-        with fast._Lease() as lease:
-            runs[(workers, budget)] = compiled.backward(dy, x, w, p, True, True, True, workers, budget, lease)
+        with Lease() as lease:
+            runs[(workers, budget)] = dense.backward(dy, x, w, p, True, True, True, workers, budget, lease)
     first = runs[(1, 1 << 30)]
     for dx, _, db in runs.values():
         assert dx.tobytes() == first[0].tobytes()
@@ -152,9 +152,9 @@ def test_missing_build_falls_back_to_numpy_paths(tmp_path):
         "from xconv_numpy import native\n"
         "native._DIR = Path({empty!r})\n"
         "import numpy as np, xconv\n"
-        "from xconv_numpy import compiled, direct\n"
-        "assert not compiled.available() and not direct.available()\n"
-        "print(compiled.build_error())\n"
+        "from xconv_numpy import dense, depthwise\n"
+        "assert not dense.available() and not depthwise.available()\n"
+        "print(dense.build_error())\n"
         "print(xconv.get_backend('numpy').version())\n"
         "rng = np.random.default_rng(0)\n"
         "for xs, ws, kw in [((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1)),\n"
@@ -184,7 +184,7 @@ def test_builds_load_from_the_package_by_absolute_path_and_never_through_a_link(
     assert native.isa(lib) in native.ISAS
     assert native.ISAS.index(native.isa(lib)) <= lib.xconv_cpu_level()
     path = native.library_path(native.isa(lib))
-    assert path.is_absolute() and path.parent == Path(compiled.__file__).resolve().parent
+    assert path.is_absolute() and path.parent == Path(dense.__file__).resolve().parent
     (tmp_path / "_kernels_baseline.so").symlink_to(path)
     monkeypatch.setattr(native, "_DIR", tmp_path)
     monkeypatch.setattr(native.importlib.machinery, "EXTENSION_SUFFIXES", [".so"])
@@ -196,7 +196,7 @@ def test_builds_load_from_the_package_by_absolute_path_and_never_through_a_link(
 def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
     """The lower instruction-set builds (XCONV_NUMPY_ISA) compute the same convolutions within tolerance: the
     depthwise loops, and the dense loops when called (the backend routes dense shapes to BLAS on these builds)."""
-    from xconv_numpy import direct, native
+    from xconv_numpy import native
 
     if native.library_path(isa) is None:
         pytest.skip(f"no {isa} build on this platform")
@@ -204,14 +204,13 @@ def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
     lib = native.load()
     if native.isa(lib) != isa:
         pytest.skip(f"this CPU does not run the {isa} build")
-    monkeypatch.setattr(compiled._LIB, "_value", lib)
-    monkeypatch.setattr(direct._KERNELS, "_value", lib)
-    dense = dict(input=[2, 32, 7, 6], weight=[32, 32, 3, 3], stride=[1, 1], padding=[(1, 1), (1, 1)],
+    monkeypatch.setattr(native.LIBRARY, "_value", lib)            # the one loaded library, this build
+    dense_case = dict(input=[2, 32, 7, 6], weight=[32, 32, 3, 3], stride=[1, 1], padding=[(1, 1), (1, 1)],
                  dilation=[1, 1], groups=1, transposed=False, output_padding=[0, 0], dtype="float32")
-    assert not compiled.available() and isa in compiled.build_error()
-    monkeypatch.setattr(compiled, "DENSE_ISAS", (isa,))
-    calls = count_calls(monkeypatch, compiled, "backward")
-    for c in (dense, dict(input=[2, 4, 9, 8], weight=[8, 1, 3, 3], stride=[2, 1], padding=[(1, 1), (1, 1)],
+    assert not dense.available() and isa in dense.build_error()
+    monkeypatch.setattr(dense, "DENSE_ISAS", (isa,))
+    calls = count_calls(monkeypatch, dense, "backward")
+    for c in (dense_case, dict(input=[2, 4, 9, 8], weight=[8, 1, 3, 3], stride=[2, 1], padding=[(1, 1), (1, 1)],
                           dilation=[1, 1], groups=4, transposed=False, output_padding=[0, 0], dtype="float64")):
         x, w, dy = random_arrays(np.random.default_rng(3), c)
         compare(c, x, w, dy, (True, True, True))
@@ -231,8 +230,7 @@ def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
     """The data-independent plan is cached per (params, mask, budget): a second call with other data, and
     calls with other masks of the same shapes, still match the exact path (nothing of one call's data or
     grids leaks into the next)."""
-    calls = count_calls(monkeypatch, compiled, "backward")
-    monkeypatch.setattr(compiled, "ENABLED", True)       # these loops, whatever the cost model would pick
+    calls = count_calls(monkeypatch, dense, "backward")
     c = dict(input=[3, 32, 9, 10], weight=[32, 16, 3, 2], stride=[1, 1], padding=[(1, 0), (2, 1)],
              dilation=[1, 2], groups=2, transposed=False, output_padding=[0, 0], dtype="float32")
     rng = np.random.default_rng(21)
@@ -240,7 +238,7 @@ def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
         x, w, dy = random_arrays(rng, c)
         compare(c, x, w, dy, mask)
     assert len(calls) >= 4
-    assert compiled._plan.cache_info().hits >= 1
+    assert dense._plan.cache_info().hits >= 1
 
 
 def test_failed_copy_releases_the_waiting_computations(monkeypatch):
@@ -249,7 +247,7 @@ def test_failed_copy_releases_the_waiting_computations(monkeypatch):
     import threading
     import time
 
-    lib = compiled._LIB.get()
+    lib = native.library()
 
     class Failing:
         calls = 0
@@ -267,7 +265,7 @@ def test_failed_copy_releases_the_waiting_computations(monkeypatch):
                 return fn(*args)
             return fail_last
 
-    monkeypatch.setattr(compiled._LIB, "_value", Failing())
+    monkeypatch.setattr(native.LIBRARY, "_value", Failing())
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 32, 12, 12)).astype(np.float32)
     w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
@@ -293,7 +291,7 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
     bits it gives alone, and none waits forever on another call's tasks."""
     import threading
 
-    monkeypatch.setattr(compiled, "SMALL_WORK", 0)          # these small calls would otherwise not use the pool
+    monkeypatch.setattr(dense, "SMALL_WORK", 0)          # these small calls would otherwise not use the pool
 
     rng = np.random.default_rng(8)
     shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),

@@ -25,7 +25,6 @@ The loops are built at install (see :mod:`.native`); :func:`available` says whet
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -36,8 +35,8 @@ from xconv.dtypes import accumulation_dtype
 from . import native
 from .layout import DEPTHWISE_GEO
 from .native import address
-from .lazy import Lazy
 from .workers import even_ranges, run
+from .plans import per_params
 
 #: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
 #: most this many bytes, and at most half the bytes of the call's inputs and outputs.
@@ -49,17 +48,18 @@ SMALL_WORK = 1 << 20
 #: Kernels with more taps than this go to the BLAS path (whose work does not grow with the tap count alone).
 MAX_TAPS = 4096
 
-_KERNELS = Lazy(native.load, "XCONV_NUMPY_DIRECT")
+#: The switch of these loops (the settings field of ``$XCONV_NUMPY_DIRECT``).
+SWITCH = "numpy_direct"
 
 
 def available() -> bool:
     """Whether the compiled loops can run (built at install, not disabled by XCONV_NUMPY_DIRECT=0)."""
-    return _KERNELS.available()
+    return native.part_on(SWITCH)
 
 
 def import_error() -> str | None:
     """Why the compiled loops could not be loaded (None if they were, or were not tried)."""
-    return _KERNELS.error
+    return native.load_error()
 
 
 def serves(p: ConvParams) -> bool:
@@ -158,7 +158,7 @@ def _dim(k: int, d: int, s: int):
     return q, np.searchsorted(used, r).astype(np.int64), used
 
 
-@functools.lru_cache(maxsize=64)
+@per_params
 def _plan(p: ConvParams) -> _Plan:
     return _Plan(p)
 
@@ -186,7 +186,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     block of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
     is not the compute dtype.
     """
-    lib, plan, cdt = _KERNELS.get(), _plan(p), accumulation_dtype(p.dtype)
+    lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_backward_{_suffix(cdt)}")
     out_dt = np.dtype(dy.dtype).newbyteorder("=")
     N, C = plan.in4[:2]
@@ -238,7 +238,7 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks
     when it cannot be read in place."""
-    lib, plan, cdt = _KERNELS.get(), _plan(p), accumulation_dtype(p.dtype)
+    lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_fprop_{_suffix(cdt)}")
     out_dt = np.dtype(x.dtype).newbyteorder("=")
     N, C = plan.in4[:2]

@@ -1,4 +1,4 @@
-"""The NumPy backend's compiled depthwise loops (xconv_numpy.direct) against the float64 oracle and PyTorch.
+"""The NumPy backend's compiled depthwise loops (xconv_numpy.depthwise) against the float64 oracle and PyTorch.
 
 The hypothesis tests of test_numpy_fast.py reach these loops too (every drawn convolution with
 one input channel per group); here: larger planes, every stride/dilation/padding corner, channel
@@ -17,9 +17,9 @@ from xconv.params import make_params
 from core_helpers import count_calls  # noqa: E402
 from test_numpy_fast import DTYPE_NAMES, compare, random_arrays  # noqa: E402
 
-from xconv_numpy import direct  # noqa: E402
+from xconv_numpy import depthwise  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not direct.available(), reason=f"compiled loops not built: {direct.import_error()}")
+pytestmark = pytest.mark.skipif(not depthwise.available(), reason=f"compiled loops not built: {depthwise.import_error()}")
 
 CASES = {
     # name: input, weight, kwargs
@@ -50,7 +50,7 @@ def test_direct_matches_exact(name, dtype):
     c = _case(name, dtype)
     p = make_params(c["input"], c["weight"], stride=c["stride"], padding=c["padding"], dilation=c["dilation"],
                     groups=c["groups"], dtype=dtype)
-    assert direct.serves(p)
+    assert depthwise.serves(p)
     x, w, dy = random_arrays(np.random.default_rng(len(name)), c)
     for mask in [(True, True, True), (True, False, False), (False, True, False), (False, True, True)]:
         compare(c, x, w, dy, mask)
@@ -65,7 +65,7 @@ def test_direct_non_contiguous(layout):
 
 def test_direct_loops_run_not_blas(monkeypatch):
     """Depthwise calls go to the compiled loops; others, and XCONV_NUMPY_DIRECT=0, to the BLAS path."""
-    calls = count_calls(monkeypatch, direct, "backward")
+    calls = count_calls(monkeypatch, depthwise, "backward")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
     w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
@@ -85,18 +85,18 @@ def test_direct_loops_run_not_blas(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_direct_bitwise_independent_of_workers(dtype, monkeypatch):
-    monkeypatch.setattr(direct, "SMALL_WORK", 0)            # this small call would otherwise run on one thread
+    monkeypatch.setattr(depthwise, "SMALL_WORK", 0)            # this small call would otherwise run on one thread
     rng = np.random.default_rng(5)
     p = make_params((3, 7, 21, 18), (14, 1, 3, 5), stride=(2, 1), padding=((1, 2), (2, 2)), dilation=(1, 2),
                     groups=7, dtype=dtype)
     x = rng.standard_normal(p.input_shape).astype(dtype)
     w = rng.standard_normal(p.weight_shape).astype(dtype)
     dy = rng.standard_normal(p.output_shape).astype(dtype)
-    runs = [direct.backward(dy, x, w, p, True, True, True, workers) for workers in (1, 2, 3, 1)]
+    runs = [depthwise.backward(dy, x, w, p, True, True, True, workers) for workers in (1, 2, 3, 1)]
     for run in runs[1:]:
         for got, first in zip(run, runs[0]):
             assert got.tobytes() == first.tobytes()
-    ys = [direct.fprop(x, w, None, p, workers).tobytes() for workers in (1, 3)]
+    ys = [depthwise.fprop(x, w, None, p, workers).tobytes() for workers in (1, 3)]
     assert ys[0] == ys[1]
 
 
@@ -126,7 +126,7 @@ def test_depthwise_calls_take_blas_s_worker_count_without_pinning_it(monkeypatch
     with blas.single_threaded_blas() as pinned:
         inside = blas.blas_workers()
     assert blas.blas_workers() == pinned == inside
-    pins, workers = count_calls(monkeypatch, blas._Blas, "__enter__"), count_calls(monkeypatch, direct, "fprop")
+    pins, workers = count_calls(monkeypatch, blas._Blas, "__enter__"), count_calls(monkeypatch, depthwise, "fprop")
     x = np.random.default_rng(0).standard_normal((4, 8, 16, 16)).astype(np.float32)
     xconv.conv_fprop(x, np.ones((8, 1, 3, 3), np.float32), padding=1, groups=8)
     assert pins == [] and workers[0][-1] == pinned

@@ -39,11 +39,9 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
 from . import native
-from .lazy import Lazy
+from .grid.geometry import padded
 from .workers import even_ranges, run
 
-#: Use (True), never use (False) or choose by shape (None) these loops for the convolutions they compute.
-ENABLED = None
 #: Tasks per worker and kind (dx rows, dw blocks) in each block of samples: more balance the workers, fewer cost less.
 TASKS_PER_WORKER = 2
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
@@ -51,10 +49,8 @@ DW_SEGMENT_BYTES = 256 << 10
 #: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone (a hand-off to the pool
 #: costs about as much as this much work).
 SMALL_WORK = 1 << 21
-#: Share of the working-set budget that one block of samples (its grids) may take.
-BLOCK_SHARE = 1.0
-
-_LIB = Lazy(native.load, "XCONV_NUMPY_C")
+#: The switch of these loops (the settings field of ``$XCONV_NUMPY_C``).
+SWITCH = "numpy_c"
 
 
 #: Builds whose dense loops are used. The loops work on 16-float vectors (GCC vector extensions): one AVX-512
@@ -66,14 +62,15 @@ DENSE_ISAS = ("avx512",)
 def available() -> bool:
     """Whether the compiled loops can run (built at install, an AVX-512 build loaded, not disabled by
     XCONV_NUMPY_C=0)."""
-    return _LIB.available() and native.isa(_LIB.get()) in DENSE_ISAS
+    return native.part_on(SWITCH) and native.isa(native.library()) in DENSE_ISAS
 
 
 def build_error() -> str | None:
     """Why the loops could not be loaded or are not used (None if they are, or were not tried)."""
-    if _LIB.error is None and _LIB.get() is not None and native.isa(_LIB.get()) not in DENSE_ISAS:
-        return f"the {native.isa(_LIB.get())} build emulates the loops' 512-bit vectors: BLAS path instead"
-    return _LIB.error
+    lib = native.library()
+    if lib is not None and native.isa(lib) not in DENSE_ISAS:
+        return f"the {native.isa(lib)} build emulates the loops' 512-bit vectors: BLAS path instead"
+    return native.load_error()
 
 
 def computes(p: ConvParams) -> bool:
@@ -87,13 +84,14 @@ def computes(p: ConvParams) -> bool:
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether the fast path uses these loops for ``p`` (see :data:`ENABLED`). By default stride 1, and strides
-    of at most 2 with C_in/g a multiple of 32 (8x32 weight-gradient blocks). Measured against the BLAS path
-    (2 workers, ms): 3x3 stride 2 at 256, 64->128, 32 channels 25 vs 28, 4.9 vs 6.8, 4.6 vs 5.5; 16 channels
-    3.0 vs 3.0; 3x3 stride 3 at 32 channels 6.4 vs 5.7 (x loads at the stride waste most of each cache line)."""
-    if ENABLED is False or not computes(p):
+    """Whether the fast path uses these loops for ``p`` by default (``paths.force("dense")`` takes them for all they
+    compute): stride 1, and strides of at most 2 with C_in/g a multiple of 32 (8x32 weight-gradient blocks).
+    Measured against the BLAS path (2 workers, ms): 3x3 stride 2 at 256, 64->128, 32 channels 25 vs 28, 4.9 vs 6.8,
+    4.6 vs 5.5; 16 channels 3.0 vs 3.0; 3x3 stride 3 at 32 channels 6.4 vs 5.7 (x loads at the stride waste most of
+    each cache line)."""
+    if not computes(p):
         return False
-    if ENABLED is None and any(s != 1 for s in p.stride):
+    if any(s != 1 for s in p.stride):
         if max(p.stride) > 2 or (p.input_shape[1] // p.groups) % 32:
             return False
     return available()
@@ -188,7 +186,7 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     pre = tuple(a for a, _ in p.padding)
     f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
                         K=math.prod(k), out_dt=DTYPES[p.dtype])
-    f.X = X = tuple(n + a + b for n, (a, b) in zip(S, p.padding))
+    f.X = X = padded(p)
     qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
     f.Y = Y = tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))
     gX = [math.prod(X[i + 1:]) for i in range(nd)]
@@ -199,7 +197,7 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
     f.ldy = ldy = ldy + 16 * ((ldy // 16) % 2 == 0)      # 64 bytes, so 16 channel rows fall in 16 cache sets
     per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
-    nb = max(1, min(N, int(budget * BLOCK_SHARE) // max(per_sample, 1)))
+    nb = max(1, min(N, budget // max(per_sample, 1)))
     f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
     # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
     # few samples (at least 4 tasks per block where the rows allow)
@@ -264,7 +262,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
-    lib = _LIB.get()
+    lib = native.library()
     if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < SMALL_WORK:
         workers = 1                                      # too small to share: no hand-off to the pool
     f = _plan(p, need_dx, need_dw, budget)

@@ -1,0 +1,98 @@
+"""The pointwise path (1x1 kernel, stride 1, no padding): per-sample matrix products on the native layout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xconv.dtypes import DTYPES
+
+from ..workers import cap_workers as _cap_workers
+from .chunks import MIN_CHUNKS, budget as _budget, split as _split
+from .geometry import Geom, compute_dtype, io_bytes as _io_bytes
+from .scratch import Lease, Slots as _Slots, n_slots as _n_slots, run_guarded as _run_guarded
+
+
+def _blasable(a: np.ndarray, cdt) -> bool:
+    """Whether matmul can hand ``a`` (..., rows, cols) to BLAS as is: compute dtype, unit inner stride."""
+    return (a.dtype == cdt and a.strides[-1] == cdt.itemsize and a.strides[-2] >= a.shape[-1] * cdt.itemsize
+            and all(st >= 0 for st in a.strides))
+
+
+def _samples(t: np.ndarray, n0: int, n1: int, G: int, C: int, P: int, cdt, scratch: np.ndarray):
+    """t[n0:n1] as (n, G, C, P) in the compute dtype: a view when BLAS can take it, else copied into scratch."""
+    part = t[n0:n1]
+    view = None
+    try:
+        view = part.view()
+        view.shape = (n1 - n0, G, C, P)                    # raises where no view exists
+    except AttributeError:
+        view = None
+    if view is not None and _blasable(view, cdt):
+        return view
+    out = scratch[:(n1 - n0) * G * C * P].reshape(n1 - n0, G, C, P)
+    out.reshape(part.shape)[...] = part
+    return out
+
+
+def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, workers: int,
+             lease: Lease):
+    """(dx, dw, db) of a 1x1 kernel, stride 1, no padding: per-sample matrix products on the (N, C, positions)
+    layout as is; db from the same samples of dy while they are in cache (per sample, then samples in order)."""
+    p = geo.p
+    cdt = compute_dtype(p)
+    g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
+    it = cdt.itemsize
+    out_dt = DTYPES[p.dtype]
+    copy_dy = not _blasable(dy.reshape(N, g, Cog, P), cdt) if dy.flags.c_contiguous else True
+    copy_x = need_dw and (not _blasable(x.reshape(N, g, Cg, P), cdt) if x.flags.c_contiguous else True)
+    sample_bytes = it * g * P * (Cog * copy_dy + Cg * copy_x + Cg * (need_dx and out_dt != cdt)) \
+        + (it * g * Cog * Cg if need_dw else 0)
+    io = _io_bytes(geo, out_dt.itemsize, need_dx, need_dw)
+    budget = _budget(io, p)
+    cap = max(1, budget // 2)
+    nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))
+    chunks = _split(N, nb)
+    nb = max(b - a for a, b in chunks)
+    workers = _cap_workers(workers, budget, nb * sample_bytes)
+    if need_dx:
+        dx = np.empty(p.input_shape, out_dt)
+        wt = lease.empty((g, Cg, Cog), cdt)
+        wt[...] = w.reshape(g, Cog, Cg).transpose(0, 2, 1)
+    if need_dw:
+        slots = _Slots(_n_slots(io, it * g * Cog * Cg), [(g, Cg, Cog)], cdt, lease)
+    db_parts = lease.empty((N, g * Cog), cdt) if need_db else None
+
+    def workspace():
+        return dict(dy=lease.empty((nb * g * Cog * P,), cdt) if copy_dy else None,
+                    x=lease.empty((nb * g * Cg * P,), cdt) if copy_x else None,
+                    dx=lease.empty((nb, g, Cg, P), cdt) if need_dx and out_dt != cdt else None,
+                    dws=lease.empty((nb, g, Cg, Cog), cdt) if need_dw else None,
+                    dw=slots.scratch() if need_dw and len(chunks) > slots.S else None)
+
+    def task(ws, i, n0, n1):
+        m = n1 - n0
+        dyc = _samples(dy, n0, n1, g, Cog, P, cdt, ws["dy"])
+        if need_db:
+            db_parts[n0:n1] = dyc.sum(axis=3).reshape(m, g * Cog)
+        if need_dx:
+            if ws["dx"] is None:
+                np.matmul(wt, dyc, out=dx[n0:n1].reshape(m, g, Cg, P))
+            else:
+                out = ws["dx"][:m]
+                np.matmul(wt, dyc, out=out)
+                dx[n0:n1].reshape(m, g, Cg, P)[...] = out
+        if need_dw:
+            xc = _samples(x, n0, n1, g, Cg, P, cdt, ws["x"])
+            per = ws["dws"][:m]                                        # dW^T per sample: x @ dy^T
+            np.matmul(xc, dyc.transpose(0, 1, 3, 2), out=per)          # (packs faster than dy @ x^T)
+            parts = slots.target(i, ws["dw"])
+            np.sum(per, axis=0, out=parts[0])
+            slots.commit(i, parts)
+
+    _run_guarded(chunks, task, workspace, workers, slots if need_dw else None)
+    dw = None
+    if need_dw:
+        dw = np.empty(p.weight_shape, out_dt)
+        dw.reshape(g, Cog, Cg)[...] = slots.total()[0].transpose(0, 2, 1)
+    db = np.ascontiguousarray(db_parts.sum(axis=0).astype(out_dt, copy=False)) if need_db else None
+    return (dx if need_dx else None), dw, db

@@ -1,0 +1,344 @@
+"""Which path of the fast NumPy backend computes a call, and why: one table, read top to bottom.
+
+A :class:`Path` says how an output is computed; :data:`RULES` lists, per op, the rules in the order they are
+tried; :func:`choose` (cached) is the only place a path is picked, once per output (``grad_input``,
+``grad_weight``, ``grad_bias``; ``output`` for the forward) and returns the path and the rule that chose it.
+``docs/numpy-backend.md`` shows the table and how to add a path.
+
+Cross-cutting rules, written once here:
+
+- **workspace_limit**: a path whose scratch is not leased (``leases_scratch=False``: it cannot count it) is
+  skipped under a workspace limit;
+- **non-finite detour**: a path with ``nonfinite="detour"`` multiplies zeros the definition never multiplies, so a
+  call whose inputs hold a NaN or an infinity runs on ``columns`` instead (checked in :mod:`.fast` at run time;
+  ``"self-check"``: the path checks on the way and says so; ``"keeps"``: the path keeps them as the reference);
+- **BLAS policy**: ``"pinned"`` runs under one BLAS thread per worker (:mod:`.blas`), ``"none"`` calls no BLAS
+  and is not pinned, ``"own"`` pins inside the path;
+- **trace note**: the path's ``note`` and the rule's name go to the trace record (``xconv.trace()``,
+  ``xconv run --explain``).
+
+Some rules read the whole output mask, so today which outputs are requested can change how one of them is
+computed; they say so ("mask-dependent today; removed by issue 24").
+
+Tests and experiments pick a path through :func:`force`, never by patching modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import threading
+from typing import Callable
+
+import numpy as np
+
+from xconv import ConvParams, settings
+from xconv.dtypes import DTYPES
+
+from . import colgemm, columns, cost, dense, depthwise, native, small
+from .grid.geometry import compute_dtype, geom
+
+OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """One way of computing outputs of a call."""
+
+    name: str
+    serves: str                 # which op and outputs it computes, in words
+    runs: str                   # the module and function that run it
+    blas: str                   # "pinned", "none" or "own" (see the module docstring)
+    leases_scratch: bool        # its scratch is counted (leased or checked): it may run under a workspace_limit
+    nonfinite: str              # "keeps", "detour" or "self-check"
+    note: str                   # the trace note
+
+
+PATHS = {p.name: p for p in (
+    Path("columns", "fprop, dgrad, wgrad: geometries the grid serves badly; non-finite detours",
+         "columns.fprop / columns.backward", "own", True, "keeps", "im2col columns (fallback)"),
+    Path("depthwise", "fprop, backward (dx, dw and db in one pass): one input channel per group, 1-D/2-D",
+         "depthwise.fprop / depthwise.backward (csrc/depthwise_impl.h)", "none", False, "keeps",
+         "depthwise C loops"),
+    Path("dense", "backward (dx, dw and db in one pass): channels per group multiples of 16, AVX-512 build",
+         "dense.backward (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
+    Path("small-c", "fprop, backward (dx, dw and db in one C call): small calls at stride 1",
+         "small.fprop / small.compiled_backward (csrc/small_grid.c)", "none", False, "self-check",
+         "small-call columns"),
+    Path("small", "fprop, backward (dx, dw): small calls", "small.fprop / small.backward", "pinned", False,
+         "detour", "small-call columns"),
+    Path("pointwise", "backward (dx, dw and db in one pass): 1x1 kernel, stride 1, no padding",
+         "grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
+    Path("grid-a", "backward (dx, dw): the polyphase grid, dy-columns", "grid.strategy_a.backward", "pinned", True,
+         "detour", "blas-grid strategy A (dy-columns)"),
+    Path("grid-b", "backward (dx, dw): the polyphase grid, x-columns", "grid.strategy_b.backward", "pinned", True,
+         "detour", "blas-grid strategy B (x-columns)"),
+    Path("grid-forward", "fprop: the polyphase grid, x-columns", "grid.forward.fprop", "pinned", True, "keeps",
+         "blas-grid x-columns"),
+    Path("bias-sum", "grad_bias: dy summed by blocks of samples", "bias.bias_sum", "own", True, "keeps",
+         "bias sum"),
+    Path("colgemm", "fprop, backward (dx, dw): im2col columns and blocked BLAS products on the workers",
+         "colgemm.fprop / colgemm.backward (csrc/small_cols.c)", "pinned", False, "detour", "colgemm columns"),
+    Path("small-c-blocks", "fprop: the small path's stride-1 loops in blocks of samples on the workers",
+         "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks"),
+)}
+
+#: Paths that compute grad_bias in the same pass as grad_input / grad_weight (from their copy of dy).
+BIAS_IN_PASS = ("depthwise", "dense", "small-c", "pointwise")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """``path`` serves ``outputs`` of ``op`` when ``when(p, mask)`` holds (``mask``: the call's output mask)."""
+
+    name: str
+    op: str                     # "fprop" or "backward"
+    outputs: tuple
+    path: str
+    when: Callable
+
+
+def _small_size(p, mask):   # mask-dependent today (dy's columns count only when grad_input is requested)
+    return small.serves(p, mask[0])
+
+
+def _depthwise(p, mask):    # mask-dependent today (the small path's size test counts dy's columns for dx)
+    return depthwise.serves(p) and not small.before_depthwise(p, mask[0])
+
+
+def _strategy_a(p, mask):   # mask-dependent today: the costs compared depend on which of dx, dw are requested
+    geo = geom(p)
+    if mask[1] and not mask[0]:
+        return geo.Cog <= geo.Cg
+    return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
+
+
+_GRADS = ("grad_input", "grad_weight")
+
+#: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
+#: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
+COLGEMM_FORWARD_COLUMNS = 4096
+
+
+def cost_pick(p, output: str):
+    """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that
+    can run it, as a table path name; None where the model does not decide (the rules below it do). A function
+    of the configuration and the build only (cached with the table's choice)."""
+    if p.transposed or not small.compiled_available() or columns.serves(p) or depthwise.serves(p):
+        return None
+    need_dx = output == "dx"
+    served = small.serves(p, need_dx)                                # the small path by its own size rule
+    same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
+    cands = ["small"] if served or (same and small.grid_compiled(p)) else []     # its stride-1 loops at any size
+    if output == "y":
+        if colgemm.fits(p, False, False, True) and len(colgemm.sample_chunks(p, False, False, True)) == 1 \
+                and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
+            cands.append("colgemm")
+        if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
+            cands.append("grid")
+        if not served:
+            cands.append("blas-grid")                      # the grid engine's forward
+    else:
+        if colgemm.fits(p, True, True):
+            cands.append("colgemm")
+        if dense.serves(p):
+            cands.append("direct")
+        if geom(p).pointwise:
+            cands.append("pointwise")
+    if not cands:
+        return None
+    pick = cost.cheapest(p, output, cands)
+    return {"small": "small-c" if small.grid_compiled(p) else "small", "direct": "dense", "grid": "small-c-blocks",
+            "blas-grid": None}.get(pick, pick)
+
+
+def _cost(output: str, name: str):
+    def when(p, mask):
+        return cost_pick(p, output) == name
+    return when
+
+#: The table: per op, rules in the order they are tried; the first that holds (and whose path may run: see
+#: the workspace_limit rule) chooses. grad_bias first takes the pass of the grad_input / grad_weight path when
+#: that path sums dy itself (rule "bias-in-pass", mask-dependent today), else "bias-sum".
+RULES = (
+    Rule("grid serves badly (columns.serves)", "fprop", ("output",), "columns",
+         lambda p, m: columns.serves(p)),
+    Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
+         lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
+    *(Rule(f"cost model: {name} cheapest (cost.py)", "fprop", ("output",), name, _cost("y", name))
+      for name in ("small-c", "small", "colgemm", "small-c-blocks")),
+    Rule("small, stride 1, C loops built (small.serves)", "fprop", ("output",), "small-c",
+         lambda p, m: small.serves(p) and small.grid_compiled(p)),
+    Rule("small (small.serves)", "fprop", ("output",), "small", lambda p, m: small.serves(p)),
+    Rule("otherwise", "fprop", ("output",), "grid-forward", lambda p, m: True),
+
+    Rule("grid serves badly (columns.serves)", "backward", _GRADS, "columns", lambda p, m: columns.serves(p)),
+    Rule("one input channel per group (depthwise.serves; mask-dependent today; removed by issue 24)",
+         "backward", _GRADS, "depthwise", _depthwise),
+    *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
+      for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
+      for name in ("small-c", "small", "colgemm", "dense", "pointwise")),
+    Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
+    Rule("small, stride 1, C loops built (small.serves; mask-dependent today; removed by issue 24)",
+         "backward", _GRADS, "small-c", lambda p, m: _small_size(p, m) and small.grid_compiled(p)),
+    Rule("small (small.serves; mask-dependent today; removed by issue 24)", "backward", _GRADS, "small",
+         _small_size),
+    Rule("1x1 kernel, stride 1, no padding", "backward", _GRADS, "pointwise", lambda p, m: geom(p).pointwise),
+    Rule("cost: A cheaper (mask-dependent today; removed by issue 24)", "backward", _GRADS, "grid-a", _strategy_a),
+    Rule("cost: B cheaper (mask-dependent today; removed by issue 24)", "backward", _GRADS, "grid-b",
+         lambda p, m: True),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forcing (tests, experiments)
+
+_forced = threading.local()
+
+
+def _state():
+    return getattr(_forced, "value", ((), ()))
+
+
+#: What a forced path can compute (where it is not forced it serves by its rule above).
+_COMPUTES = {
+    "columns": lambda p, m: True,
+    "depthwise": lambda p, m: depthwise.serves(p),
+    "dense": lambda p, m: dense.computes(p) and dense.available(),
+    "small-c": lambda p, m: small.computes(p) and small.grid_compiled(p),
+    "small": lambda p, m: small.computes(p),
+    "pointwise": lambda p, m: geom(p).pointwise,
+    "grid-a": lambda p, m: True,
+    "grid-b": lambda p, m: True,
+    "grid-forward": lambda p, m: True,
+    "colgemm": lambda p, m: small.compiled_available() and p.input_shape[0] > 0,
+    "small-c-blocks": lambda p, m: small.computes(p) and small.grid_compiled(p),
+}
+
+
+@contextlib.contextmanager
+def force(*names: str, off=()):
+    """Within the block (this thread), the paths ``names`` are chosen first, in that order, wherever they can
+    compute the call (the workspace_limit rule still applies), and the paths ``off`` are never chosen. E.g.
+    ``force("grid-b")``, ``force("small-paths")``, ``force(off=["small-paths"])`` (the grid, whatever the size);
+    :data:`GROUPS` names several paths at once."""
+    names = tuple(n for name in names for n in GROUPS.get(name, (name,)))
+    off = tuple(n for name in off for n in GROUPS.get(name, (name,)))
+    unknown = [n for n in names + off if n not in PATHS]
+    if unknown:
+        raise ValueError(f"unknown path(s) {unknown}; paths are {sorted(PATHS)}")
+    before = _state()
+    _forced.value = (names, off)
+    try:
+        yield
+    finally:
+        _forced.value = before
+
+
+#: In the ``off`` list of the forcing state: the cost-model rules are skipped (:func:`without_cost_model`).
+COST_MODEL_OFF = "(cost model)"
+
+
+@contextlib.contextmanager
+def without_cost_model():
+    """Within the block (this thread), the table without its cost-model rules: the rules below them choose, as
+    before the cost model (the bitwise before/after test of the table's refactoring runs so)."""
+    names, off = _state()
+    before = _state()
+    _forced.value = (names, off + (COST_MODEL_OFF,))
+    try:
+        yield
+    finally:
+        _forced.value = before
+
+
+#: Names for several paths at once in :func:`force`.
+GROUPS = {"small-paths": ("small-c", "small")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing
+
+
+def choose_all(p: ConvParams, op: str, mask) -> dict:
+    """{output: (path, rule name)} for every requested output of the call (``choose`` per output, cached as one)."""
+    return _choose_all(p, op, tuple(mask), _state(), _switches())
+
+
+@functools.lru_cache(maxsize=256)
+def _choose_all(p, op, mask, forced, switches) -> dict:
+    outputs = ("output",) if op == "fprop" else [o for o, bit in zip(OUTPUTS, mask) if bit]
+    return {o: _choose(p, op, o, mask, forced, switches) for o in outputs}
+
+
+def backward_plan(p: ConvParams, mask) -> tuple:
+    """The call's :func:`choose_all` as the runs it makes: a tuple of (path, rule, outputs, dx, dw, db) per path
+    (outputs it computes together, in table order), and whether grad_bias is left to ``bias-sum``."""
+    return _backward_plan(p, tuple(mask), _state(), _switches())
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_plan(p, mask, forced, switches) -> tuple:
+    chosen = _choose_all(p, "backward", mask, forced, switches)
+    runs = {}
+    for o in ("grad_input", "grad_weight"):
+        if o in chosen:
+            runs.setdefault(chosen[o][0].name, []).append(o)
+    plan = []
+    bias_left = mask[2]
+    for name, outs in runs.items():
+        path, rule = chosen[outs[0]]
+        db = bool(mask[2]) and chosen["grad_bias"][0].name == name
+        bias_left = bias_left and not db
+        plan.append((path, rule, tuple(outs) + (("grad_bias",) if db else ()),
+                     "grad_input" in outs, "grad_weight" in outs, db))
+    return tuple(plan), bias_left
+
+
+def choose(p: ConvParams, op: str, output: str, mask=(True, True, True)) -> tuple[Path, str]:
+    """(path, rule name) computing ``output`` of ``op`` ("fprop", "backward"; "dgrad" and "wgrad" are backward
+    calls with one output) for ``p`` and the call's output ``mask``. The only place a path is picked."""
+    return _choose(p, op, output, tuple(mask), _state(), _switches())
+
+
+def _switches() -> tuple:
+    """What the rules read besides ``p`` and the mask: the compiled parts' switches and build."""
+    on = settings.current()
+    return (getattr(on, dense.SWITCH), getattr(on, depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(p: ConvParams, op: str, output: str, mask: tuple, forced, switches) -> tuple[Path, str]:
+    names, off = forced
+    if output == "grad_bias":
+        if mask[0] or mask[1]:
+            main, _ = _choose(p, op, "grad_input" if mask[0] else "grad_weight", mask, forced, switches)
+            if main.name in BIAS_IN_PASS:
+                return main, "bias-in-pass (the path sums dy on the way; mask-dependent today; removed by issue 24)"
+        return PATHS["bias-sum"], "bias-sum"
+
+    def may_run(path):
+        return path.name not in off and (p.workspace_limit is None or path.leases_scratch)
+
+    for name in names:
+        path = PATHS[name]
+        if may_run(path) and _COMPUTES[name](p, mask) and any(r.path == name and r.op == op for r in RULES):
+            return path, "forced"
+    for rule in RULES:
+        if rule.op == op and output in rule.outputs:
+            if COST_MODEL_OFF in off and rule.name.startswith("cost model"):
+                continue
+            path = PATHS[rule.path]
+            if may_run(path) and rule.when(p, mask):
+                return path, rule.name
+    raise AssertionError(f"no rule chose a path for {op} {output}")      # the last rule of each op holds
+
+
+def table() -> str:
+    """The table as text (docs, ``xconv run --explain``)."""
+    rows = [f"{r.op:9} {', '.join(r.outputs):24} {r.path:13} {r.name}" for r in RULES]
+    rows.append(f"{'backward':9} {'grad_bias':24} {'(same pass)':13} bias-in-pass: paths {', '.join(BIAS_IN_PASS)}")
+    rows.append(f"{'backward':9} {'grad_bias':24} {'bias-sum':13} otherwise")
+    return "\n".join(rows)

@@ -1,0 +1,69 @@
+"""The NumPy backend's shape: no import circles between its modules, none over 500 lines, one path table."""
+
+import ast
+from pathlib import Path
+
+import xconv_numpy
+from xconv_numpy import paths
+
+PACKAGE = Path(xconv_numpy.__file__).resolve().parent
+
+
+def _modules():
+    return {".".join(f.relative_to(PACKAGE).with_suffix("").parts): f for f in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str, path: Path) -> set:
+    """The package's modules ``name`` imports (relative imports and absolute xconv_numpy ones)."""
+    mods = _modules()
+    pkg = name.split(".")[:-1] if not name.endswith("__init__") else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[:len(pkg) - node.level + 1] if node.level > 1 else pkg
+            elif node.module and node.module.startswith("xconv_numpy"):
+                base, node = [], ast.ImportFrom(module=node.module[len("xconv_numpy."):] or None, names=node.names)
+            else:
+                continue
+            stem = base + (node.module.split(".") if node.module else [])
+            for alias in node.names:
+                cand = ".".join(stem + [alias.name])
+                target = cand if cand in mods else ".".join(stem)
+                if target in mods:
+                    out.add(target)
+                elif ".".join(stem + ["__init__"]) in mods:
+                    out.add(".".join(stem + ["__init__"]))
+    out.discard(name)
+    return out
+
+
+def test_no_import_circles():
+    graph = {name: _imports(name, path) for name, path in _modules().items()}
+    state = {}
+
+    def visit(n, stack):
+        state[n] = "open"
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == "open":
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(m):] + [m]))
+            if m not in state:
+                visit(m, stack + [m])
+        state[n] = "done"
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+    assert graph["fast"] >= {"paths", "grid.strategy_a", "grid.strategy_b"}      # the walk sees real imports
+
+
+def test_no_module_over_500_lines():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert max(sizes.values()) <= 500, {n: s for n, s in sizes.items() if s > 500}
+
+
+def test_every_rule_names_a_path_and_each_op_ends_with_a_catch_all():
+    assert all(r.path in paths.PATHS for r in paths.RULES)
+    for op in ("fprop", "backward"):
+        last = [r for r in paths.RULES if r.op == op][-1]
+        assert last.when(None, None) is True and paths.PATHS[last.path].leases_scratch    # runs under any limit
