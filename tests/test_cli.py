@@ -63,8 +63,8 @@ def test_run_explain_names_each_output_s_path_and_rule():
               "--repeat", "0", "--explain", module=True)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("explain: ")]
-    assert lines == ["explain: backward path: small-call columns [grad_weight, grad_bias: small, stride 1, C loops "
-                     "built (small.serves; mask-dependent today; removed by issue 24)]"] or \
+    assert lines == ["explain: backward path: small-call columns [grad_weight, grad_bias: cost model: small-c "
+                     "cheapest (cost.py)]"] or \
         lines == ["explain: backward path: small-call columns [grad_weight: small (small.serves; mask-dependent "
                   "today; removed by issue 24)]", "explain: backward path: bias sum [grad_bias: bias-sum]"], lines
 

@@ -44,7 +44,7 @@ COPY = 0.25e-9
 #: Per element of column matrices past COPY_CACHED elements (they leave the caches: the products slow down too).
 COPY_BIG = 1e-9
 COPY_CACHED = 1 << 20
-LOOP_MACS = 46e9
+LOOP_MACS = 40e9
 LOOP_Q0 = 12
 CALL = 20e-6
 SMALL_CALL = 3e-6
