@@ -14,13 +14,13 @@ from .registry import select_backend
 
 
 def _torch_route(family: str) -> object | None:
-    """xconv.torch_ops for torch tensors (their calls run as xconv's torch operators: autograd, autocast,
-    torch's memory format, torch.compile), else None."""
+    """xconv.torch_functional for torch tensors (their calls run as xconv's torch operators: autograd, autocast,
+    torch's memory format, torch.compile, torch.func), else None."""
     if family != "torch":
         return None
-    from . import torch_ops  # the caller holds torch tensors, so torch is already imported
+    from . import torch_functional, torch_ops  # the caller holds torch tensors, so torch is already imported
 
-    return None if torch_ops.inside_kernel() else torch_ops
+    return None if torch_ops.inside_kernel() else torch_functional
 
 
 def _prepare(tensors: dict, backend, outputs, **args):

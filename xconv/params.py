@@ -184,9 +184,25 @@ def per_dim(value, nd: int, name: str, minimum: int) -> tuple[int, ...]:
 def _same_padding(size: int, kernel: int, stride: int, dilation: int, lower: bool) -> tuple[int, int]:
     """ONNX SAME_UPPER (extra at the end) or SAME_LOWER: output = ceil(size / stride)."""
     out = -(-size // stride)
-    total = max((out - 1) * stride + dilation * (kernel - 1) + 1 - size, 0)
+    total = (out - 1) * stride + dilation * (kernel - 1) + 1 - size
+    total = total if total > 0 else 0         # max(total, 0), written so that a symbolic size is guarded once
     small, large = total // 2, total - total // 2
     return (large, small) if lower else (small, large)
+
+
+def string_padding(value: str, spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                   dilation: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The (pre, post) pairs of an already validated padding string ("valid", "full", "same", "same_lower").
+
+    Integer arithmetic only (no int() conversions, no type checks), so the same formulas also run on
+    symbolic sizes (PyTorch's SymInt under torch.compile), where a comparison becomes a guard.
+    """
+    if value == "valid":
+        return tuple((0, 0) for _ in kernel)
+    if value == "full":
+        return tuple((d * (k - 1), d * (k - 1)) for k, d in zip(kernel, dilation))
+    return tuple(_same_padding(s, k, st, d, value == "same_lower")
+                 for s, k, st, d in zip(spatial, kernel, stride, dilation))
 
 
 def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int], stride, dilation,
@@ -202,16 +218,11 @@ def parse_padding(value, nd: int, spatial: Sequence[int], kernel: Sequence[int],
         if value not in PADDING_STRINGS:
             raise ShapeError("padding", "unknown padding string", expected=" or ".join(map(repr, PADDING_STRINGS)),
                              given=repr(value))
-        if value == "valid":
-            return ((0, 0),) * nd
-        if value == "full":
-            return tuple((d * (k - 1), d * (k - 1)) for k, d in zip(kernel, dilation))
-        if transposed:
+        if transposed and value.startswith("same"):
             raise ShapeError("padding", f"{value!r} is defined for direct convolution only; give explicit padding "
                                         "for transposed=True", expected="int, ints or (pre, post) pairs",
                              given=repr(value))
-        return tuple(_same_padding(s, k, st, d, value == "same_lower")
-                     for s, k, st, d in zip(spatial, kernel, stride, dilation))
+        return string_padding(value, spatial, kernel, stride, dilation)
     if _is_int(value):
         pairs = ((int(value), int(value)),) * nd
     elif isinstance(value, Sequence) and len(value) == nd and all(_is_int(v) for v in value):

@@ -28,7 +28,10 @@ except ImportError as exc:  # say what to install, not only what is missing
 
     raise ImportError(f"xconv.torch needs PyTorch, which is not importable here ({exc}): {torch_hint()}") from exc
 
-from . import torch_fast, torch_ops
+from . import interop, registry, torch_fast, torch_functional, torch_ops
+from .arrays import array_family
+from .backend import availability_of
+from .errors import BackendUnavailableError, ShapeError
 from .params import check_deterministic, check_math
 
 __all__ = ["XConv1d", "XConv2d", "XConv3d", "XConvTranspose1d", "XConvTranspose2d", "XConvTranspose3d",
@@ -57,16 +60,36 @@ class _XConvMixin:
     _nd: int
 
     def _set_xconv(self, backend, deterministic, math):
+        check_deterministic(deterministic)
+        check_math(math)
+        check_backend(backend)
         self.backend = backend
         self.deterministic = deterministic
         self.math = math
+
+    def _check_input(self, input, weight):
+        """Refuse, in torch's words, an input of the wrong rank or channel count (the user's argument, not the
+        module's weight, is the one to blame). Sizes are compared, not converted: symbolic sizes guard."""
+        nd, op = self._nd, f"conv{'_transpose' if self.transposed else ''}{self._nd}d"
+        if input.dim() not in (nd + 1, nd + 2):
+            raise _torch_worded("input", f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to {op}, "
+                                         f"but got input of size: {list(input.shape)}",
+                                expected=f"rank {nd + 1} or {nd + 2}", given=input.dim())
+        channels = input.shape[0 if input.dim() == nd + 1 else 1]
+        want = weight.shape[0] if self.transposed else weight.shape[1] * self.groups
+        if channels != want:
+            given = "transposed=1" if self.transposed else f"groups={self.groups}"
+            shape = list(input.shape) if input.dim() == nd + 2 else [1] + list(input.shape)
+            raise _torch_worded("input", f"Given {given}, weight of size {list(weight.shape)}, expected "
+                                         f"input{shape} to have {want} channels, but got {channels} channels instead",
+                                expected=want, given=channels, dim="dim 1 (C_in)")
 
     def _xconv_apply(self, input, weight, bias, padding, output_padding=0):
         nd = self._nd
         unbatched = input.dim() == nd + 1
         if unbatched:
             input = input.unsqueeze(0)
-        input, weight, bias = torch_ops.autocast(input, weight, bias)
+        input, weight, bias = torch_functional.autocast(input, weight, bias)
         if isinstance(padding, int):
             padding = ((padding, padding),) * nd
         conf = torch_ops.Conf(tuple(self.stride), tuple(padding), tuple(self.dilation), self.groups, self.transposed,
@@ -87,8 +110,16 @@ class _XConvMixin:
         return s
 
 
+def _torch_worded(argument: str, text: str, *, expected, given, dim=None) -> ShapeError:
+    """A ShapeError whose message is ``argument: text`` (torch's wording), with expected/given set as attributes."""
+    error = ShapeError(argument, text)
+    error.expected, error.given, error.dim = expected, given, dim
+    return error
+
+
 class _XConvDirect(_XConvMixin):
     def _conv_forward(self, input, weight, bias):
+        self._check_input(input, weight)
         if self.padding_mode != "zeros":
             nd = self._nd
             if input.dim() == nd + 1:  # pad as a batch of one, as torch's pad modes expect
@@ -104,6 +135,7 @@ class _XConvTransposed(_XConvMixin):
             raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__name__}")
         if not isinstance(self.padding, tuple):
             raise AssertionError("self.padding must be a tuple")
+        self._check_input(input, self.weight)
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
                                               self._nd, self.dilation)
         return self._xconv_apply(input, self.weight, self.bias, _padding_pairs(self), output_padding)
@@ -198,6 +230,34 @@ def _swap(module, backend, deterministic, math):
     return new
 
 
+def check_backend(backend, device=None) -> None:
+    """Raise now what the first convolution would raise about ``backend``: a name no backend has
+    (UnknownBackendError), a plugin that failed to load or a backend that cannot run on this machine
+    (BackendUnavailableError), something that is neither a name nor a backend (ShapeError); and with a
+    ``device``, a backend that does not take that device's tensors. None (chosen per call) passes."""
+    if backend is None:
+        return
+    if device is not None and device.type != "meta":
+        (native,) = interop.to_native_for(backend, "torch", {"input": torch.empty(0, device=device)})
+        registry.select_backend(backend, array_family(native))
+        return
+    if not isinstance(backend, str) and not all(hasattr(backend, a) for a in ("name", "capabilities",
+                                                                              "array_families")):
+        registry.select_backend(backend, "numpy")          # neither a name nor a backend: its ShapeError
+    chosen = registry.get_backend(backend) if isinstance(backend, str) else backend
+    available, reason = availability_of(chosen)
+    if not available:
+        raise BackendUnavailableError(chosen.name, reason)
+
+
+def _device_of(model: torch.nn.Module):
+    """The device of the first convolution convert() would swap (None when there is none)."""
+    for module in model.modules():
+        if type(module) in _EQUIVALENT:
+            return module.weight.device
+    return None
+
+
 def convert(model: torch.nn.Module, *, backend=None, deterministic=False, math="keep_dtype") -> torch.nn.Module:
     """Replace every ``torch.nn.Conv{1,2,3}d`` / ``ConvTranspose{1,2,3}d`` in ``model`` by its xconv equivalent.
 
@@ -207,13 +267,24 @@ def convert(model: torch.nn.Module, *, backend=None, deterministic=False, math="
     hooks, training mode, device, dtype, ``padding_mode`` and padding. Only those six exact
     classes are swapped: subclasses of them (they may override ``forward``) and modules already
     on xconv are left alone. ``backend``, ``deterministic`` and ``math`` go to every swapped layer.
+
+    The arguments are checked here, not at the first forward: ``backend`` must be registered, able to
+    run on this machine and take tensors of the device the model's convolutions are on (so move the
+    model to its device before converting it), see :func:`check_backend`.
     """
+    check_deterministic(deterministic)
+    check_math(math)
+    check_backend(backend, _device_of(model))
+    return _convert(model, backend, deterministic, math)
+
+
+def _convert(model, backend, deterministic, math):
     if type(model) in _EQUIVALENT:
         return _swap(model, backend, deterministic, math)
     for name, child in list(model.named_children()):
         if type(child) in _EQUIVALENT:
             setattr(model, name, _swap(child, backend, deterministic, math))
         else:
-            convert(child, backend=backend, deterministic=deterministic, math=math)
+            _convert(child, backend, deterministic, math)
     return model
 

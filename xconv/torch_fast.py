@@ -37,7 +37,7 @@ def fprop(input, weight, bias, conf: torch_ops.Conf):
     """``xconv::fprop(input, weight, bias, *conf.args())``: by the fast path when :func:`usable`, else the operator."""
     if usable(input, weight, bias):
         return _Fprop.apply(input, weight, bias, conf)
-    return torch_ops.fprop_op(input, weight, bias, *conf.args())
+    return torch_ops.fprop(input, weight, bias, *conf.args())
 
 
 def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
@@ -94,7 +94,7 @@ class _Fprop(torch.autograd.Function):
         if not any(mask):
             return None, None, None, None
         if torch.is_grad_enabled() or not usable(grad, input, weight):   # create_graph: differentiable operator
-            gx, gw, gb = torch_ops.backward_op(grad, input, weight, mask, *ctx.conf.args())
+            gx, gw, gb = torch_ops.backward(grad, input, weight, mask, *ctx.conf.args())
         else:
             gx, gw, gb = _backward_kernel(grad, input, weight, mask, ctx.conf)
         return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None, None)

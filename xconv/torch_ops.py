@@ -1,4 +1,4 @@
-"""xconv's convolutions as PyTorch custom operators, with their autograd formulas, fake kernels and autocast.
+"""xconv's convolutions as PyTorch custom operators: their fake kernels, autograd formulas, vmap rules, torch.func.
 
 Importing this module imports PyTorch and registers four operators in the ``xconv`` namespace
 (``import xconv`` never does; ``import xconv.torch`` and the first call of the functional API on
@@ -33,9 +33,7 @@ from typing import Optional
 import torch
 
 import xconv
-from xconv.errors import ShapeError
-from xconv.params import (check_bias_sizes, check_grad_output, check_output_mask, common_dtype, make_params,
-                          tensor_shape)
+from xconv import torch_shapes
 
 Tensor = torch.Tensor
 
@@ -137,12 +135,16 @@ def _empty(shape, like: Tensor, fmt) -> Tensor:
     return torch.empty(tuple(shape), dtype=like.dtype, device=like.device, memory_format=fmt)
 
 
-_state = threading.local()
+class _State(threading.local):
+    depth = 0          # a class default: every thread reads 0 before its first kernel (a stable guard for Dynamo)
+
+
+_state = _State()
 
 
 def inside_kernel() -> bool:
     """True while an operator's kernel runs the public xconv function (which then takes its direct path)."""
-    return getattr(_state, "depth", 0) > 0
+    return _state.depth > 0
 
 
 class _plain:
@@ -153,7 +155,7 @@ class _plain:
         self.no_autocast = torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else None
 
     def __enter__(self):
-        _state.depth = getattr(_state, "depth", 0) + 1
+        _state.depth += 1
         self.no_grad.__enter__()
         if self.no_autocast is not None:
             self.no_autocast.__enter__()
@@ -182,9 +184,9 @@ def fprop_op(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list
 
 @fprop_op.register_fake
 def _fprop_fake(input, weight, bias, *args):
-    conf = Conf.from_args(*args)
-    return _empty(xconv.output_shape(input.shape, weight.shape, **conf.shape_kwargs()), input,
-                  memory_format(input, weight))
+    shape = torch_shapes.output_shape({"input": input, "weight": weight, "bias": bias}, None, None,
+                                      Conf.from_args(*args))
+    return _empty(shape, input, memory_format(input, weight))
 
 
 def _gradient(function, a: Tensor, b: Tensor, shape, *args) -> Tensor:
@@ -204,6 +206,7 @@ def dgrad_op(grad_output: Tensor, weight: Tensor, input_shape: list[int], stride
 
 @dgrad_op.register_fake
 def _dgrad_fake(grad_output, weight, input_shape, *args):
+    torch_shapes.output_shape({"grad_output": grad_output, "weight": weight}, input_shape, None, Conf.from_args(*args))
     return _empty(input_shape, grad_output, memory_format(grad_output, weight))
 
 
@@ -217,6 +220,7 @@ def wgrad_op(input: Tensor, grad_output: Tensor, weight_shape: list[int], stride
 
 @wgrad_op.register_fake
 def _wgrad_fake(input, grad_output, weight_shape, *args):
+    torch_shapes.output_shape({"input": input, "grad_output": grad_output}, None, weight_shape, Conf.from_args(*args))
     return _empty(weight_shape, input, memory_format(input, grad_output))
 
 
@@ -239,6 +243,8 @@ def backward_op(grad_output: Tensor, input: Tensor, weight: Tensor, output_mask:
 
 @backward_op.register_fake
 def _backward_fake(grad_output, input, weight, output_mask, stride, padding, dilation, groups, transposed, *rest):
+    torch_shapes.output_shape({"grad_output": grad_output, "input": input, "weight": weight}, None, None,
+                              Conf.from_args(stride, padding, dilation, groups, transposed, *rest))
     fmt = memory_format(input, weight)
     c_out = weight.shape[1] * groups if transposed else weight.shape[0]
     shapes = (input.shape, weight.shape, (c_out,))
@@ -268,7 +274,7 @@ def _fprop_backward(ctx, grad):
     none = (None,) * len(ctx.conf_args)
     if not any(mask):
         return (None, None, None) + none
-    gx, gw, gb = backward_op(grad, input, weight, mask, *ctx.conf_args)
+    gx, gw, gb = backward(grad, input, weight, mask, *ctx.conf_args)
     return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + none
 
 
@@ -281,8 +287,8 @@ def _dgrad_backward(ctx, grad):
     # dx = A_w^T dy: d/d(dy) <G, dx> = A_w G (fprop of G); d/dw = wgrad of (G, dy)
     dy, weight = ctx.saved_tensors
     need = ctx.needs_input_grad
-    g_dy = fprop_op(grad, weight, None, *ctx.conf_args) if need[0] else None
-    g_w = wgrad_op(grad, dy, list(weight.shape), *ctx.conf_args) if need[1] else None
+    g_dy = fprop(grad, weight, None, *ctx.conf_args) if need[0] else None
+    g_w = wgrad(grad, dy, list(weight.shape), *ctx.conf_args) if need[1] else None
     return (g_dy, g_w, None) + (None,) * len(ctx.conf_args)
 
 
@@ -295,8 +301,8 @@ def _wgrad_backward(ctx, grad):
     # <G, wgrad(x, dy)> = <dy, A_G x>: d/dx = dgrad of (dy, G); d/d(dy) = fprop of (x, G)
     x, dy = ctx.saved_tensors
     need = ctx.needs_input_grad
-    g_x = dgrad_op(dy, grad, list(x.shape), *ctx.conf_args) if need[0] else None
-    g_dy = fprop_op(x, grad, None, *ctx.conf_args) if need[1] else None
+    g_x = dgrad(dy, grad, list(x.shape), *ctx.conf_args) if need[0] else None
+    g_dy = fprop(x, grad, None, *ctx.conf_args) if need[1] else None
     return (g_x, g_dy, None) + (None,) * len(ctx.conf_args)
 
 
@@ -317,14 +323,14 @@ def _backward_backward(ctx, g_input, g_weight, g_bias):
     if need[0]:
         terms = []
         if g_input is not None:
-            terms.append(fprop_op(g_input, w, None, *args))
+            terms.append(fprop(g_input, w, None, *args))
         if g_weight is not None:
-            terms.append(fprop_op(x, g_weight, None, *args))
+            terms.append(fprop(x, g_weight, None, *args))
         if g_bias is not None:
             terms.append(g_bias.reshape((1, -1) + (1,) * (dy.dim() - 2)).expand(dy.shape))
         g_dy = sum(terms[1:], terms[0]) if terms else None
-    g_x = dgrad_op(dy, g_weight, list(x.shape), *args) if need[1] and g_weight is not None else None
-    g_w = wgrad_op(g_input, dy, list(w.shape), *args) if need[2] and g_input is not None else None
+    g_x = dgrad(dy, g_weight, list(x.shape), *args) if need[1] and g_weight is not None else None
+    g_w = wgrad(g_input, dy, list(w.shape), *args) if need[2] and g_input is not None else None
     return (g_dy, g_x, g_w, None) + (None,) * len(args)
 
 
@@ -335,97 +341,88 @@ backward_op.register_autograd(_backward_backward, setup_context=_backward_setup)
 
 
 # ---------------------------------------------------------------------------------------------
-# Autocast and the functional API on torch tensors
+# vmap: a batch of convolutions
 
 
-def autocast(*tensors):
-    """``tensors`` cast as torch's autocast casts a convolution's operands, when autocast is on for their device.
-
-    torch lists the convolutions among its lower-precision ops: every floating operand that is
-    not float64 is cast to the autocast dtype (``torch.get_autocast_dtype``).
-    """
-    first = next((t for t in tensors if t is not None), None)
-    if first is None:
-        return tensors
-    device = first.device.type
-    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-                 for t in tensors)
+def _per_element(op, info, in_dims, args, n_out: int):
+    """``op`` once per batch element (the slices of the batched tensors), the results stacked along dim 0."""
+    results = []
+    for i in range(info.batch_size):
+        sliced = [a.select(d, i) if isinstance(a, Tensor) and d is not None else a for a, d in zip(args, in_dims)]
+        results.append(op(*sliced))
+    if n_out == 1:
+        return torch.stack(results), 0
+    return tuple(torch.stack([r[k] for r in results]) for k in range(n_out)), (0,) * n_out
 
 
-class _Meta:
-    """What validation reads of a tensor: its shape and dtype (so it runs on constants under torch.compile)."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = shape, dtype
-
-
-@torch.compiler.assume_constant_result  # under torch.compile: validated once, at trace time
-def _validate(metas: tuple, input_shape, weight_shape, conv: tuple, backend: Optional[str], bias_sizes=None) -> tuple:
-    """Validate as the core does (tensor shapes and dtypes first, then the convolution).
-
-    ``metas`` holds (name, shape, dtype name) per tensor; returns (op arguments, input shape,
-    weight shape, bias length).
-    """
-    from xconv.api import params_for
-
-    tensors = {name: _Meta(shape, dtype) for name, shape, dtype in metas}
-    shapes = {name: tensor_shape(t, name) for name, t in tensors.items() if name != "bias"}
-    conv = dict(conv)
-    p = params_for(shapes, common_dtype(tensors), None if input_shape == "input" else input_shape,
-                   None if weight_shape == "weight" else weight_shape, **conv)
-    if "bias" in tensors and tuple(tensors["bias"].shape) != (p.bias_size,):
-        raise ShapeError("bias", "must be 1-D of length C_out", expected=(p.bias_size,),
-                         given=tuple(tensors["bias"].shape))
-    check_bias_sizes(p, list(bias_sizes) if isinstance(bias_sizes, tuple) else bias_sizes)
-    conf = Conf.from_params(p, conv["deterministic"], conv["math"], backend)
-    return conf.args(), list(p.input_shape), list(p.weight_shape), p.bias_size
+def _fold_rule(op, batched_pos: int, shape_pos: Optional[int]):
+    """vmap of ``op`` when only the tensor at ``batched_pos`` (input or grad_output) carries the vmap dim: one
+    call with that dim folded into N (and, for dgrad, into the explicit input shape); else one call per element."""
+    def rule(info, in_dims, *args):
+        others = [d for i, (a, d) in enumerate(zip(args, in_dims)) if isinstance(a, Tensor) and i != batched_pos]
+        if in_dims[batched_pos] is None or any(d is not None for d in others):
+            return _per_element(op, info, in_dims, args, 1)
+        args = list(args)
+        x = args[batched_pos].movedim(in_dims[batched_pos], 0)
+        b, n = x.shape[0], x.shape[1]
+        args[batched_pos] = x.flatten(0, 1)
+        if shape_pos is not None:
+            args[shape_pos] = [b * n] + list(args[shape_pos])[1:]
+        return op(*args).unflatten(0, (b, n)), 0
+    return rule
 
 
-def _params(tensors: dict, input_shape, weight_shape, conv: dict, bias_sizes=None) -> tuple:
-    """(op arguments, input shape, weight shape, bias length) of a call on torch tensors, validated."""
-    metas = tuple((name, tuple(t.shape) if hasattr(t, "shape") else None, str(t.dtype) if hasattr(t, "dtype")
-                   else type(t).__name__) for name, t in tensors.items() if t is not None)
-    if any(shape is None for _, shape, _ in metas):  # not a tensor: the core's message names it
-        common_dtype(tensors)
-    items = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in conv.items() if k != "backend")
-    if isinstance(input_shape, list):
-        input_shape = tuple(input_shape)
-    if isinstance(weight_shape, list):
-        weight_shape = tuple(weight_shape)
-    if isinstance(bias_sizes, list):
-        bias_sizes = tuple(bias_sizes)
-    return _validate(metas, input_shape, weight_shape, items, backend_token(conv.get("backend")), bias_sizes)
+fprop_op.register_vmap(_fold_rule(fprop_op, 0, None))
+dgrad_op.register_vmap(_fold_rule(dgrad_op, 0, 2))
+wgrad_op.register_vmap(lambda info, in_dims, *args: _per_element(wgrad_op, info, in_dims, args, 1))
+backward_op.register_vmap(lambda info, in_dims, *args: _per_element(backward_op, info, in_dims, args, 3))
 
 
-def conv_fprop(input, weight, bias=None, **conv):
-    """``xconv.conv_fprop`` on torch tensors, as the ``xconv::fprop`` operator (differentiable)."""
-    input, weight, bias = autocast(input, weight, bias)
-    args, _, _, _ = _params({"input": input, "weight": weight, "bias": bias}, "input", "weight", conv)
-    return fprop_op(input, weight, bias, *args)
+# ---------------------------------------------------------------------------------------------
+# torch.func: the same formulas as setup_context-style autograd.Functions
+#
+# torch.func's transforms (grad, vjp, jacrev, vmap over grad) refuse the autograd wrapper that
+# torch.library generates for a custom operator (it has no setup_context). Under those transforms
+# each operator runs inside one of these Functions instead: forward is the operator itself (below
+# autograd), setup_context and backward are the formulas above, and vmap runs the forward under
+# vmap (the operators' own batching). Everywhere else (eager, torch.compile, torch.export) the
+# operators are called directly, so graphs hold the operators and nothing else.
 
 
-def conv_dgrad(grad_output, weight, input_shape, **conv):
-    """``xconv.conv_dgrad`` on torch tensors, as ``xconv::dgrad`` (differentiable in grad_output and weight)."""
-    grad_output, weight = autocast(grad_output, weight)
-    args, in_shape, _, _ = _params({"grad_output": grad_output, "weight": weight}, input_shape, "weight", conv)
-    return dgrad_op(grad_output, weight, in_shape, *args)
+def _function(name: str, op, setup, formula) -> type:
+    def forward(*args):
+        return op(*args)
+
+    return type(name, (torch.autograd.Function,), dict(
+        forward=staticmethod(forward), setup_context=staticmethod(setup), backward=staticmethod(formula),
+        generate_vmap_rule=True, __doc__=f"The operator {op} with its autograd formula, for torch.func."))
 
 
-def conv_wgrad(input, grad_output, weight_shape, **conv):
-    """``xconv.conv_wgrad`` on torch tensors, as ``xconv::wgrad`` (differentiable in input and grad_output)."""
-    input, grad_output = autocast(input, grad_output)
-    args, _, w_shape, _ = _params({"input": input, "grad_output": grad_output}, "input", weight_shape, conv)
-    return wgrad_op(input, grad_output, w_shape, *args)
+FpropFunction = _function("FpropFunction", fprop_op, _fprop_setup, _fprop_backward)
+DgradFunction = _function("DgradFunction", dgrad_op, _dgrad_setup, _dgrad_backward)
+WgradFunction = _function("WgradFunction", wgrad_op, _wgrad_setup, _wgrad_backward)
+BackwardFunction = _function("BackwardFunction", backward_op, _backward_setup, _backward_backward)
 
 
-def convolution_backward(grad_output, input, weight, bias_sizes=None, output_mask=(True, True, True), **conv):
-    """``xconv.convolution_backward`` on torch tensors, as ``xconv::backward`` (differentiable); masked entries None."""
-    mask = check_output_mask(output_mask)
-    grad_output, input, weight = autocast(grad_output, input, weight)
-    args, _, _, _ = _params({"grad_output": grad_output, "input": input, "weight": weight}, "input", "weight",
-                            conv, bias_sizes)
-    results = backward_op(grad_output, input, weight, list(mask), *args)
-    return tuple(r if bit else None for r, bit in zip(results, mask))
+def _under_transforms() -> bool:
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
+
+def fprop(*args) -> Tensor:
+    """``xconv::fprop(*args)``, differentiable also under torch.func transforms."""
+    return FpropFunction.apply(*args) if _under_transforms() else fprop_op(*args)
+
+
+def dgrad(*args) -> Tensor:
+    """``xconv::dgrad(*args)``, differentiable also under torch.func transforms."""
+    return DgradFunction.apply(*args) if _under_transforms() else dgrad_op(*args)
+
+
+def wgrad(*args) -> Tensor:
+    """``xconv::wgrad(*args)``, differentiable also under torch.func transforms."""
+    return WgradFunction.apply(*args) if _under_transforms() else wgrad_op(*args)
+
+
+def backward(*args) -> tuple:
+    """``xconv::backward(*args)``, differentiable also under torch.func transforms."""
+    return BackwardFunction.apply(*args) if _under_transforms() else backward_op(*args)
