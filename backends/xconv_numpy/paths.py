@@ -132,6 +132,8 @@ def cost_pick(p, output: str):
     served = small.serves(p, need_dx)                                # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
     cands = ["small"] if served or (same and small.grid_compiled(p)) else []     # its stride-1 loops at any size
+    if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
+        return "small-c" if small.grid_compiled(p) else "small"
     if output == "y":
         if colgemm.fits(p, False, False, True) and len(colgemm.sample_chunks(p, False, False, True)) == 1 \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
