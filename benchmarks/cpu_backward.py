@@ -1,4 +1,4 @@
-"""Benchmark: full-mask float32 convolution backward, xconv's NumPy backend vs PyTorch CPU.
+"""Benchmark: full-mask float32 convolution backward, xconv's NumPy backend vs PyTorch CPU and JAX CPU.
 
 Run from the repository root (see benchmarks/README.md)::
 
@@ -10,6 +10,11 @@ For each case of the layer suite it checks xconv's result against torch's, then 
 loaded in xconv's). It prints the CPU model, the instruction set of xconv's compiled loops and
 the BLAS kernel, then per case the times, GFLOP/s, the ratio torch/xconv and xconv's peak extra
 memory (tracemalloc), the geometric mean of the ratios and numpy's float32 matrix-product rate.
+
+JAX is the third peer where it is installed (``pip install -e backends/xconv_jax``): a jitted
+``jax.vjp`` of ``jax.lax.conv_general_dilated`` (precision HIGHEST, grad_bias by a sum), compiled
+before timing, on arrays already on the CPU device, waited for with ``block_until_ready``. XLA's
+CPU runtime sizes its own thread pool (all cores); ``--threads`` does not reach it.
 """
 
 from __future__ import annotations
@@ -236,8 +241,42 @@ def case_data(case: dict):
     return x, w, dy, conv, out_shape
 
 
-def runners(case: dict, x, w, dy, conv, torch=None) -> dict:
-    """name -> a callable running the full-mask backward (torch's only when ``torch`` is given)."""
+def jax_module():
+    """jax, or None when it is not installed."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    return jax
+
+
+def jax_runner(case: dict, x, w, dy, jax):
+    """JAX's full-mask backward: a jitted vjp of lax.conv_general_dilated (compiled here, before any timing)."""
+    nd = len(case["stride"])
+    dims = tuple(range(nd + 2))
+    numbers = jax.lax.ConvDimensionNumbers(dims, dims, dims)
+    pads = [(p, p) for p in case["padding"]]
+
+    def forward(a, b):
+        return jax.lax.conv_general_dilated(a, b, case["stride"], pads, rhs_dilation=case["dilation"],
+                                            dimension_numbers=numbers, feature_group_count=case["groups"],
+                                            precision=jax.lax.Precision.HIGHEST)
+
+    @jax.jit
+    def backward(g, a, b):
+        _, pullback = jax.vjp(forward, a, b)
+        da, db = pullback(g)
+        return da, db, g.sum(axis=(0,) + tuple(range(2, nd + 2)))
+
+    cpu = jax.devices("cpu")[0]
+    jx, jw, jdy = (jax.device_put(a, cpu) for a in (x, w, dy))
+    backward.lower(jdy, jx, jw).compile()
+    return lambda: jax.block_until_ready(backward(jdy, jx, jw))
+
+
+def runners(case: dict, x, w, dy, conv, torch=None, jax=None) -> dict:
+    """name -> a callable running the full-mask backward (torch's only when ``torch`` is given, JAX's only when
+    ``jax`` is)."""
     out = {"xconv": lambda: xconv.convolution_backward(dy, x, w, bias_sizes=[w.shape[0]],
                                                        output_mask=(True, True, True), backend="numpy", **conv)}
     if torch is not None:
@@ -250,6 +289,8 @@ def runners(case: dict, x, w, dy, conv, torch=None) -> dict:
                     tdy, tx, tw, [w.shape[0]], case["stride"], case["padding"], case["dilation"], False,
                     [0] * nd, case["groups"], [True, True, True])
         out["torch"] = run_torch
+    if jax is not None:
+        out["jax"] = jax_runner(case, x, w, dy, jax)
     return out
 
 
@@ -270,16 +311,18 @@ def median_times(fns: dict, reps: int, pause: float = 0.0) -> dict:
 
 def solo(lib: str, cases: list, threads: int, reps: int, pause: float) -> None:
     """Child of the own-process mode: time ``lib`` alone on every case, print {name: seconds} as JSON."""
-    torch = None
+    torch = jax = None
     if lib == "torch":
         import torch
         torch.set_num_threads(threads)
+    elif lib == "jax":
+        jax = jax_module()
     else:
         limit_blas_threads(threads)
     out = {}
     for case in cases:
         x, w, dy, conv, _ = case_data(case)
-        fn = runners(case, x, w, dy, conv, torch)[lib]
+        fn = runners(case, x, w, dy, conv, torch, jax)[lib]
         out[case["name"]] = median_times({lib: fn}, reps, pause)[lib]
     print(json.dumps(out))
 
@@ -292,9 +335,10 @@ def own_process_times(cases: list, threads: int, reps: int, pause: float) -> dic
     env = dict(os.environ)
     if _USER_OMP_WAIT_POLICY in (None, "default"):
         env.pop("OMP_WAIT_POLICY", None)
-    out = {"xconv": {}, "torch": {}}
+    libs = ("xconv", "torch") + (("jax",) if jax_module() is not None else ())
+    out = {lib: {} for lib in libs}
     for i, case in enumerate(cases):
-        for lib in (("xconv", "torch") if i % 2 == 0 else ("torch", "xconv")):
+        for lib in (libs if i % 2 == 0 else libs[::-1]):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--solo", lib, "--threads", str(threads),
                    "--reps", str(reps), "--pause", str(pause), "--cases", case["name"]]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -319,7 +363,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", nargs="*", help="only these case names")
     ap.add_argument("--mode", choices=("both", "interleaved", "own-process"), default="both",
                     help="interleaved in one process, each library in its own process, or both (default)")
-    ap.add_argument("--solo", choices=("xconv", "torch"), help=argparse.SUPPRESS)
+    ap.add_argument("--solo", choices=("xconv", "torch", "jax"), help=argparse.SUPPRESS)
     ap.add_argument("--determinism", action="store_true",
                     help="instead of timing: compare the fast path's results bitwise across processes run with "
                          "OPENBLAS_NUM_THREADS=1, 2 and 4 (suite shapes and degenerate ones)")
@@ -342,7 +386,10 @@ def main(argv=None) -> int:
 
     print(f"suite: {suite_path}")
     print(f"CPU: {cpu_model()}")
+    jax = jax_module()
     print(f"numpy {np.__version__}, torch {torch.__version__}, xconv {xconv.__version__}, {compiled_loops_info()}")
+    print(f"jax: {jax.__version__} on {jax.devices('cpu')[0].device_kind} (jitted jax.vjp; XLA's own thread pool)"
+          if jax is not None else "jax: not installed (pip install -e backends/xconv_jax): no JAX column")
     print(f"threads: torch {torch.get_num_threads()}, BLAS: {blas_info()}"
           + ("" if limiter is not None else " (threadpoolctl missing: BLAS threads not pinned)"))
     print("env: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}"
@@ -351,30 +398,42 @@ def main(argv=None) -> int:
     print()
     own = own_process_times(cases, threads, reps, args.pause) if args.mode != "interleaved" else None
     if args.mode == "own-process":
-        header = f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s}"
+        header = f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s}" + (
+            f" {'jax ms':>9s} {'jax/xc':>8s}" if "jax" in own else "")
         print("each library in its own process\n" + header + "\n" + "-" * len(header))
-        ratios = []
+        ratios, jax_ratios = [], []
         for case in cases:
             t_x, t_t = own["xconv"][case["name"]], own["torch"][case["name"]]
             ratios.append(t_t / t_x)
-            print(f"{case['name']:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {t_t / t_x:8.2f}")
+            line = f"{case['name']:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {t_t / t_x:8.2f}"
+            if "jax" in own:
+                t_j = own["jax"][case["name"]]
+                jax_ratios.append(t_j / t_x)
+                line += f" {t_j * 1e3:9.2f} {t_j / t_x:8.2f}"
+            print(line)
         print("-" * len(header))
         print(f"geometric mean torch/xconv: {gmean(ratios):.3f}   min: {min(ratios):.3f}")
+        if jax_ratios:
+            print(f"geometric mean jax/xconv: {gmean(jax_ratios):.3f}   min: {min(jax_ratios):.3f}")
         return 0
     header = (f"{'case':24s} {'xconv ms':>9s} {'torch ms':>9s} {'torch/xc':>8s} {'xc GF/s':>8s} {'pt GF/s':>8s} "
-              f"{'xc extra MiB':>12s} {'/ io':>5s}" + (f" {'own: xc ms':>10s} {'pt ms':>7s} {'torch/xc':>8s}"
-                                                       if own else ""))
+              f"{'xc extra MiB':>12s} {'/ io':>5s}" + (f" {'jax ms':>9s} {'jax/xc':>7s}" if jax else "")
+              + (f" {'own: xc ms':>10s} {'pt ms':>7s} {'torch/xc':>8s}" if own else "")
+              + (f" {'jax ms':>7s} {'jax/xc':>7s}" if own and "jax" in own else ""))
     print("interleaved in one process" + ("; then each library in its own process" if own else ""))
     print(header)
     print("-" * len(header))
-    ratios, own_ratios, rates = [], [], []
+    ratios, own_ratios, rates, jax_ratios, own_jax_ratios = [], [], [], [], []
     for case in cases:
         name = case["name"]
         x, w, dy, conv, out_shape = case_data(case)
-        fns = runners(case, x, w, dy, conv, torch)
+        fns = runners(case, x, w, dy, conv, torch, jax)
         ours, theirs = fns["xconv"](), fns["torch"]()
         for a, b, what in zip(ours, theirs, ("grad_input", "grad_weight", "grad_bias")):
             check(a, b, name, what)
+        if jax is not None:
+            for a, b, what in zip(ours, fns["jax"](), ("grad_input", "grad_weight", "grad_bias")):
+                check(a, torch.from_numpy(np.array(b)), name, what + " (jax)")
         del ours, theirs
         extra, _ = peak_extra(fns["xconv"])
         io_bytes = sum(a.nbytes for a in (dy, x, w)) + x.nbytes + w.nbytes + 4 * w.shape[0]
@@ -385,15 +444,25 @@ def main(argv=None) -> int:
         rates.append(f / t_x / 1e9)
         line = (f"{name:24s} {t_x * 1e3:9.2f} {t_t * 1e3:9.2f} {t_t / t_x:8.2f} {f / t_x / 1e9:8.1f} "
                 f"{f / t_t / 1e9:8.1f} {extra / 2**20:12.1f} {extra / io_bytes:5.2f}")
+        if jax is not None:
+            jax_ratios.append(t["jax"] / t_x)
+            line += f" {t['jax'] * 1e3:9.2f} {t['jax'] / t_x:7.2f}"
         if own:
             o_x, o_t = own["xconv"][name], own["torch"][name]
             own_ratios.append(o_t / o_x)
             line += f" {o_x * 1e3:10.2f} {o_t * 1e3:7.2f} {o_t / o_x:8.2f}"
+            if "jax" in own:
+                own_jax_ratios.append(own["jax"][name] / o_x)
+                line += f" {own['jax'][name] * 1e3:7.2f} {own['jax'][name] / o_x:7.2f}"
         print(line, flush=True)
     print("-" * len(header))
     print(f"geometric mean torch/xconv, interleaved: {gmean(ratios):.3f}   min: {min(ratios):.3f}")
     if own:
         print(f"geometric mean torch/xconv, own processes: {gmean(own_ratios):.3f}   min: {min(own_ratios):.3f}")
+    if jax_ratios:
+        print(f"geometric mean jax/xconv, interleaved: {gmean(jax_ratios):.3f}   min: {min(jax_ratios):.3f}")
+    if own_jax_ratios:
+        print(f"geometric mean jax/xconv, own processes: {gmean(own_jax_ratios):.3f}   min: {min(own_jax_ratios):.3f}")
     # measured last: OpenBLAS's threads keep spinning for a while after a threaded product
     rate = matmul_rate()
     print(f"numpy float32 matmul rate (2048^3, {threads} threads): {rate:.1f} GFLOP/s; 70% = {0.7 * rate:.1f}")

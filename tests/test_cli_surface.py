@@ -24,12 +24,13 @@ HELPS = {
     (): "usage: xconv [-h] [--version] {backends,run,conformance} ...",
     ("backends",): "usage: xconv backends [-h]",
     ("run",): "usage: xconv run [-h]",
-    ("conformance",): "usage: xconv conformance [-h] {check,run,compare,cases,list} ...",
+    ("conformance",): "usage: xconv conformance [-h] {check,run,compare,cases,list,fuzz} ...",
     ("conformance", "check"): "usage: xconv conformance check [-h] [--backend NAME]",
     ("conformance", "run"): "usage: xconv conformance run [-h] --backend NAME --out FILE.xcr",
     ("conformance", "compare"): "usage: xconv conformance compare [-h]",
     ("conformance", "cases"): "usage: xconv conformance cases [-h]",
     ("conformance", "list"): "usage: xconv conformance cases [-h]",
+    ("conformance", "fuzz"): "usage: xconv conformance fuzz [-h] --backend NAME",
 }
 
 

@@ -18,3 +18,4 @@ def test_ci_runs_the_readme_test_command():
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
     for command in (main_job, tests):           # the outside-plugin torch backends are installed and tested too
         assert "-e backends/xconv_torch" in command
+        assert "-e backends/xconv_jax" in command     # and the JAX ones

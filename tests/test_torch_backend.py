@@ -68,11 +68,12 @@ def test_torch_tensors_in_torch_tensors_out_zero_copy():
     dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
     want = torch.autograd.grad(y, (x, w), dy)
     seen = []
-    real = torch.ops.aten.convolution_backward
+    aten = torch.ops.aten                       # the real namespace, held before the patch replaces it
+    real = aten.convolution_backward
 
     class Spy:
         def __getattr__(self, name):
-            return getattr(torch.ops.aten, name)
+            return getattr(aten, name)
 
         @staticmethod
         def convolution_backward(*args):
@@ -80,6 +81,9 @@ def test_torch_tensors_in_torch_tensors_out_zero_copy():
             return real(*args)
 
     from unittest import mock
+    # one call before the patch: whatever torch imports lazily on a first call must not see the spy
+    xconv.convolution_backward(dy, x, w, stride=2, padding=1, groups=2, backend="torch-cpu",
+                               output_mask=(True, True, False))
     with mock.patch.object(torch.ops, "aten", Spy()):
         dx, dw, db = xconv.convolution_backward(dy, x, w, stride=2, padding=1, groups=2, backend="torch-cpu",
                                                 output_mask=(True, True, False))

@@ -79,16 +79,25 @@ def _from_dlpack(array, family: str):
 
 def to_native_for(backend, family: str | None, named: dict) -> list:
     """The arrays of ``named`` (argument name -> array) as the call's backend takes them: as they are
-    when ``backend`` (else ``$XCONV_BACKEND``) names a backend that declares their foreign ``family``
-    itself (a torch backend taking torch tensors on their own device), else each through
+    when ``backend`` (else ``$XCONV_BACKEND``; else, for a family other than torch, the backend automatic
+    selection picks for it) declares their foreign ``family`` itself (a torch backend taking torch tensors on
+    their own device, a jax backend taking JAX arrays), else each through
     :func:`to_native`, which names the argument in its errors."""
-    if family is not None and family not in NATIVE_FAMILIES and family in _families_of(backend):
+    if family is not None and family not in NATIVE_FAMILIES and family in _families_of(backend, family):
         return list(named.values())
     return [to_native(a, name) for name, a in named.items()]
 
 
-def _families_of(backend) -> tuple:
+def _families_of(backend, family: str | None = None) -> tuple:
     chosen = backend if backend is not None else settings.current().backend
+    if chosen is None and family not in (None, "torch", *NATIVE_FAMILIES):
+        # no backend named: the one automatic selection would pick for these arrays, if one declares their
+        # family (JAX arrays go to a jax backend); torch tensors have their own route (xconv.torch_ops)
+        from .registry import select_backend
+        try:
+            chosen = select_backend(None, family)
+        except XconvError:
+            return ()
     if isinstance(chosen, str):
         from .registry import get_backend
         try:

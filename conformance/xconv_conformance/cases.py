@@ -30,6 +30,7 @@ import xconv
 from xconv.dtypes import DTYPES, dtype_name
 
 CORPUS_FILE = "corpus.toml"
+FILLS = ("normal", "exact")
 LAYOUTS = ("contiguous", "channels_last", "strided")
 _SQRT3 = 1.7320508075688772  # sqrt(3): the sum of 4 uniforms minus 2 has variance 1/3
 _KEYS = ("n", "c_in", "c_out", "dims", "spatial", "kernel", "stride", "padding", "dilation", "groups",
@@ -70,6 +71,7 @@ class Case:
     call: tuple = ()         # invalid cases: (argument, value) overrides of the call's keyword arguments
     tensors: tuple = ()      # invalid cases: (key, value) overrides such as ("weight_shape", [...])
     argument: str = ""       # invalid cases: the ShapeError.argument expected
+    fill: str = "normal"     # "normal" (the error-bound inputs) or "exact" (integers: bitwise agreement; exact.py)
 
     @property
     def nd(self) -> int:
@@ -107,6 +109,8 @@ class Case:
         d = dataclasses.asdict(self)
         d["call"] = [list(kv) for kv in self.call]
         d["tensors"] = [list(kv) for kv in self.tensors]
+        if d["fill"] == "normal":
+            del d["fill"]    # absent unless exact: the digests of the cases from before exact mode stay as they were
         return json.loads(json.dumps(d))
 
     @functools.cached_property
@@ -122,6 +126,8 @@ class Case:
             t.append("batch_invariant" if self.deterministic == "batch_invariant" else "deterministic")
         if self.math != "keep_dtype":
             t.append(self.math)
+        if self.fill == "exact":
+            t.append("exact")
         return t
 
 
@@ -189,6 +195,10 @@ def _mask(value, where: str) -> tuple:
 
 def _make_case(case_id: str, group: str, raw: dict, kind: str = "valid", call=None, tensors=None,
                argument: str = "") -> Case:
+    raw = dict(raw)
+    fill = raw.pop("fill", "normal")
+    if fill not in FILLS:
+        raise CorpusError(f"case {case_id}: fill must be one of {FILLS}, not {fill!r}")
     unknown = set(raw) - set(_KEYS)
     if unknown:
         raise CorpusError(f"case {case_id}: unknown keys {sorted(unknown)}")
@@ -207,14 +217,41 @@ def _make_case(case_id: str, group: str, raw: dict, kind: str = "valid", call=No
         transposed=bool(raw["transposed"]), output_padding=_per_dim(raw["output_padding"], nd, "output_padding", case_id),
         dtype=raw["dtype"], math=raw["math"], mask=_mask(raw["mask"], case_id), layout=raw["layout"],
         deterministic=_determinism(raw["deterministic"], case_id), bias_sizes=bool(raw["bias_sizes"]),
-        call=tuple(sorted((call or {}).items())), tensors=tuple(sorted((tensors or {}).items())), argument=argument)
+        call=tuple(sorted((call or {}).items())), tensors=tuple(sorted((tensors or {}).items())), argument=argument,
+        fill=fill)
     if case.c_in % case.groups or case.c_out % case.groups:
         raise CorpusError(f"case {case_id}: groups={case.groups} must divide c_in={case.c_in} and c_out={case.c_out}")
     try:
         case.params  # noqa: B018 - validate now: a 'valid' case (or an invalid case's base) must be valid
     except xconv.ShapeError as exc:
         raise CorpusError(f"case {case_id}: its parameters are invalid: {exc}") from None
+    if fill == "exact":
+        from .exact import check_fillable
+        check_fillable(case)
     return case
+
+
+def case_from_spec(spec: dict) -> Case:
+    """The Case of one ``xconv conformance cases --json`` line (a spec from :meth:`Case.spec`, also what
+    ``xconv conformance fuzz`` prints); CorpusError when it is not one."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("id"), str):
+        raise CorpusError(f"not a case spec (a JSON object with an id): {str(spec)[:200]}")
+    fields = {f.name for f in dataclasses.fields(Case)}
+    unknown = set(spec) - fields
+    if unknown:
+        raise CorpusError(f"case {spec['id']}: unknown keys {sorted(unknown)}")
+    raw = {k: spec[k] for k in _KEYS if k in spec and k != "dims"}
+    missing = (set(_KEYS) - {"dims"}) - set(raw)
+    if missing:
+        raise CorpusError(f"case {spec['id']}: lacks {sorted(missing)}")
+    raw["dims"] = len(spec["spatial"])
+    raw["mask"] = "".join("1" if m else "0" for m in spec["mask"])
+    if spec.get("fill", "normal") != "normal":
+        raw["fill"] = spec["fill"]
+    kind = spec.get("kind", "valid")
+    return _make_case(spec["id"], spec.get("group", spec["id"].split("/", 1)[0]), raw, kind=kind,
+                      call=dict(spec.get("call") or []), tensors=dict(spec.get("tensors") or []),
+                      argument=spec.get("argument", ""))
 
 
 def _axis_items(key: str, value) -> tuple[str, dict]:
@@ -373,6 +410,11 @@ def make_inputs(case: Case) -> Inputs:
               "input": tuple(over.get("input_shape", case.input_shape)),
               "weight": tuple(over.get("weight_shape", case.weight_shape))}
     arrays = {}
+    if case.fill == "exact" and case.kind == "valid":
+        from .exact import exact_values
+        for name, shape in shapes.items():
+            arrays[name] = exact_values(case, name, shape)
+        return Inputs(**arrays)
     for name, shape in shapes.items():
         dtype = over.get(f"{name}_dtype", case.dtype)
         arrays[name] = values(case.id, name, shape, dtype)

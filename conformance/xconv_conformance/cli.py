@@ -7,6 +7,7 @@ subcommands (``xconv conformance SUBCOMMAND --help`` describes each):
   run      run on one backend and write a portable result bundle (--backend NAME --out FILE.xcr)
   compare  hold bundles against the reference and against each other; exit 1 on a disagreement
   cases    list the case ids or their specs (also: list)
+  fuzz     search for failing cases beyond the corpus, shrunk to minimal ones (fuzz.py)
 
 check and run run the backend in worker processes: a case that crashes its worker is recorded as
 "crashed" (with the signal), one past --case-timeout SECONDS as "timed out", and the run goes on;
@@ -29,7 +30,7 @@ from collections import Counter
 
 import xconv
 
-from . import __version__, env, report
+from . import __version__, env, report, selection
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
@@ -37,7 +38,7 @@ from .report import write_report
 from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
 from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
 
-SUBCOMMANDS = ("check", "run", "compare", "cases", "list")
+SUBCOMMANDS = ("check", "run", "compare", "cases", "list", "fuzz")
 
 
 def phase(text: str, stream=None):
@@ -233,6 +234,15 @@ def _load(args):
         _import(args.imports)
         xconv.list_backends()
     with phase("loading the case corpus") if not quiet else _nothing():
+        if getattr(args, "cases_from", None) or getattr(args, "exact", False) or getattr(args, "shard", None):
+            try:
+                cases = selection.choose(args)         # --cases-from, --exact (selection.py)
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"xconv conformance: {exc}") from None
+            if not cases:
+                raise SystemExit(f"xconv conformance: no case matches {args.cases or ''} {args.cases_from or ''}")
+            args.selection = cases
+            return selection.shard(cases, *args.shard) if args.shard else cases
         return _select(args.cases)
 
 
@@ -339,7 +349,10 @@ def cmd_run(args, argv) -> int:
                            isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
     progress.close()
     seconds = time.perf_counter() - start
-    manifest, arrays = build(manifest_for(args.backend, cases, argv),
+    manifest = manifest_for(args.backend, cases, argv)
+    if args.shard:
+        manifest["shard"] = selection.shard_record(args.selection, *args.shard)
+    manifest, arrays = build(manifest,
                              [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
     write_bundle(args.out, manifest, arrays)
     results = {args.backend: list(zip(cases, outcomes))}
@@ -365,6 +378,15 @@ def cmd_compare(args) -> int:
     except BundleError as exc:
         print(f"xconv conformance compare: {exc}", file=sys.stderr)
         return 2
+    from .merge import merge_shards
+    try:
+        merged = merge_shards(bundles)         # shard bundles of one backend become one run (merge.py)
+    except BundleError as exc:
+        print(f"xconv conformance compare: {exc}", file=sys.stderr)
+        return 2
+    bundles = merged.bundles
+    for line in merged.notes + merged.gaps:
+        print(line)
     cmp = compare_bundles(bundles)
     print(format_comparison(cmp, show_all=args.all))
     if args.report:
@@ -372,7 +394,7 @@ def cmd_compare(args) -> int:
                      f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
                      + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
         print(f"report: {args.report}")
-    return 1 if cmp.disagreements else 0
+    return 1 if cmp.disagreements or merged.gaps else 0
 
 
 def cmd_cases(args) -> int:
@@ -398,6 +420,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "then ends the run)")
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                    help="import MODULE first (it may register backends with xconv.register_backend); repeatable")
+    selection.add_arguments(p)
 
 
 def _seconds(text: str) -> float:
@@ -414,7 +437,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Give ``parser`` (``xconv conformance``) its subcommands; each has its own --help."""
     parser.description = __doc__.replace("``", "")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    sub = parser.add_subparsers(dest="subcommand", metavar="{check,run,compare,cases,list}", title="subcommands")
+    sub = parser.add_subparsers(dest="subcommand", metavar="{check,run,compare,cases,list,fuzz}", title="subcommands")
     check = sub.add_parser("check", help="run the corpus on backends; a summary table (the default)",
                            description="Run the corpus on the named backends (default: every registered "
                                        "backend but the oracle numpy-exact) and print a summary table. "
@@ -438,6 +461,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cases.add_argument("--cases", action="append", metavar="PATTERN",
                        help="only cases whose id matches (glob, or substring); repeatable")
     cases.add_argument("--json", action="store_true", help="print each case's spec as JSON")
+    from .fuzz_cli import add_parser as add_fuzz_parser
+    add_fuzz_parser(sub)
     return parser
 
 
@@ -457,6 +482,9 @@ def dispatch(args, argv: list[str]) -> int:
             return cmd_compare(args)
         if args.subcommand in ("cases", "list"):
             return cmd_cases(args)
+        if args.subcommand == "fuzz":
+            from .fuzz_cli import cmd_fuzz
+            return cmd_fuzz(args)
         return cmd_check(args)
     except SystemExit as exc:
         if isinstance(exc.code, str):

@@ -18,7 +18,7 @@ import itertools
 
 import numpy as np
 
-from . import report, tolerance
+from . import exact, report, tolerance
 from .bundle import Bundle
 from .cases import load_corpus
 from .manifest_schema import printable
@@ -138,6 +138,8 @@ def _compare_case(case, bundles, records) -> CaseRow:
             samples[i][name] = _log_ratio_sample(ratio)
             if not w <= 1.0:
                 problems.append(f"{tag} {name} is outside the bound: worst {w:.3g} x bound at {idx}")
+            elif case.fill == "exact":
+                problems += [f"{tag} {p}" for p in exact.problems(name, got, ref.exact[k])]
             worst = max(worst, w)
         results[i] = outs
         ratios.append(worst)
@@ -159,6 +161,9 @@ def _compare_case(case, bundles, records) -> CaseRow:
                 if not w <= 1.0:
                     problems.append(f"[{_letter(i)}] and [{_letter(j)}] disagree on {name}: worst {w:.3g} x "
                                     f"(bound_a + bound_b) at {idx}")
+                elif case.fill == "exact" and (differ := exact.pair_problems(name, a, b)):
+                    problems.append(f"[{_letter(i)}] and [{_letter(j)}] differ on {name} in exact mode: {differ} "
+                                    "element(s)")
             pairwise[(i, j)] = worst
     return CaseRow(case.id, case.group, case.dtype, statuses, ratios, pairwise, problems, samples, messages, ran)
 

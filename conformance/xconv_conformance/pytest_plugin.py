@@ -122,6 +122,9 @@ def conformance_check(request):
         state["seconds"][backend] += time.perf_counter() - start
         if outcome.ratio is not None:
             request.node.user_properties.append(("xconv_error_over_bound", outcome.ratio))
+        # for the summary of a pytest-xdist run: the controller sees the workers' reports, not their state
+        request.node.user_properties.append(("xconv_outcome", [backend, case.id, outcome.status, outcome.ratio,
+                                                               outcome.message[:300], time.perf_counter() - start]))
         if outcome.status == "unavailable":
             pytest.skip(f"unavailable: backend {backend!r}: {outcome.message}")
         if outcome.status == "refused":
@@ -136,6 +139,8 @@ def conformance_check(request):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = config.stash.get(_STATE, None)
+    if state is not None and not state["outcomes"]:
+        _from_worker_reports(state, terminalreporter)      # the controller of `pytest -n N` (pytest-xdist)
     if not state or not state["outcomes"]:
         return
     from .cli import summary_table
@@ -148,3 +153,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(f"{backend}: unavailable: {reason}")
     for note in sorted(state["notes"]):
         terminalreporter.write_line(f"note: {note}")
+
+
+def _from_worker_reports(state, terminalreporter) -> None:
+    """Rebuild the summary's outcomes from the ``xconv_outcome`` user properties of the reports the xdist
+    workers sent (each worker ran a share of the cases in its own worker processes)."""
+    from .runner import Outcome
+    corpus = {c.id: c for c in load_corpus()}
+    seen = set()
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", ()) or ():
+                if key != "xconv_outcome" or getattr(report, "when", "call") != "call":
+                    continue
+                backend, case_id, status, ratio, message, seconds = value
+                if (backend, case_id) in seen or case_id not in corpus:
+                    continue
+                seen.add((backend, case_id))
+                state["outcomes"][backend].append((corpus[case_id], Outcome(case_id, backend, status, message, ratio)))
+                state["seconds"][backend] += seconds

@@ -29,7 +29,7 @@ import xconv
 from xconv import Backend, BackendUnavailableError, ShapeError, UnsupportedError
 from xconv.dtypes import dtype_name
 
-from . import invariance, tolerance
+from . import exact, invariance, tolerance
 from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
 
@@ -357,6 +357,8 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
             problems.append(f"{oname}: {bad} of {ratio.size} elements outside the error bound; worst at {idx}: "
                             f"got {g!r}, exact {e!r}, |error| {abs(g - e):.3e} = {w:.3g} x bound "
                             f"{float(ref.bounds[i][idx]):.3e} (K={ref.lengths[oname]})")
+        elif case.fill == "exact":
+            problems += exact.problems(oname, arr, ref.exact[i])
     digests = tuple(digest(o) for o in outputs)
     if case.deterministic and repeat and not problems:
         try:

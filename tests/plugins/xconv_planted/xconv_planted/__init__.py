@@ -1,0 +1,1 @@
+"""A test fixture: the NumPy backend with a planted bug (see plugin.py)."""
