@@ -27,6 +27,10 @@ What is compared, and against which bounds (docs/torch.md explains the choice):
   ``2 * TRAJECTORY_FACTOR`` times that image's largest float32-vs-float64 logit drift. In words:
   xconv may not disagree with PyTorch by more than rounding makes PyTorch disagree with itself.
 
+Needs, beyond xconv: PyTorch (``pip install -e ".[torch]"``, or the CPU build first, docs/install.md)
+and scikit-learn, whose bundled digits are the data (``pip install scikit-learn``; the ``test`` extra
+installs both). Without them it says so and exits 2.
+
 Run: ``python examples/train_digits.py [--epochs N] [--quick]``.
 """
 
@@ -39,12 +43,37 @@ import sys
 import time
 
 import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-import xconv
-import xconv.torch
+NEEDS = ('examples/train_digits.py needs PyTorch and scikit-learn (its bundled 8x8 digits are the data): '
+         'pip install -e ".[torch]" scikit-learn  (the CPU build of torch: docs/install.md)')
+
+
+def _missing() -> str:
+    """Which of the example's extra packages are not installed here ("" when both are); imports nothing."""
+    import importlib.util
+
+    def installed(module):
+        if module in sys.modules and sys.modules[module] is None:      # blocked
+            return False
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    wanted = (("torch", "torch"), ("sklearn", "scikit-learn"))
+    return ", ".join(dist for module, dist in wanted if not installed(module))
+
+
+if __name__ == "__main__" and _missing():
+    print(f"{NEEDS}; missing here: {_missing()}", file=sys.stderr)
+    sys.exit(2)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import xconv  # noqa: E402
+import xconv.torch  # noqa: E402
 
 RECON_WEIGHT = 0.5
 TRAJECTORY_FACTOR = 4.0

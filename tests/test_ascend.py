@@ -180,7 +180,7 @@ def u_in_for(dtype, math_mode):
 def test_available_with_devices(env):
     row = [r for r in xconv.list_backends() if r.name == "ascend"][0]
     assert row.available and row.reason == ""
-    assert row.devices == ("ascend:0 (Ascend910B2)",)
+    assert row.devices == ("ascend:0 (Ascend910B2, on the CANN emulator)",)
     assert row.array_families == ("numpy", "xconv_ascend")
 
 

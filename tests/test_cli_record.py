@@ -10,7 +10,8 @@ def test_run_prints_record():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("record: ")]
-    assert "backward on numpy" in line and "pointwise per-sample GEMM" in line
+    # 1 MiB admits the small-call path (its scratch bound fits: a limit that constrains nothing changes no path)
+    assert "backward on numpy" in line and "small-call columns" in line
     assert "deterministic=batch_invariant" in line and "workspace_bytes=" in line
 
 

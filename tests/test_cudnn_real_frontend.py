@@ -255,9 +255,14 @@ def test_every_valid_corpus_case_validates_on_the_real_frontend(accepted, refusi
                       if any(0 in t.dims for t in s.inputs + s.outputs)]
         assert not zero_sized, zero_sized   # the core answers empty tensors itself
     distinct = {dataclasses.replace(s, autotune=False) for b, _ in (accepted, refusing) for s in b.specs}
-    print(f"\ncuDNN frontend {cudnn.__version__}: {len(VALID)} valid corpus cases, "
-          f"{len(accepted[0].specs) + len(refusing[0].specs)} graphs "
+    graphs = len(accepted[0].specs) + len(refusing[0].specs)
+    print(f"\ncuDNN frontend {cudnn.__version__}: {len(VALID)} valid corpus cases, {graphs} graphs "
           f"validated ({len(distinct)} distinct)")
+    stated = f"({len(VALID)} cases: the backward with its mask and the forward with a bias; {graphs:,} graphs, " \
+             f"{len(distinct):,} distinct"
+    doc = " ".join(pathlib.Path(__file__).resolve().parent.parent.joinpath("docs", "cudnn-backend.md").read_text()
+                   .replace("> ", " ").split())
+    assert stated in doc, f"docs/cudnn-backend.md should state {stated!r}"
 
 
 def _no_graph(case) -> bool:

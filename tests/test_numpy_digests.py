@@ -1,13 +1,15 @@
-"""The NumPy backends' results are bitwise those of the commit the manifest was generated from (the path table's
-rules as they were then: without the cost-model rules, whose picks change bits by design; their determinism is
-tested in test_numpy_cost.py).
+"""The NumPy backends' results are bitwise those the manifest records.
 
-``tests/data/numpy_digests_ce77a11.json`` holds, per build (numpy version, compiled loops' instruction set, BLAS
-kernel: the bits depend on all three), a digest of every call of :mod:`numpy_digests` (the conformance corpus and
-a seeded random set of configurations) as computed at commit ce77a11, before the backend was split into a table
-of paths. On a build the manifest does not list, the test skips and says which build it found: add one by
-running ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests_ce77a11.json`` on a
-checkout of ce77a11 on that machine.
+``tests/data/numpy_digests.json`` holds, per build (numpy version, compiled loops' instruction set, BLAS kernel:
+the bits depend on all three), a digest of every call of :mod:`numpy_digests` (the conformance corpus and a
+seeded random set of configurations). History: issue 23 (the table of paths) was checked bitwise against commit
+ce77a11; issue 24 then changed bits on purpose and regenerated the manifest: grad_bias has one summation order
+(numpy: 519 of 1384 grad_bias outputs changed), and outputs whose path or chunks had depended on the mask, on a
+workspace limit that excluded an unleased path, or on a NaN/inf in an input they do not read now take the full
+call's (numpy: 264 of 2110 grad_weight, 138 of 1827 grad_input, 41 of 366 forward outputs, nearly all under a
+limit or a partial mask); numpy-exact's digests did not change. After an intended change, regenerate with
+``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
+entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
 """
 
 import json
@@ -18,10 +20,10 @@ import pytest
 import numpy_digests
 from xconv_numpy import paths
 
-MANIFEST = Path(__file__).parent / "data" / "numpy_digests_ce77a11.json"
+MANIFEST = Path(__file__).parent / "data" / "numpy_digests.json"
 
 
-def test_numpy_backends_are_bitwise_as_before_the_split():
+def test_numpy_backends_are_bitwise_as_recorded():
     builds = json.loads(MANIFEST.read_text())["builds"]
     key = numpy_digests.build_key()
     if key not in builds:
@@ -30,7 +32,9 @@ def test_numpy_backends_are_bitwise_as_before_the_split():
     with paths.without_cost_model():       # the cost model's picks (issue 25) change bits by design
         full = numpy_digests.compute()
     got = numpy_digests.compact(full)
-    assert set(got) == set(want)
+    missing = sorted(set(want) - set(got))
+    assert not missing, f"{len(missing)} calls of the manifest no longer run, e.g. {missing[:5]}"
+    # calls added since (corpus cases added after ce77a11) have no digest to hold them to: only the manifest's count
     differ = sorted(k for k in want if got[k] != want[k])
     # Known, and not a change of bits: under a tight workspace_limit whether a call is refused depends on whether a
     # second worker thread got a chunk (and leased its scratch) before the first finished; ce77a11 does the same.

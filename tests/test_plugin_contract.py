@@ -40,6 +40,19 @@ def ducky_env(tmp_path_factory):
     return env
 
 
+def _rows(out: str) -> dict:
+    """`xconv backends` rows by name, each with its wrapped continuation lines joined (the table keeps within 100
+    columns)."""
+    rows, name = {}, None
+    for line in out.splitlines()[1:]:
+        if line.startswith(" ") and name is not None:
+            rows[name] += " " + line.strip()
+        else:
+            name = line.split()[0]
+            rows[name] = line
+    return rows
+
+
 def _run(env, *args):
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     return proc.returncode, proc.stdout, proc.stderr
@@ -49,7 +62,7 @@ def test_xconv_backends_names_both_problems_and_exits_0(ducky_env):
     rc, out, err = _run(ducky_env, "-m", "xconv", "backends")
     assert rc == 0, err
     assert "Traceback" not in out + err and "AttributeError" not in out + err
-    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    rows = _rows(out)
     assert rows["ducky"].split()[1] == "yes"
     assert "contract: missing priority, availability, capabilities_for, version, devices, backward, info" \
            " (defaults used)" in rows["ducky"]
@@ -172,7 +185,7 @@ def test_an_entry_point_reusing_a_built_in_name_loads_and_its_claim_is_settled(t
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     rc, out, err = _run(env, "-m", "xconv", "backends")
     assert rc == 0, err
-    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    rows = _rows(out)
     assert rows["numpy"].split()[1] == "yes"
     assert "the name 'numpy' is already claimed by plugin 'numpy' of distribution xconv; this claim is from " \
            "plugin 'numpy' of distribution zz-rival" in rows["numpy@zz-rival"]

@@ -43,8 +43,9 @@ def test_pointwise_backward_reports_pointwise(monkeypatch):
         xconv.convolution_backward(dy, x, w, math="allow_tf32")
     (r,) = t.records
     assert len(ran) == 1
-    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise per-sample GEMM [grad_input, grad_weight, "
-                                                          "grad_bias: 1x1 kernel, stride 1, no padding]")
+    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise per-sample GEMM [grad_input, grad_weight: "
+                                                          "1x1 kernel, stride 1, no padding] + bias sum [grad_bias: "
+                                                          "bias-sum]")
     assert r.math == "keep_dtype"                          # effective: numpy never uses TF32
     assert r.deterministic == "run_to_run" and r.plan_cache is None and r.legalized == [] and r.error is None
     assert r.workspace_bytes > 0 and r.seconds > 0
@@ -207,6 +208,5 @@ def test_small_call_path_reported(monkeypatch):
         xconv.conv_fprop(x, w, padding=1)
     assert len(ran) == 1
     assert [r.path for r in t.records] == [
-        "small-call columns [grad_input, grad_weight, grad_bias: small, stride 1, C loops built (small.serves; "
-        "mask-dependent today; removed by issue 24)]", "small-call columns [output: small, stride 1, C loops built "
-        "(small.serves)]"]
+        "small-call columns [grad_input, grad_weight: small, stride 1, C loops built (small.serves)] + bias sum "
+        "[grad_bias: bias-sum]", "small-call columns [output: small, stride 1, C loops built (small.serves)]"]

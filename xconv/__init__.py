@@ -6,6 +6,7 @@ Public API: :func:`convolution_backward`, :func:`conv_fprop`, :func:`conv_dgrad`
 Backends are plugins (see :mod:`xconv.hookspec`).
 """
 
+from . import forking  # noqa: F401  (records this process's pid: see xconv.forking)
 from .api import conv_dgrad, conv_fprop, conv_wgrad, convolution_backward
 from .backend import Backend, BackendInfo, Capabilities
 from .errors import (BackendError, BackendFailedError, BackendOutOfMemoryError, BackendUnavailableError, ConfigError, DTypeError,

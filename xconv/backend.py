@@ -29,6 +29,9 @@ class Capabilities:
     - ``math``: math modes accepted.
     - ``batch_invariant``: whether ``deterministic="batch_invariant"`` can be honoured (each sample's
       output and grad_input independent of the batch); else the core refuses it.
+    - ``mask_invariant``, ``layout_invariant``: under ``deterministic=True``/``"batch_invariant"``, each
+      output's bits do not depend on which other outputs the mask asks for / on the operands' memory
+      layout (docs/semantics.md, "Determinism"); declared, the conformance kit checks them.
     """
 
     spatial_dims: frozenset = frozenset({1, 2, 3})
@@ -39,6 +42,8 @@ class Capabilities:
     deterministic: bool = True
     math: frozenset = frozenset({"keep_dtype", "allow_tf32", "allow_fp16"})
     batch_invariant: bool = False
+    mask_invariant: bool = False
+    layout_invariant: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

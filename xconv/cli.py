@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import math
 import os
 import platform
 import sys
@@ -18,11 +19,11 @@ import time
 
 import numpy as np
 
-from . import api, registry, tracing
+from . import api, limits, registry, tracing
 from .dtypes import DTYPES
-from .errors import BackendError, XconvError
+from .errors import BackendError, ResourceError, XconvError
 from .params import MATH_MODES, output_shape
-from .workspace import parse_bytes
+from .units import parse_limit
 
 
 def _ints(text: str) -> list[int]:
@@ -34,6 +35,17 @@ def _ints(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected ints separated by ',' or 'x' (such as 4x32x28x28), not {text!r}")
     return values
+
+
+def byte_option(option: str):
+    """An argparse type for a byte-count option: :func:`xconv.units.parse_limit` (4194304, 4MB, 4MiB, 4M, 1.5G;
+    "none" for no limit), its ConfigError given to argparse as the option's one-line error."""
+    def byte_count(text: str):
+        try:
+            return parse_limit(text, option)
+        except XconvError as exc:       # argparse prefixes "argument OPTION: " itself
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{option}: ")) from None
+    return byte_count
 
 
 def _padding(text: str):
@@ -75,13 +87,48 @@ def _checksum(a) -> str:
     return f"shape={tuple(data.shape)} dtype={data.dtype} sum={f64.sum():.6e} abs_sum={np.abs(f64).sum():.6e} sha256={digest}"
 
 
+WIDTH = 100   # columns of `xconv backends` without -v
+
+
+def emulation_of(name: str) -> str:
+    """What backend ``name`` runs on when that is an emulator or fake (its optional ``emulation()``), else ""."""
+    try:
+        method = getattr(registry.get_backend(name), "emulation", None)
+        return str(method() or "").strip() if callable(method) else ""
+    except Exception:  # noqa: BLE001 - a label must not end the listing
+        return ""
+
+
 def cmd_backends(args) -> int:
-    rows = [("name", "available", "version", "devices", "reason")]
-    for r in registry.list_backends():
-        rows.append((r.name, "yes" if r.available else "no", r.version, ",".join(r.devices), r.reason))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row[:4], widths)) + "  " + str(row[4]))
+    """A table within :data:`WIDTH` columns: name, availability, devices or the reason (wrapped); -v: every field."""
+    import textwrap
+
+    infos = registry.list_backends()
+    fakes = {r.name: emulation_of(r.name) for r in infos if r.available}
+    if args.verbose:
+        for r in infos:
+            print(f"{r.name}: {'available' if r.available else 'unavailable'}"
+                  + (" (emulated)" if fakes.get(r.name) else ""))
+            for field, value in (("version", r.version), ("devices", ", ".join(r.devices)),
+                                 ("emulated by", fakes.get(r.name, "")),
+                                 ("note" if r.available else "reason", r.reason)):
+                if value:
+                    print(textwrap.fill(value, WIDTH, initial_indent=f"  {field}: ",
+                                        subsequent_indent=" " * (len(field) + 4)))
+        return 0
+    states = {r.name: ("yes (emulated)" if fakes.get(r.name) else "yes") if r.available else "no" for r in infos}
+    name_w = max([len(r.name) for r in infos] + [4])
+    state_w = max([len(s) for s in states.values()] + [len("available")])
+    indent = " " * (name_w + state_w + 4)
+    print(f"{'name'.ljust(name_w)}  {'available'.ljust(state_w)}  devices, or why not (-v: versions too)")
+    for r in infos:
+        if r.available:    # an available backend's reason is a note (e.g. contract defaults used)
+            detail = "; ".join(filter(None, [", ".join(r.devices) or "-", r.reason]))
+        else:
+            detail = r.reason or "-"
+        first = f"{r.name.ljust(name_w)}  {states[r.name].ljust(state_w)}  "
+        print(textwrap.fill(detail, WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False,
+                            break_long_words=False))
     return 0
 
 
@@ -91,6 +138,19 @@ def default_weight(input_shape, groups: int, transposed: bool) -> list[int]:
     if transposed:  # (C_in, C_out/groups, *k)
         return [c_in, 2 * c_in // max(groups, 1), *([3] * nd)]
     return [2 * c_in, c_in // max(groups, 1), *([3] * nd)]
+
+
+def check_run_memory(input_shape, weight_shape, out_shape, dtype) -> None:
+    """Refuse (ResourceError naming --input) random data ``xconv run`` could not allocate: the float64 draw
+    of the largest array, then x, w and grad_output in ``dtype`` and results of the same sizes."""
+    sizes = [math.prod(s) for s in (input_shape, weight_shape, out_shape)]
+    total = 8 * max(sizes) + 2 * np.dtype(dtype).itemsize * sum(sizes)
+    limit = limits.memory_limit()
+    if limit is not None and total > limit:
+        dims = "x".join(map(str, input_shape))
+        raise ResourceError(f"--input {dims}: the random data and results (weight {tuple(weight_shape)}, output "
+                            f"{tuple(out_shape)}, {np.dtype(dtype).name})", total, limit,
+                            f"choose smaller shapes, or set ${limits.ENV} to change the limit")
 
 
 def cmd_run(args) -> int:
@@ -103,9 +163,10 @@ def cmd_run(args) -> int:
                 dilation=args.dilation if len(args.dilation) > 1 else args.dilation[0],
                 groups=args.groups, transposed=args.transposed,
                 output_padding=args.output_padding if len(args.output_padding) > 1 else args.output_padding[0])
+    out_shape = output_shape(args.input, args.weight, **conv)   # validates the shapes before anything is allocated
+    check_run_memory(args.input, args.weight, out_shape, dtype)
     x = rng.standard_normal(args.input).astype(dtype)
     w = rng.standard_normal(args.weight).astype(dtype)
-    out_shape = output_shape(args.input, args.weight, **conv)
     dy = rng.standard_normal(out_shape).astype(dtype)
     common = dict(conv, math=args.math, deterministic=args.deterministic, backend=args.backend,
                   workspace_limit=args.workspace_limit)
@@ -177,9 +238,12 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print xconv's version and each backend's, then exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{backends,run,conformance}",
                                 title="subcommands")
-    sub.add_parser("backends", help="list registered backends, availability, reason and version",
-                   description="List the registered backends: availability, version, devices and, when "
-                               "unavailable, the reason (with what to install).")
+    backends = sub.add_parser("backends", help="list registered backends, availability, devices or reason",
+                              description="List the registered backends, one line each within 100 columns: "
+                                          "availability (\"yes (emulated)\" on an emulator or fake), devices, "
+                                          "or the reason it is unavailable. -v: every field in full (versions, "
+                                          "reasons with what to install, what emulates the device).")
+    backends.add_argument("-v", "--verbose", action="store_true", help="every field of every backend, in full")
     run = sub.add_parser("run", help="run fprop or backward on random data; print shapes, checksums, time",
                          description="Run one convolution (fprop, or backward with a mask) on random data and "
                                      "print the shapes, checksums of the results and the time. Only --input is "
@@ -204,8 +268,9 @@ def build_parser(with_kit: bool = True) -> argparse.ArgumentParser:
                      help="run-to-run determinism; --deterministic batch_invariant adds batch invariance")
     run.add_argument("--explain", action="store_true",
                      help="print which path computed each output and the rule that chose it (the trace record)")
-    run.add_argument("--workspace-limit", type=lambda t: parse_bytes(t, "--workspace-limit"), default=None,
-                     help="most scratch bytes (4194304, 4MiB, 512k); default $XCONV_WORKSPACE_LIMIT, else none")
+    run.add_argument("--workspace-limit", type=byte_option("--workspace-limit"), default=None,
+                     help="most scratch bytes (4194304, 4MB, 4MiB, 4M, 512k: units are powers of 1024); default "
+                          "$XCONV_WORKSPACE_LIMIT, else none")
     run.add_argument("--backend", default=None, help="backend name (default: $XCONV_BACKEND, else by array family)")
     run.add_argument("--repeat", type=int, default=5, help="timed repetitions after one warm-up call (default 5)")
     run.add_argument("--seed", type=int, default=0)

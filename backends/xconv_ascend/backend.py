@@ -337,10 +337,13 @@ class AscendBackend(Backend):
                 "computes_in": compiler.computes_in(dtype, cube, fam.key if fam else None, op)}
 
     def devices(self) -> tuple[str, ...]:
-        drv = self.driver
-        if drv.device is None:
-            return ()
-        return (f"ascend:{drv.device} ({drv.soc_name or 'unknown SoC'})",)
+        label = self.driver.device_label()
+        return (label,) if label else ()
+
+    def emulation(self) -> str:
+        """"" on real CANN, else what the emulator says it is (:data:`.loader.EMULATOR_MARKER`)."""
+        self.driver.availability()          # loads the libraries when it can (never raises)
+        return self.driver.emulation
 
     # helpers ------------------------------------------------------------------------------------------
     def _begin(self, p: ConvParams, op: str):

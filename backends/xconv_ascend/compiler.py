@@ -22,7 +22,6 @@ DTYPES = {"float32": ACL_FLOAT, "float16": ACL_FLOAT16, "bfloat16": ACL_BF16}
 # aclFormat (acl_base.h)
 ACL_FORMAT_NCHW, ACL_FORMAT_ND, ACL_FORMAT_NCDHW, ACL_FORMAT_NCL = 0, 2, 30, 47
 FORMATS = {1: ACL_FORMAT_NCL, 2: ACL_FORMAT_NCHW, 3: ACL_FORMAT_NCDHW}  # by number of spatial dims
-FORMAT_NAMES = {ACL_FORMAT_NCHW: "NCHW", ACL_FORMAT_ND: "ND", ACL_FORMAT_NCDHW: "NCDHW", ACL_FORMAT_NCL: "NCL"}
 
 # cubeMathType (int8_t argument of the aclnn convolution ops)
 KEEP_DTYPE, ALLOW_FP32_DOWN_PRECISION, USE_FP16, USE_HF32 = 0, 1, 2, 3

@@ -1,6 +1,6 @@
 """The CANN runtime under the Ascend backend: loading the libraries, lifecycle, threads, memory, options.
 
-Nothing is loaded at import. :class:`Driver` finds the CANN libraries (see :mod:`.discovery`: the
+Nothing is loaded at import. :class:`Driver` finds the CANN libraries (:mod:`.loader`, :mod:`.discovery`: the
 runtime ``libascendcl.so`` or ``libacl_rt.so``, ``libnnopbase.so``, and the operator libraries
 ``libopapi_*.so`` or else ``libopapi.so``) in one directory named by an absolute path:
 
@@ -33,30 +33,17 @@ from ctypes import byref, c_int32, c_int64, c_uint32, c_void_p
 
 from xconv.errors import BackendError, BackendUnavailableError
 
-from . import discovery
+from . import discovery, loader
 from .abi import (  # noqa: F401  (re-exported: driver.X stays the public spelling)
     ACL_ERROR_REPEAT_INITIALIZE, ACL_ERROR_RT_SYSPARAMOPT_NOT_SET, ACL_ERROR_UNINITIALIZE, ACL_MEM_MALLOC_HUGE_FIRST,
     ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE, ACL_OPT_DETERMINISTIC, ACL_SUCCESS, LIBRARIES, SIGNATURES,
     STATUS_NAMES, describe_status, status_name,
 )
+from .loader import LIB_DIR_VARS, LoadError, environ_value as _environ_value  # noqa: F401  (re-exported)
 
 BACKEND = "ascend"
 
-LIB_DIR_VARS = ("XCONV_ASCEND_LIB_DIR", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 DEVICE_VAR = "XCONV_ASCEND_DEVICE"
-
-
-class LoadError(Exception):
-    """The libraries cannot be used here; ``str()`` is the availability reason."""
-
-
-class _Functions:
-    """Attribute access to the declared functions."""
-
-
-def _environ_value(environ, name):
-    value = environ.get(name)
-    return value if value else None
 
 
 class Driver:
@@ -76,6 +63,7 @@ class Driver:
         self.libs: dict[str, ctypes.CDLL] = {}
         self.lib_dir: str | None = None
         self.source = ""
+        self.emulation = ""       # what the loaded libraries are when they are an emulator (see loader)
         self.inventory: discovery.Inventory | None = None
         self._initialized = False
         self._device: int | None = None
@@ -95,79 +83,25 @@ class Driver:
         return os.environ if self._environ is None else self._environ
 
     def locate(self) -> tuple[str, str]:
-        """(directory, where it came from). LoadError with the reason when there is none."""
-        if self._lib_dir is not None:
-            path, source = self._lib_dir, "lib_dir argument"
-        else:
-            env = self.environ
-            path = source = None
-            for var in LIB_DIR_VARS:
-                value = _environ_value(env, var)
-                if value is not None:
-                    source = f"${var}"
-                    path = value if var == "XCONV_ASCEND_LIB_DIR" else os.path.join(value, "lib64")
-                    if not os.path.isabs(value):
-                        raise LoadError(f"{var}={value!r} is not an absolute path (CANN libraries are never "
-                                        "loaded from a relative path or the current directory)")
-                    break
-            if path is None:
-                raise LoadError("ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME and XCONV_ASCEND_LIB_DIR are unset "
-                                "(source CANN's set_env.sh, or set XCONV_ASCEND_LIB_DIR to the absolute path of "
-                                "the directory holding libascendcl.so)")
-        if not os.path.isabs(path):
-            raise LoadError(f"library directory {path!r} ({source}) is not an absolute path")
-        if not os.path.isdir(path):
-            raise LoadError(f"library directory {path} ({source}) does not exist")
-        return path, source
+        """(directory, where it came from). LoadError with the reason when there is none (see :mod:`.loader`)."""
+        return loader.locate(self._lib_dir, self.environ)
 
     def load(self) -> None:
         """Find and load the libraries once (LoadError with the reason, naming what was found and what is missing).
 
-        See :mod:`.discovery`: the runtime (``libascendcl.so`` or ``libacl_rt.so``), ``libnnopbase.so``
-        and the operator libraries (per-repository ``libopapi_*.so``, else ``libopapi.so``), each
-        opened by absolute path after its dependencies; every operator symbol is taken from the
-        first operator library that has it.
+        See :mod:`.discovery` and :mod:`.loader`: the runtime (``libascendcl.so`` or ``libacl_rt.so``),
+        ``libnnopbase.so`` and the operator libraries (per-repository ``libopapi_*.so``, else
+        ``libopapi.so``), each opened by absolute path after its dependencies; every operator symbol is
+        taken from the first operator library that has it.
         """
         with self._lock:
             if self.fn is not None:
                 return
             path, source = self.locate()
-            inv = discovery.inventory(path, self.environ)
-            self.inventory = inv
-            if inv.missing:
-                raise LoadError(f"not found in {path} ({source}): {', '.join(inv.missing)}; {inv.describe()}")
-            where = f" ({source})"
-            files = {"ascendcl": inv.runtime, "nnopbase": inv.nnopbase}
-            libs, fn, opened = {}, _Functions(), {}
-            try:
-                for name, file in files.items():
-                    libs[name] = discovery.load_closure(file, path, self.environ, opened, where)
-                ops = [(file, discovery.load_closure(file, path, self.environ, opened, where))
-                       for file in inv.op_libraries]
-            except discovery.DiscoveryError as exc:
-                raise LoadError(str(exc)) from None
-            for name in ("ascendcl", "nnopbase"):
-                for symbol, (restype, argtypes) in SIGNATURES[name].items():
-                    try:
-                        f = getattr(libs[name], symbol)
-                    except AttributeError:
-                        raise LoadError(f"symbol {symbol} missing from {files[name]}{where}") from None
-                    f.restype, f.argtypes = restype, argtypes
-                    setattr(fn, symbol, f)
-            for symbol, (restype, argtypes) in SIGNATURES["opapi"].items():
-                f = None
-                for file, lib in ops:
-                    try:
-                        f = getattr(lib, symbol)
-                    except AttributeError:
-                        continue
-                    libs.setdefault("opapi", lib)
-                    break
-                if f is None:
-                    raise LoadError(f"symbol {symbol} missing from {', '.join(file for file, _ in ops)}{where}")
-                f.restype, f.argtypes = restype, argtypes
-                setattr(fn, symbol, f)
-            self.libs, self.fn, self.lib_dir, self.source = libs, fn, path, source
+            self.inventory = discovery.inventory(path, self.environ)
+            bound = loader.bind(path, source, self.inventory, self.environ)
+            self.libs, self.fn, self.lib_dir, self.source = bound.libs, bound.fn, bound.lib_dir, bound.source
+            self.emulation = bound.emulation
 
     def report(self) -> str:
         """What discovery found (after load()): the libraries and ASCEND_OPP_PATH's state, or ""."""
@@ -247,6 +181,13 @@ class Driver:
     @property
     def device(self) -> int | None:
         return self._device
+
+    def device_label(self) -> str | None:
+        """"ascend:0 (Ascend910B2)", "ascend:0 (Ascend910B2, on the CANN emulator)"; None before initialize()."""
+        if self._device is None:
+            return None
+        on = ", on the CANN emulator" if self.emulation else ""
+        return f"ascend:{self._device} ({self.soc_name or 'unknown SoC'}{on})"
 
     # -----------------------------------------------------------------------------------------
     # Errors

@@ -224,6 +224,14 @@ class CudnnBackend(Backend):
             return ("injected",)
         return driver.availability().devices
 
+    def emulation(self) -> str:
+        """"" on CuPy and cuDNN as installed; else what the backend runs on instead (an injected runtime, or
+        stand-in modules: :func:`.driver.stand_ins`)."""
+        if self._injected:
+            return f"an injected runtime ({type(self._runtime).__name__}), not CuPy and cuDNN on a GPU"
+        status = driver.availability()
+        return status.emulation if status.available else ""
+
     def runtime(self):
         rt = self._runtime
         if rt is None:

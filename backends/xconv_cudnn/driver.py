@@ -50,6 +50,7 @@ class Availability:
     frontend_version: str = ""
     devices: tuple[str, ...] = ()
     library: str = ""
+    emulation: str = ""         # "" when CuPy, cuDNN and its frontend are the installed ones; else what is not
 
     @property
     def version_string(self) -> str:
@@ -108,6 +109,32 @@ def _device_names(cupy) -> tuple[str, ...]:
             name = "CUDA device"
         names.append(f"cuda:{i} ({name})")
     return tuple(names)
+
+
+def _distribution_file(path: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``path`` is a file of an installed distribution whose name starts with one of ``prefixes``."""
+    import importlib.metadata
+
+    real = os.path.realpath(path)
+    for dist in importlib.metadata.distributions():
+        if not (dist.metadata["Name"] or "").lower().startswith(prefixes):
+            continue
+        if any(os.path.realpath(str(dist.locate_file(f))) == real for f in dist.files or ()):
+            return True
+    return False
+
+
+def stand_ins(cupy, fe, library: str) -> str:
+    """"" when CuPy, the cuDNN frontend and an absolute cuDNN library path are files of their installed
+    distributions; else which are not (stand-ins a user or test put first: a fake the backend runs on)."""
+    found = []
+    for module, prefixes, what in ((cupy, ("cupy",), "CuPy"), (fe, ("nvidia-cudnn-frontend",), "cuDNN frontend")):
+        path = getattr(module, "__file__", None)
+        if not path or not _distribution_file(path, prefixes):
+            found.append(f"the {what} module {path or repr(module)} is not from its installed distribution")
+    if os.path.isabs(library) and "site-packages" in library and not _distribution_file(library, ("nvidia-cudnn",)):
+        found.append(f"the cuDNN library {library} is not from an nvidia-cudnn wheel")
+    return "; ".join(found)
 
 
 def _cudnn_library_candidates() -> list[str]:
@@ -201,7 +228,8 @@ def probe() -> Availability:
                             cupy_version=cupy_version, cudnn_version=cudnn_version, frontend_version=fe_version,
                             devices=devices, library=library)
     return Availability(True, "", cupy_version=cupy_version, cudnn_version=cudnn_version,
-                        frontend_version=fe_version, devices=devices, library=library)
+                        frontend_version=fe_version, devices=devices, library=library,
+                        emulation=stand_ins(cupy, fe, library))
 
 
 _lock = threading.Lock()

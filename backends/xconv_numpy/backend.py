@@ -10,7 +10,7 @@ import xconv
 from xconv import Backend, Capabilities, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import fast, invariant, reference, status
+from . import blas, fast, invariant, reference, status
 from .budget import check_im2col
 from .blas import single_threaded_blas as pinned_blas_workers
 
@@ -38,7 +38,8 @@ class NumpyBackend(Backend):
 
     array_families = ("numpy",)
     capabilities = Capabilities(transposed=False,  # transposed convolution comes from the core's mapping
-                                batch_invariant=True)  # per sample (see .invariant)
+                                batch_invariant=True,  # per sample (see .invariant)
+                                mask_invariant=True, layout_invariant=True)  # docs/semantics.md, Determinism
 
     def __init__(self, exact: bool = False):
         self.exact = exact
@@ -65,9 +66,14 @@ class NumpyBackend(Backend):
         """Note the delivered guarantees; for numpy-exact check (and report) its column buffer against the
         workspace limit. True when this call runs per sample (batch_invariant, more than one sample)."""
         per_sample = p.deterministic == "batch_invariant" and p.input_shape[0] > 1
+        if p.deterministic and not blas.pinned():      # docs/semantics.md, Determinism: refuse, never break it
+            raise xconv.UnsupportedError(
+                f"{self.name}: deterministic={p.deterministic!r} needs BLAS at one thread per call, and this process's "
+                f"BLAS cannot be held there ({blas.control()}); set OMP_NUM_THREADS=1 or use a pthreads OpenBLAS "
+                f"(NumPy's wheels), or pass deterministic=False")
         if tracing.active():
-            tracing.note(math="keep_dtype", deterministic="batch_invariant" if p.deterministic == "batch_invariant"
-                         else "run_to_run")
+            level = "batch_invariant" if p.deterministic == "batch_invariant" else "run_to_run"
+            tracing.note(math="keep_dtype", deterministic=level if blas.pinned() else "none")   # see blas.control
             if per_sample and op in ("fprop", "dgrad", "backward"):
                 tracing.note("per-sample (batch_invariant)")
         if self.exact and op != "bgrad":   # float64 im2col: a chunk of columns, x or dx, the result

@@ -265,7 +265,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     lib = native.library()
     if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < SMALL_WORK:
         workers = 1                                      # too small to share: no hand-off to the pool
-    f = _plan(p, need_dx, need_dw, budget)
+    f = _plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
     if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:
         finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
@@ -359,7 +359,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             if need_dw else []
         dw_done = _Countdown(len(tasks))
         tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
-                  for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)]
+                  for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)] if need_dx else []
         if n1 == N:
             tasks.append(("finish",))                    # last: alongside the other worker's last dx task
         # one run per block: the copies (and the weights' layout, once), then the computations, which wait until

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import accumulation_dtype
 
 from . import native
@@ -136,6 +136,11 @@ class _Plan:
         return (np.empty(self.F + (self.Lh + 1) * self.Lw, dtype), np.empty(size, dtype),
                 np.empty(size if need_acc else 1, dtype))
 
+    def scratch_bytes(self, dtype, need_acc: bool = True) -> int:
+        """The bytes of one :meth:`scratch`."""
+        size = self.nslots * (self.Lh + 1) * self.Lw
+        return (self.F + (self.Lh + 1) * self.Lw + size + (size if need_acc else 1)) * np.dtype(dtype).itemsize
+
     def sample_blocks(self, per_sample_bytes: int, io_bytes: int):
         """[n0, n1) blocks of samples whose converted copies fit the block budget (one sample at least)."""
         nb = max(1, min(BLOCK_BYTES, io_bytes // 2) // max(per_sample_bytes, 1))
@@ -203,6 +208,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     io = dy.nbytes + (x_bytes + w_bytes) * (need_dx + need_dw)      # inputs and outputs of this call
     dwb_all = address(dwp)
     dbb_all = address(dbp)
+    peak = 0                                   # the most scratch of one block: its copies and the workers' scratch
     for n0, n1 in ([(0, N)] if in_place else plan.sample_blocks(per_sample, io)):
         dyb = dy4[n0:n1] if in_place else np.ascontiguousarray(dy4[n0:n1], dtype=cdt)
         xb = (x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)) if need_dw else None
@@ -221,9 +227,13 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             g, xph, acc = ws
             fn(*args, address(g), address(xph), address(acc), a - n0 * C, b - n0 * C)
 
-        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, need_dx), workers)
+        chunks = plan.chunks(n0, n1, workers)
+        run(chunks, task, lambda: plan.scratch(cdt, need_dx), workers)
+        copies = sum(a.nbytes for a in (dyb, xb, dxb) if a is not None and a.base is None)   # converted copies
+        peak = max(peak, copies + min(workers, len(chunks)) * plan.scratch_bytes(cdt, need_dx))
         if need_dx and out_dt != cdt:
             dx[n0:n1] = dxb
+    tracing.workspace(peak + dwp.nbytes + dbp.nbytes + (w2.nbytes if need_dx and w2.base is None else 0))
     rdx = dx.reshape(p.input_shape) if need_dx else None
     rdw = _sum_samples(dwp).reshape(p.weight_shape).astype(out_dt, copy=False) if need_dw else None
     rdb = _sum_samples(dbp).astype(out_dt, copy=False) if need_db else None
@@ -249,6 +259,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     in_place = _readable(x, cdt) and out_dt == cdt
     per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]))
     io = x.nbytes + w.nbytes + N * math.prod(plan.out4[1:]) * out_dt.itemsize
+    peak = 0                                   # the most scratch of one block: its copies and the workers' scratch
     for n0, n1 in ([(0, N)] if in_place else plan.sample_blocks(per_sample, io)):
         xb = x4[n0:n1] if in_place else np.ascontiguousarray(x4[n0:n1], dtype=cdt)
         yb = y[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.out4[1:], cdt)
@@ -258,9 +269,13 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
         def task(ws, _i, a, b_, args=args, n0=n0):
             fn(*args, address(ws[0]), address(ws[1]), a - n0 * C, b_ - n0 * C)
 
-        run(plan.chunks(n0, n1, workers), task, lambda: plan.scratch(cdt, False), workers)
+        chunks = plan.chunks(n0, n1, workers)
+        run(chunks, task, lambda: plan.scratch(cdt, False), workers)
+        copies = sum(a.nbytes for a in (xb, yb) if a.base is None)                            # converted copies
+        peak = max(peak, copies + min(workers, len(chunks)) * plan.scratch_bytes(cdt, False))
         if b is not None:
             yb += b
         if out_dt != cdt:
             y[n0:n1] = yb
+    tracing.workspace(peak + (w2.nbytes if w2.base is None else 0))
     return y.reshape(p.output_shape)

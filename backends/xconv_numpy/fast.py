@@ -51,6 +51,16 @@ def _note(path: paths.Path, outputs, rule: str) -> None:
         tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
 
 
+def _small_scratch(p: ConvParams, need_dx: bool, need_dw: bool, fprop: bool = False) -> None:
+    """Report the scratch of the Python small path (:func:`small.backward` / :func:`small.fprop` without the one
+    C call): dy channel-major (or y before its layout), and the columns of x (fprop, dw) and of dx, in the
+    compute dtype, from the small path's plan (its grid form without the C loops holds about as much)."""
+    if tracing.active():
+        f = small._plan(p)
+        cols, dyc = f.C * f.K * f.N * f.Q, f.Co * f.N * f.Q
+        tracing.workspace(compute_dtype(p).itemsize * (dyc + cols * (1 if fprop else need_dx + need_dw)))
+
+
 def _columns(dy, x, w, p, need_dx, need_dw, rule):
     outs = [o for o, bit in (("grad_input", need_dx), ("grad_weight", need_dw)) if bit]
     check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
@@ -58,14 +68,14 @@ def _columns(dy, x, w, p, need_dx, need_dw, rule):
     return columns.backward(dy, x, w, p, need_dx, need_dw)
 
 
-def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db, rule=""):
-    """(dx, dw, db or None) by ``path``; db only from the paths that sum dy in the same pass. Chosen by the cost
-    model, the dense loops' working-set budget is the full mask's (their dW chunking, so its bits, must not
-    depend on the mask; the older rules keep the mask's budget, as at ce77a11, until issue 24)."""
+def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
+    """(dx, dw, db or None) by ``path``; db only from the paths that sum dy in the same pass. The dense loops'
+    working-set budget is the full call's whatever the mask (their dW chunking, so its bits, must not depend on it)."""
     name = path.name
     if name == "depthwise":
         return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, blas_workers())
     if name == "small":
+        _small_scratch(p, need_dx, need_dw)
         with pinned_blas_workers():
             return small.backward(dy, x, w, p, need_dx, need_dw) + (None,)
     if name == "colgemm":
@@ -73,8 +83,7 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db, rule=""):
             return colgemm.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         if name == "dense":
-            full = rule.startswith("cost model")
-            budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, need_dx or full, need_dw or full), p)
+            budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)     # the full call's: any mask
             return dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
         if name == "pointwise":
             return pointwise.backward(geom(p), dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
@@ -83,38 +92,56 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db, rule=""):
         return run(geom(p), dy, x if need_dw else None, w, need_dx, need_dw, workers, lease) + (None,)
 
 
+def _grads(path, rule, dy, x, w, p, gx, gw):
+    """(dx, dw) of one path for the outputs asked (gx, gw). The non-finite detour is decided per output from the
+    inputs that output reads (dx: dy and w; dw: dy and x), so the mask never changes an output's path."""
+    outs = [o for o, bit in (("grad_input", gx), ("grad_weight", gw)) if bit]
+    if path.name == "columns":
+        return _columns(dy, x, w, p, gx, gw, rule)
+    bad_x = bad_w = False
+    if path.nonfinite == "self-check":                # one C call that checks what it reads for inf/NaN itself
+        results = small.compiled_backward(dy, x, w, p, gx, gw, False)
+        if results is not None:
+            _note(path, outs, rule)
+            return results[0], results[1]
+        if not (gx and gw):
+            return _columns(dy, x, w, p, gx, gw, "non-finite detour")
+        bad_x, bad_w = _nonfinite(p, dy, x, w, True, True)
+    elif path.nonfinite == "detour":
+        bad_x, bad_w = _nonfinite(p, dy, x, w, gx, gw)
+    if bad_x or bad_w:
+        rx, rw = _columns(dy, x, w, p, bad_x, bad_w, "non-finite detour")
+        if (gx and not bad_x) or (gw and not bad_w):          # the other output: on its own path, as if alone
+            fx, fw = _grads(path, rule, dy, x, w, p, gx and not bad_x, gw and not bad_w)
+            rx, rw = (rx if bad_x else fx), (rw if bad_w else fw)
+        return rx, rw
+    _note(path, outs, rule)
+    rx, rw, _ = _run_grads(path, dy, x, w, p, gx, gw, False)
+    return rx, rw
+
+
+def _nonfinite(p, dy, x, w, gx, gw):
+    """(dx's inputs hold an inf or a NaN, dw's do): one pass over each input read."""
+    bad_dy = columns.has_nonfinite(p, dy, None, None)
+    return (gx and (bad_dy or columns.has_nonfinite(p, None, None, w)),
+            gw and (bad_dy or columns.has_nonfinite(p, None, x, None)))
+
+
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False; each output by the path
-    :func:`paths.choose` picks for it."""
-    need_dx, need_dw, need_db = mask
+    :func:`paths.choose` picks for it (from the parameters alone: the same whatever the mask)."""
     dx = dw = db = None
-    bias_done = False
-    runs, _ = paths.backward_plan(p, mask)
-    for path, rule, outs, gx, gw, gb in runs:
-        if path.nonfinite == "self-check":           # one C call that checks its inputs for inf/NaN itself
-            results = small.compiled_backward(dy, x, w, p, gx, gw, gb)
-            if results is not None:
-                _note(path, outs, rule)
-                rx, rw, rb = results
-            else:                                      # inf/NaN: the exact-zero path
-                rx, rw = _columns(dy, x, w, p, gx, gw, "non-finite detour")
-                rb, gb = None, False
-        elif path.name == "columns" or (path.nonfinite == "detour" and columns.has_nonfinite(
-                p, dy, x if need_dw else None, w if need_dx else None)):      # the inputs the call reads
-            rx, rw = _columns(dy, x, w, p, gx, gw, rule if path.name == "columns" else "non-finite detour")
-            rb, gb = None, False
-        else:
-            _note(path, outs, rule)
-            rx, rw, rb = _run_grads(path, dy, x, w, p, gx, gw, gb, rule)
+    runs, bias_path = paths.backward_plan(p, mask)
+    for path, rule, outs, gx, gw, _ in runs:
+        rx, rw = _grads(path, rule, dy, x, w, p, gx, gw)
         if gx:
             dx = rx
         if gw:
             dw = rw
-        if gb:
-            db, bias_done = rb, True
-    if need_db and not bias_done:
-        _note(paths.PATHS["bias-sum"], ("grad_bias",), "bias-sum")
+    if bias_path is not None:                        # always its own path: one order for every call
+        _note(bias_path[0], ("grad_bias",), bias_path[1])
         db = bias.bias_sum(dy, p)
+        tracing.workspace(bias.scratch_bytes(dy))                # its rows and float64 block
     return dx, dw, db
 
 
@@ -149,6 +176,7 @@ def fprop(x, w, b, p: ConvParams):
         with pinned_blas_workers() as workers:
             return colgemm.fprop(x, w, b, p, workers)
     if name == "small":
+        _small_scratch(p, False, False, fprop=True)
         with pinned_blas_workers():
             return small.fprop(x, w, b, p)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:

@@ -54,8 +54,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 8 + [i, i]
         sigs[f"xconv_small_im2col_{suf}"] = [p, p, p]
         sigs[f"xconv_small_col2im_{suf}"] = [p, p, p]
-        sigs[f"xconv_small_s1_fprop_{suf}"] = [p] * 6
-        sigs[f"xconv_small_s1_backward_{suf}"] = [p] * 9
+        sigs[f"xconv_small_s1_fprop_{suf}"] = [p] * 7             # ..., int64_t *scratch (bytes malloc'd)
+        sigs[f"xconv_small_s1_backward_{suf}"] = [p] * 10
     for name, args in sigs.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, (ctypes.c_int if name.startswith("xconv_small_s1_") else None)

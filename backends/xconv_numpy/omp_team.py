@@ -9,9 +9,11 @@ workers as one OpenMP parallel region on that library (``GOMP_parallel``): the t
 spin are the ones that take xconv's chunks, and no core is contended. The chunks, their order and
 the work each does are those of the Python threads, so results are the same bits either way.
 
-Off (Python threads instead) without torch's libgomp, in a process forked after the library was first
-looked up (libgomp's pool does not survive a fork), on a thread already inside an OpenMP region (nested
-regions are not used), and when ``XCONV_NUMPY_OPENMP=0``.
+Off (Python threads instead) without torch's libgomp; in any forked child of a process that had imported
+xconv (:mod:`xconv.forking`: libgomp's pool does not survive a fork and libgomp has no fork handler, so a
+child entering a region on its parent's pool would wait forever; the child's workers are Python threads);
+on a thread already inside an OpenMP region (nested regions are not used); and when
+``XCONV_NUMPY_OPENMP=0``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import ctypes
 import os
 import sys
 import threading
+
+from xconv import forking
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
@@ -42,7 +46,7 @@ def _torch_libgomp_path() -> str | None:
 
 def _library():
     """torch's libgomp as a ctypes library, or None; looked up once per process, once torch is imported."""
-    if os.environ.get("XCONV_NUMPY_OPENMP", "1") == "0" or "torch" not in sys.modules:
+    if os.environ.get("XCONV_NUMPY_OPENMP", "1") == "0" or "torch" not in sys.modules or forking.forked():
         return None
     pid = os.getpid()
     if _state["pid"] == pid:

@@ -7,8 +7,9 @@ tried; :func:`choose` (cached) is the only place a path is picked, once per outp
 
 Cross-cutting rules, written once here:
 
-- **workspace_limit**: a path whose scratch is not leased (``leases_scratch=False``: it cannot count it) is
-  skipped under a workspace limit;
+- **workspace_limit**: a path whose scratch is not leased (``leases_scratch=False``: it cannot count it) runs
+  under a workspace limit only when its scratch bound (``Path.bound``, bytes at most) fits the limit, so a limit
+  that constrains nothing changes no path (issue 24); a limit that excludes a path says so in the trace;
 - **non-finite detour**: a path with ``nonfinite="detour"`` multiplies zeros the definition never multiplies, so a
   call whose inputs hold a NaN or an infinity runs on ``columns`` instead (checked in :mod:`.fast` at run time;
   ``"self-check"``: the path checks on the way and says so; ``"keeps"``: the path keeps them as the reference);
@@ -17,8 +18,9 @@ Cross-cutting rules, written once here:
 - **trace note**: the path's ``note`` and the rule's name go to the trace record (``xconv.trace()``,
   ``xconv run --explain``).
 
-Some rules read the whole output mask, so today which outputs are requested can change how one of them is
-computed; they say so ("mask-dependent today; removed by issue 24").
+**Determinism** (docs/semantics.md): no rule reads the output mask or the operands' layout. Every output's path
+is the one the full call (all three outputs) would take for it, so which outputs are requested never changes
+how one of them is computed; grad_bias always has its own path (``bias-sum``: one order for every call).
 
 Tests and experiments pick a path through :func:`force`, never by patching modules.
 """
@@ -37,7 +39,7 @@ import numpy as np
 from xconv import ConvParams, settings
 from xconv.dtypes import DTYPES
 
-from . import colgemm, columns, cost, dense, depthwise, native, small
+from . import bounds, colgemm, columns, cost, dense, depthwise, native, small
 from .grid.geometry import compute_dtype, geom
 
 OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
@@ -54,6 +56,7 @@ class Path:
     leases_scratch: bool        # its scratch is counted (leased or checked): it may run under a workspace_limit
     nonfinite: str              # "keeps", "detour" or "self-check"
     note: str                   # the trace note
+    bound: Callable = None      # not leased: bytes of scratch at most, for ``p`` (see workspace_limit above)
 
 
 PATHS = {p.name: p for p in (
@@ -61,14 +64,14 @@ PATHS = {p.name: p for p in (
          "columns.fprop / columns.backward", "own", True, "keeps", "im2col columns (fallback)"),
     Path("depthwise", "fprop, backward (dx, dw and db in one pass): one input channel per group, 1-D/2-D",
          "depthwise.fprop / depthwise.backward (csrc/depthwise_impl.h)", "none", False, "keeps",
-         "depthwise C loops"),
+         "depthwise C loops", bounds.depthwise),
     Path("dense", "backward (dx, dw and db in one pass): channels per group multiples of 16, AVX-512 build",
          "dense.backward (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
     Path("small-c", "fprop, backward (dx, dw and db in one C call): small calls at stride 1",
          "small.fprop / small.compiled_backward (csrc/small_grid.c)", "none", False, "self-check",
-         "small-call columns"),
+         "small-call columns", bounds.small),
     Path("small", "fprop, backward (dx, dw): small calls", "small.fprop / small.backward", "pinned", False,
-         "detour", "small-call columns"),
+         "detour", "small-call columns", bounds.small),
     Path("pointwise", "backward (dx, dw and db in one pass): 1x1 kernel, stride 1, no padding",
          "grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
     Path("grid-a", "backward (dx, dw): the polyphase grid, dy-columns", "grid.strategy_a.backward", "pinned", True,
@@ -77,21 +80,23 @@ PATHS = {p.name: p for p in (
          "detour", "blas-grid strategy B (x-columns)"),
     Path("grid-forward", "fprop: the polyphase grid, x-columns", "grid.forward.fprop", "pinned", True, "keeps",
          "blas-grid x-columns"),
-    Path("bias-sum", "grad_bias: dy summed by blocks of samples", "bias.bias_sum", "own", True, "keeps",
-         "bias sum"),
+    Path("bias-sum", "grad_bias: per sample and channel in float64, samples in order (one order for every call)",
+         "bias.bias_sum", "none", True, "keeps", "bias sum"),
     Path("colgemm", "fprop, backward (dx, dw): im2col columns and blocked BLAS products on the workers",
-         "colgemm.fprop / colgemm.backward (csrc/small_cols.c)", "pinned", False, "detour", "colgemm columns"),
+         "colgemm.fprop / colgemm.backward (csrc/small_cols.c)", "pinned", False, "detour", "colgemm columns",
+         bounds.colgemm),
     Path("small-c-blocks", "fprop: the small path's stride-1 loops in blocks of samples on the workers",
-         "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks"),
+         "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks",
+         bounds.small),
 )}
 
-#: Paths that compute grad_bias in the same pass as grad_input / grad_weight (from their copy of dy).
-BIAS_IN_PASS = ("depthwise", "dense", "small-c", "pointwise")
+#: The mask the rules see: the full call's, whatever the call asks for (see Determinism above).
+FULL = (True, True, True)
 
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """``path`` serves ``outputs`` of ``op`` when ``when(p, mask)`` holds (``mask``: the call's output mask)."""
+    """``path`` serves ``outputs`` of ``op`` when ``when(p, mask)`` holds (``mask``: always :data:`FULL`)."""
 
     name: str
     op: str                     # "fprop" or "backward"
@@ -100,18 +105,16 @@ class Rule:
     when: Callable
 
 
-def _small_size(p, mask):   # mask-dependent today (dy's columns count only when grad_input is requested)
-    return small.serves(p, mask[0])
+def _small_size(p, mask):   # dy's columns count as the full call's (dx requested), whatever the mask
+    return small.serves(p, True)
 
 
-def _depthwise(p, mask):    # mask-dependent today (the small path's size test counts dy's columns for dx)
-    return depthwise.serves(p) and not small.before_depthwise(p, mask[0])
+def _depthwise(p, mask):    # the small path's size test as the full call's
+    return depthwise.serves(p) and not small.before_depthwise(p, True)
 
 
-def _strategy_a(p, mask):   # mask-dependent today: the costs compared depend on which of dx, dw are requested
+def _strategy_a(p, mask):   # the costs of the full call (dx and dw): the same strategy for every mask
     geo = geom(p)
-    if mask[1] and not mask[0]:
-        return geo.Cog <= geo.Cg
     return geo.Cog <= 2 * geo.Cg          # B also pays a col2im of K*Cg per position
 
 
@@ -162,8 +165,7 @@ def _cost(output: str, name: str):
     return when
 
 #: The table: per op, rules in the order they are tried; the first that holds (and whose path may run: see
-#: the workspace_limit rule) chooses. grad_bias first takes the pass of the grad_input / grad_weight path when
-#: that path sums dy itself (rule "bias-in-pass", mask-dependent today), else "bias-sum".
+#: the workspace_limit rule) chooses. grad_bias is always "bias-sum".
 RULES = (
     Rule("grid serves badly (columns.serves)", "fprop", ("output",), "columns",
          lambda p, m: columns.serves(p)),
@@ -177,19 +179,19 @@ RULES = (
     Rule("otherwise", "fprop", ("output",), "grid-forward", lambda p, m: True),
 
     Rule("grid serves badly (columns.serves)", "backward", _GRADS, "columns", lambda p, m: columns.serves(p)),
-    Rule("one input channel per group (depthwise.serves; mask-dependent today; removed by issue 24)",
+    Rule("one input channel per group (depthwise.serves)",
          "backward", _GRADS, "depthwise", _depthwise),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
       for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
       for name in ("small-c", "small", "colgemm", "dense", "pointwise")),
     Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
-    Rule("small, stride 1, C loops built (small.serves; mask-dependent today; removed by issue 24)",
+    Rule("small, stride 1, C loops built (small.serves)",
          "backward", _GRADS, "small-c", lambda p, m: _small_size(p, m) and small.grid_compiled(p)),
-    Rule("small (small.serves; mask-dependent today; removed by issue 24)", "backward", _GRADS, "small",
+    Rule("small (small.serves)", "backward", _GRADS, "small",
          _small_size),
     Rule("1x1 kernel, stride 1, no padding", "backward", _GRADS, "pointwise", lambda p, m: geom(p).pointwise),
-    Rule("cost: A cheaper (mask-dependent today; removed by issue 24)", "backward", _GRADS, "grid-a", _strategy_a),
-    Rule("cost: B cheaper (mask-dependent today; removed by issue 24)", "backward", _GRADS, "grid-b",
+    Rule("cost: A cheaper", "backward", _GRADS, "grid-a", _strategy_a),
+    Rule("cost: B cheaper", "backward", _GRADS, "grid-b",
          lambda p, m: True),
 )
 
@@ -272,12 +274,13 @@ def choose_all(p: ConvParams, op: str, mask) -> dict:
 @functools.lru_cache(maxsize=256)
 def _choose_all(p, op, mask, forced, switches) -> dict:
     outputs = ("output",) if op == "fprop" else [o for o, bit in zip(OUTPUTS, mask) if bit]
-    return {o: _choose(p, op, o, mask, forced, switches) for o in outputs}
+    return {o: _choose(p, op, o, forced, switches) for o in outputs}
 
 
 def backward_plan(p: ConvParams, mask) -> tuple:
     """The call's :func:`choose_all` as the runs it makes: a tuple of (path, rule, outputs, dx, dw, db) per path
-    (outputs it computes together, in table order), and whether grad_bias is left to ``bias-sum``."""
+    (outputs it computes together, in table order; db always False: grad_bias is left to ``bias-sum``), and
+    grad_bias's (path, rule), or None when it is not asked."""
     return _backward_plan(p, tuple(mask), _state(), _switches())
 
 
@@ -289,58 +292,60 @@ def _backward_plan(p, mask, forced, switches) -> tuple:
         if o in chosen:
             runs.setdefault(chosen[o][0].name, []).append(o)
     plan = []
-    bias_left = mask[2]
     for name, outs in runs.items():
         path, rule = chosen[outs[0]]
-        db = bool(mask[2]) and chosen["grad_bias"][0].name == name
-        bias_left = bias_left and not db
-        plan.append((path, rule, tuple(outs) + (("grad_bias",) if db else ()),
-                     "grad_input" in outs, "grad_weight" in outs, db))
-    return tuple(plan), bias_left
+        plan.append((path, rule, tuple(outs), "grad_input" in outs, "grad_weight" in outs, False))
+    return tuple(plan), (_choose(p, "backward", "grad_bias", forced, switches) if mask[2] else None)
 
 
-def choose(p: ConvParams, op: str, output: str, mask=(True, True, True)) -> tuple[Path, str]:
+def choose(p: ConvParams, op: str, output: str, mask=FULL) -> tuple[Path, str]:
     """(path, rule name) computing ``output`` of ``op`` ("fprop", "backward"; "dgrad" and "wgrad" are backward
-    calls with one output) for ``p`` and the call's output ``mask``. The only place a path is picked."""
-    return _choose(p, op, output, tuple(mask), _state(), _switches())
+    calls with one output) for ``p``. The only place a path is picked. ``mask`` (the call's output mask) is
+    accepted and not read: an output's path never depends on which other outputs are requested."""
+    return _choose(p, op, output, _state(), _switches())
 
 
 def _switches() -> tuple:
-    """What the rules read besides ``p`` and the mask: the compiled parts' switches and build."""
+    """What the rules read besides ``p``: the compiled parts' switches and build."""
     on = settings.current()
     return (getattr(on, dense.SWITCH), getattr(on, depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
 
 
 @functools.lru_cache(maxsize=256)
-def _choose(p: ConvParams, op: str, output: str, mask: tuple, forced, switches) -> tuple[Path, str]:
+def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path, str]:
     names, off = forced
     if output == "grad_bias":
-        if mask[0] or mask[1]:
-            main, _ = _choose(p, op, "grad_input" if mask[0] else "grad_weight", mask, forced, switches)
-            if main.name in BIAS_IN_PASS:
-                return main, "bias-in-pass (the path sums dy on the way; mask-dependent today; removed by issue 24)"
         return PATHS["bias-sum"], "bias-sum"
+    excluded = []
 
     def may_run(path):
-        return path.name not in off and (p.workspace_limit is None or path.leases_scratch)
+        if path.name in off:
+            return False
+        if p.workspace_limit is None or path.leases_scratch or path.bound(p) <= p.workspace_limit:
+            return True
+        excluded.append(path.name)
+        return False
+
+    def why(rule):
+        return rule if not excluded else \
+            f"{rule}; workspace_limit {p.workspace_limit} excludes {', '.join(excluded)} (scratch not leased)"
 
     for name in names:
         path = PATHS[name]
-        if may_run(path) and _COMPUTES[name](p, mask) and any(r.path == name and r.op == op for r in RULES):
+        if may_run(path) and _COMPUTES[name](p, FULL) and any(r.path == name and r.op == op for r in RULES):
             return path, "forced"
     for rule in RULES:
         if rule.op == op and output in rule.outputs:
             if COST_MODEL_OFF in off and rule.name.startswith("cost model"):
                 continue
             path = PATHS[rule.path]
-            if may_run(path) and rule.when(p, mask):
-                return path, rule.name
+            if rule.when(p, FULL) and may_run(path):
+                return path, why(rule.name)
     raise AssertionError(f"no rule chose a path for {op} {output}")      # the last rule of each op holds
 
 
 def table() -> str:
     """The table as text (docs, ``xconv run --explain``)."""
     rows = [f"{r.op:9} {', '.join(r.outputs):24} {r.path:13} {r.name}" for r in RULES]
-    rows.append(f"{'backward':9} {'grad_bias':24} {'(same pass)':13} bias-in-pass: paths {', '.join(BIAS_IN_PASS)}")
-    rows.append(f"{'backward':9} {'grad_bias':24} {'bias-sum':13} otherwise")
+    rows.append(f"{'backward':9} {'grad_bias':24} {'bias-sum':13} always (one order for every call)")
     return "\n".join(rows)

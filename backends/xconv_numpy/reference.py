@@ -35,6 +35,8 @@ import numpy as np
 from xconv import ConvParams, limits
 from xconv.dtypes import DTYPES
 
+from .bias import grad_bias
+
 #: Each chunk's columns take at most this many bytes (but at least one line of the first output dim).
 CHUNK_BYTES = 32 << 20
 
@@ -132,7 +134,7 @@ def _columns(x4: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
 def _grad_rows(dy: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
     """The chunk of dy as a (groups, rows, C_out/groups) array."""
     n0, n1, o0, o1 = chunk
-    part = dy[n0:n1, :, o0:o1].astype(acc, copy=False)
+    part = np.ascontiguousarray(dy[n0:n1, :, o0:o1], dtype=acc)   # BLAS sees one layout, whatever dy's
     n, c_out = part.shape[:2]
     g = p.groups
     part = part.reshape((n, g, c_out // g, -1))
@@ -141,7 +143,7 @@ def _grad_rows(dy: np.ndarray, p: ConvParams, acc, chunk) -> np.ndarray:
 
 def _weight_matrix(w: np.ndarray, p: ConvParams, acc) -> np.ndarray:
     """w as a (groups, C_out/groups, C_in/groups*prod(k)) array."""
-    return w.astype(acc, copy=False).reshape(p.groups, w.shape[0] // p.groups, -1)
+    return np.ascontiguousarray(w, dtype=acc).reshape(p.groups, w.shape[0] // p.groups, -1)   # one layout for BLAS
 
 
 def _grouped(x: np.ndarray, p: ConvParams) -> np.ndarray:
@@ -201,5 +203,5 @@ def wgrad(x, dy, p: ConvParams, acc) -> np.ndarray:
 
 
 def bgrad(dy, p: ConvParams, acc) -> np.ndarray:
-    axes = (0,) + tuple(range(2, dy.ndim))
-    return _result(dy.astype(acc, copy=False).sum(axis=axes), p)
+    """grad_y summed over the batch and spatial dims (one fixed order whatever grad_y's layout: see .bias)."""
+    return grad_bias(dy, DTYPES[p.dtype])

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import native
@@ -337,7 +337,6 @@ _address = native.address
 
 def _scratch_failed(p: ConvParams):
     from xconv.errors import ResourceError
-
     return ResourceError("numpy: the scratch grids of a small-call path", 0, None,
                          f"malloc failed for input {p.input_shape}, weight {p.weight_shape}")
 
@@ -349,9 +348,12 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: _Plan, cdt):
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     y = np.empty(p.output_shape, cdt)
     xs = _strides(x, plan.lift)                        # held: the C call reads it
+    used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
     if getattr(native.library(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
-            _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1]):
+            _address(x), _address(w), None if b is None else _address(b), _address(y), plan.address, xs[1],
+            _address(used)):
         raise _scratch_failed(p)
+    tracing.workspace(int(used[0]))
     return y.astype(DTYPES[p.dtype], copy=False)
 
 
@@ -368,14 +370,17 @@ def _backward_grid(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, need_d
     at = _address(out)
     it = out.itemsize
     dys, xs = _strides(dy, plan.lift), (None if x is None else _strides(x, plan.lift))   # held: the C call reads them
+    used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
     rc = getattr(native.library(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
         _address(dy), None if x is None else _address(x), None if w is None else _address(w),
         at if need_dx else None, at + it * sizes[0] if need_dw else None,
-        at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1])
+        at + it * (sizes[0] + sizes[1]) if need_db else None, plan.address, dys[1], None if xs is None else xs[1],
+        _address(used))
     if rc == 2 and finite_only:
         return None
     if rc == 1:
         raise _scratch_failed(p)
+    tracing.workspace(int(used[0]))
     out = out.astype(DTYPES[p.dtype], copy=False)
     dx = out[:sizes[0]].reshape(p.input_shape) if need_dx else None
     dw = out[sizes[0]:sizes[0] + sizes[1]].reshape(p.weight_shape) if need_dw else None
@@ -390,7 +395,7 @@ def _dy_channel_major(dy: np.ndarray, f: _Plan, cdt) -> np.ndarray:
 
 
 def _fprop_compiled(x, w, bias, p: ConvParams, f: _Plan, cdt):
-    y = np.matmul(np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K), _im2col(x, p, f, cdt))   # (g, Cog, N*Q)
+    y = np.matmul(np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K), _im2col(x, p, f, cdt))   # (g, Cog, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
     return _from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
@@ -404,7 +409,7 @@ def _backward_compiled(dy, x, w, p: ConvParams, f: _Plan, cdt, need_dx: bool, ne
         cols = _im2col(x, p, f, cdt)
         dw = np.matmul(dyc, cols.transpose(0, 2, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
     if need_dx:
-        wt = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)             # (g, Cg*K, Cog)
+        wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dx = _col2im(np.matmul(wt, dyc), p, f, cdt).astype(out_dt, copy=False)
     return dx, dw
 
@@ -425,7 +430,7 @@ def fprop(x, w, bias, p: ConvParams):
         cols = xg.columns(xg.fill(x, f.N, f.C, p.input_shape[2:], cdt), f.N, f.g)
     else:
         cols = _columns(_channel_major(x, f.N, f.C, f.P, cdt), f.fidx, f.g)
-    wm = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
+    wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     y = np.matmul(wm, cols)                                        # (g, Cog, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
@@ -451,7 +456,7 @@ def _backward_unit_stride(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool)
         cols = dyg.columns(dyg.fill(dy, f.N, f.Co, keep, cdt), f.N, f.g)               # (g, Cog*K, N*R')
         nd = p.nd
         flip = (Ellipsis,) + (slice(None, None, -1),) * nd                                  # taps reversed
-        wf = np.asarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
+        wf = np.ascontiguousarray(w, cdt).reshape((f.g, f.Cog, f.Cg) + tuple(p.kernel))[flip]
         wt = np.ascontiguousarray(wf.swapaxes(1, 2)).reshape(f.g, f.Cg, f.Cog * f.K)
         dx = dyg.crop(np.matmul(wt, cols), f.N, p.input_shape, out_dt)
     return dx, dw
@@ -489,7 +494,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
         dw = np.matmul(dyg, cols.transpose(0, 2, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
     if need_dx:
         cols_dy = _columns(dyc, f.bidx, f.g)                       # (g, Cog*K, N*P)
-        wt = np.asarray(w, cdt).reshape(f.g, f.Cog, f.Cg, f.K).transpose(0, 2, 1, 3).reshape(
+        wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg, f.K).transpose(0, 2, 1, 3).reshape(
             f.g, f.Cg, f.Cog * f.K)
         dx = _from_channel_major(np.matmul(wt, cols_dy), f.N, p.input_shape, out_dt)
     return dx, dw

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xconv import settings
 
-from . import dense, depthwise, native, small
+from . import blas, dense, depthwise, native, small
 
 
 def describe() -> str:
@@ -18,6 +18,10 @@ def describe() -> str:
               ("dense C loops", dense.available(), lambda: why(dense.SWITCH, dense.build_error())),
               ("small calls", small.compiled_available(), lambda: why(small.SWITCH, native.load_error()))]
     parts = [name for name, on, _ in states if on]
+    return _loops(parts, states) + f"; BLAS: {blas.control()}"
+
+
+def _loops(parts, states) -> str:
     if parts:
         off = "; ".join(f"{name} off: {reason()}" for name, on, reason in states if not on)
         build = native.isa(native.library())

@@ -1,9 +1,10 @@
 """Threads of the NumPy backend: a fixed list of chunks run on a small pool of Python threads.
 
-NumPy's matrix products and copies, and the compiled loops of :mod:`.direct`, release the GIL,
-so chunks run in parallel; BLAS itself runs one thread meanwhile (see :mod:`.blas`). What a
-chunk computes never depends on which thread runs it, so results do not depend on the number
-of workers.
+NumPy's matrix products and copies, and the compiled loops of :mod:`.depthwise` and :mod:`.dense`, release the
+GIL, so chunks run in parallel; BLAS itself runs one thread meanwhile (:func:`run` holds the pin of
+:mod:`.blas` around every parallel run, so no BLAS call inside one is threaded). What a chunk computes never
+depends on which thread runs it, so results do not depend on the number of workers. A forked child starts
+with no pool (the parent's threads are not in it) and a fresh lock.
 """
 
 from __future__ import annotations
@@ -15,11 +16,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from xconv import UnsupportedError
+
 from . import omp_team
+from .blas import single_threaded_blas
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 _POOLS_PID = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _POOLS_LOCK, _POOLS_PID
+    _POOLS_LOCK = threading.Lock()          # another parent thread may have held it at the fork
+    _POOLS.clear()
+    _POOLS_PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def executor(workers: int) -> ThreadPoolExecutor:
@@ -57,11 +72,22 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
 
     The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
     start in order, and one that waits for an earlier chunk waits for a running one) and has a
-    workspace of its own. On an exception the threads stop taking chunks, ``on_error()`` runs
-    (it must release any thread waiting for a failed chunk) and the first exception propagates.
+    workspace of its own. The workspaces are made first, on the calling thread, one per worker: a
+    workspace that a workspace_limit refuses (``UnsupportedError`` from a lease) leaves the call with
+    the workers made so far (the first one's refusal is the call's), so whether a call is refused
+    never depends on which threads happened to take a chunk (it did: issue 24). On an exception the
+    threads stop taking chunks, ``on_error()`` runs (it must release any thread waiting for a failed
+    chunk) and the first exception propagates.
     """
     n = len(chunks)
     workers = max(1, min(workers, n))
+    spare = [make_workspace()]
+    for _ in range(workers - 1):
+        try:
+            spare.append(make_workspace())
+        except UnsupportedError:            # the limit admits fewer workers: the same results, fewer threads
+            break
+    workers = len(spare)
     order = itertools.count()
     lock = threading.Lock()
     failed = []
@@ -71,14 +97,13 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
             work()
 
     def work():
-        ws = None
+        with lock:
+            ws = spare.pop()
         while not failed:
             with lock:
                 i = next(order)
             if i >= n:
                 return
-            if ws is None:
-                ws = make_workspace()
             try:
                 task(ws, i, *chunks[i])
             except BaseException as e:
@@ -88,10 +113,14 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
                     on_error()
                 return
 
-    if not (workers > 1 and omp_team.parallel(loop, workers)):    # torch's OpenMP threads when torch is here,
-        helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]     # else Python threads
+    if workers == 1:
         loop()
-        for f in helpers:
-            f.result()
+    else:
+        with single_threaded_blas():            # never threaded BLAS inside xconv's own parallel region
+            if not omp_team.parallel(loop, workers):    # torch's OpenMP threads when torch is here,
+                helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]     # else Python threads
+                loop()
+                for f in helpers:
+                    f.result()
     if failed:
         raise failed[0]

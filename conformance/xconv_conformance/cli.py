@@ -5,7 +5,8 @@ subcommands (``xconv conformance SUBCOMMAND --help`` describes each):
            [--backend NAME]...`` is ``xconv conformance check ...``); every registered backend but
            the oracle "numpy-exact" unless --backend names some
   run      run on one backend and write a portable result bundle (--backend NAME --out FILE.xcr)
-  compare  hold bundles against the reference and against each other; exit 1 on a disagreement
+  compare  hold bundles against the reference and against each other; exit 1 on a disagreement,
+           or when a bundle gives nothing to compare (no case, unknown ids, all refused/unavailable)
   cases    list the case ids or their specs (also: list)
   fuzz     search for failing cases beyond the corpus, shrunk to minimal ones (fuzz.py)
 
@@ -26,121 +27,35 @@ import importlib
 import json
 import sys
 import time
-from collections import Counter
 
 import xconv
 
-from . import __version__, env, report, selection
+from . import __version__, env, outpaths, selection, summary
 from .bundle import BundleError, build, load_bundle, write_bundle
 from .cases import corpus_hash, load_corpus, select
 from .compare import compare_bundles, count_line, format_comparison, report_runs
 from .report import write_report
-from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests, stderr_excerpt
+from .isolation import DEFAULT_CASE_TIMEOUT, CaseRunner, FreshDigests
 from .runner import FAILING, ORACLE, apply_fresh_process, availability, inputs_of, resolve
-
-SUBCOMMANDS = ("check", "run", "compare", "cases", "list", "fuzz")
-
-
-def phase(text: str, stream=None):
-    """Report one preparation phase as one line on stderr, terminal or not: "text ... 1.2 s" (a context manager)."""
-    return _Phase(text, stream)
+from .progress import Progress, _nothing, phase, prepare  # noqa: F401  (re-exported: cli.X stays importable)
+from .summary import summary_table  # noqa: F401  (re-exported: cli.summary_table stays importable)
 
 
-class _Phase:
-    def __init__(self, text: str, stream=None):
-        self.text, self.stream = text, stream
+class Interrupted(Exception):
+    """Ctrl-C during :func:`run_backend`: ``outcomes`` holds the cases that finished, in order."""
 
-    def __enter__(self):
-        self.stream = self.stream or sys.stderr
-        self.start = time.perf_counter()
-        self.stream.write(f"xconv conformance: {self.text} ... ")
-        self.stream.flush()
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        took = time.perf_counter() - self.start
-        self.stream.write(f"{'failed' if kind else 'done'} ({took:.1f} s)\n")
-        self.stream.flush()
-        return False
-
-
-# small convolutions that make a backend build or load what its first real call would (JIT, C loops,
-# vendor plans): a dense one with 32 channels, a depthwise one, a strided 1-D one
-_WARM_UP = (((1, 32, 6, 6), (32, 32, 3, 3), dict(padding=1)),
-            ((1, 16, 6, 6), (16, 1, 3, 3), dict(padding=1, groups=16)),
-            ((2, 4, 9), (8, 4, 3), dict(stride=2)))
-
-
-def prepare(name: str, quiet: bool = False, isolate: bool = True) -> None:
-    """Run the warm-up convolutions on backend ``name`` in this process (errors ignored: the cases report
-    them). Not when the cases run in worker processes: a backend that crashes must not take this
-    process down before its first case, and the workers load their own kernels (one line says so)."""
-    import numpy as np
-
-    if isolate:
-        if not quiet:
-            print(f"xconv conformance: backend {name} runs in worker processes (the first case starts one)",
-                  file=sys.stderr, flush=True)
-        return
-
-    from .families import family
-    try:
-        b = resolve(name)
-        fam = family(b.array_families[0] if b.array_families else "numpy")
-    except Exception:  # noqa: BLE001
-        return
-    with phase(f"preparing backend {name} (first calls build or load its kernels)") if not quiet else _nothing():
-        for xs, ws, kw in _WARM_UP:
-            try:
-                x, w = (fam.from_numpy(np.ones(s, np.float32)) for s in (xs, ws))
-                dy = fam.from_numpy(np.ones(xconv.output_shape(xs, ws, **kw), np.float32))
-                xconv.convolution_backward(dy, x, w, backend=name, **kw)
-            except Exception:  # noqa: BLE001
-                continue
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal, unless forced)."""
-
-    def __init__(self, total: int, enabled: bool | None = None, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total, self.done, self.start = max(total, 1), 0, time.perf_counter()
-        self.failed = 0
-
-    def step(self, label: str, failed: bool = False) -> None:
-        self.done += 1
-        self.failed += failed
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * self.done / self.total)
-        elapsed = time.perf_counter() - self.start
-        text = (f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:5.1f}s {'failed ' + str(self.failed) + ' ' if self.failed else ''}{label[:60]}")
-        self.stream.write(text.ljust(120)[:120])
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * 120 + "\r")
-            self.stream.flush()
+    def __init__(self, outcomes: list):
+        super().__init__(f"interrupted after {len(outcomes)} case(s)")
+        self.outcomes = outcomes
 
 
 def run_backend(cases, backend: str, progress: Progress | None = None, keep_outputs: bool = False,
                 imports=(), isolate: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT, notes=None) -> list:
     """Outcomes of ``cases`` on ``backend`` (in a worker process unless not ``isolate``), with the
     fresh-process determinism check of the deterministic cases that passed. Lines worth telling
-    the user (a run that could not be isolated) are appended to ``notes``."""
-    outcomes = []
+    the user (a run that could not be isolated) are appended to ``notes``. Ctrl-C raises
+    :class:`Interrupted` with the outcomes of the cases that finished."""
+    outcomes, checked = [], set()
     det_ids = {c.id for c in cases if c.deterministic and c.kind == "valid"}
     fresh = FreshDigests(backend, imports, case_timeout)
     try:
@@ -158,61 +73,15 @@ def run_backend(cases, backend: str, progress: Progress | None = None, keep_outp
         for c, o in zip(cases, outcomes):
             if c.id in det_ids and o.status == "passed":
                 apply_fresh_process(o, fresh.digest(c))
+            checked.add(c.id)
+    except KeyboardInterrupt:
+        for c, o in zip(cases, outcomes):
+            if c.id in det_ids and o.status == "passed" and c.id not in checked:
+                o.message = (o.message + "; " if o.message else "") + "fresh-process check not run: interrupted"
+        raise Interrupted(outcomes) from None
     finally:
         fresh.close()
     return outcomes
-
-
-def _rows(cases, outcomes) -> list[dict]:
-    return [{"id": c.id, "group": c.group, "dtype": c.dtype, "status": o.status, "ratio": o.ratio,
-             "ratios": o.ratios, "message": o.message, "samples": o.ratio_samples, "stderr": o.stderr,
-             "ran": report.ran(o.record)}
-            for c, o in zip(cases, outcomes)]
-
-
-def _fmt(r) -> str:
-    if r is None:
-        return "-"
-    return "inf" if r == float("inf") else f"{r:.3g}"
-
-
-def summary_table(results: dict, seconds: dict) -> str:
-    """``results``: {backend: [(case, outcome)]} -> the summary table text."""
-    rows = [["backend", "passed", "failed", "crashed", "timed out", "refused", "unavailable", "worst error/bound",
-             "worst case", "time"]]
-    for name, pairs in results.items():
-        counts = Counter(o.status for _, o in pairs)
-        ratios = [(o.ratio, c.id) for c, o in pairs if o.ratio is not None]
-        worst = max(ratios) if ratios else (None, "")
-        rows.append([name, *(str(counts.get(s, 0)) for s in ("passed", "failed", "crashed", "timed_out", "refused",
-                                                              "unavailable")),
-                     _fmt(worst[0]), worst[1], f"{seconds.get(name, 0.0):.1f}s"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def _details(results: dict, verbose: bool) -> str:
-    lines = []
-    for name, pairs in results.items():
-        unavailable = [o.message for _, o in pairs if o.status == "unavailable"]
-        if unavailable and len(unavailable) == len(pairs):
-            lines.append(f"{name}: unavailable: {unavailable[0]}")
-            continue
-        for c, o in pairs:
-            if o.status in ("crashed", "timed_out"):
-                lines.append(f"{o.status.upper().replace('_', ' ')} {c.id} on {name}: "
-                             f"{o.message.splitlines()[0] if o.message else ''}"[:600])
-                if verbose and o.stderr.strip():
-                    lines += ["    | " + line[:300] for line in stderr_excerpt(o.stderr)]
-        failed = [(c, o) for c, o in pairs if o.status == "failed"]
-        for c, o in failed[: None if verbose else 20]:
-            lines.append(f"FAILED {c.id} on {name}: {o.message.splitlines()[0] if o.message else ''}"[:600])
-        if len(failed) > 20 and not verbose:
-            lines.append(f"... and {len(failed) - 20} more failures on {name} (--verbose lists them all)")
-        reasons = Counter(o.message.split(":")[0][:160] if o.message else "" for _, o in pairs if o.status == "refused")
-        for reason, n in reasons.most_common(5 if not verbose else None):
-            lines.append(f"refused {n} case(s) on {name}: {reason}")
-    return "\n".join(lines)
 
 
 def _import(modules) -> None:
@@ -267,31 +136,46 @@ def cmd_check(args) -> int:
     for n in runnable:
         prepare(n, quiet=args.no_progress, isolate=not args.no_isolate)
     progress = Progress(len(cases) * len(runnable), False if args.no_progress else None)
-    results, seconds, notes = {}, {}, []
+    results, seconds, notes, stopped = {}, {}, [], None
     from .runner import Outcome
     for name in names:
         start = time.perf_counter()
         if avail[name][0]:
-            outcomes = run_backend(cases, name, progress, imports=args.imports, isolate=not args.no_isolate,
-                                   case_timeout=args.case_timeout, notes=notes)
+            try:
+                outcomes = run_backend(cases, name, progress, imports=args.imports, isolate=not args.no_isolate,
+                                       case_timeout=args.case_timeout, notes=notes)
+            except Interrupted as exc:
+                outcomes = exc.outcomes
+                stopped = (f"interrupted (Ctrl-C) after {len(outcomes)} of {len(cases)} case(s) on {name}; "
+                           f"not started: {', '.join(names[names.index(name) + 1:]) or 'none'}. "
+                           "The summary covers what finished.")
         else:
             outcomes = [Outcome(c.id, name, "unavailable", avail[name][1]) for c in cases]
         results[name] = list(zip(cases, outcomes))
         seconds[name] = time.perf_counter() - start
+        if stopped:
+            break
     progress.close()
+    emulations = {n: env.emulation(resolve(n)) for n in runnable}
+    notes += [f"{n}: {env.emulated_words(text)}" for n, text in emulations.items() if text]
     print(f"xconv conformance: {len(cases)} cases (corpus {corpus_hash(load_corpus())[:12]}), "
           f"xconv {xconv.__version__}, kit {__version__}")
     print(summary_table(results, seconds))
-    details = _details(results, args.verbose)
+    details = summary.details(results, args.verbose, named=args.backend or ())
     if details:
         print(details)
     for note in notes:
         print(f"note: {note}")
     if args.report:
-        runs = [{"label": name, "detail": _backend_detail(name), "rows": _rows(cases, [o for _, o in pairs])}
-                for name, pairs in results.items()]
-        write_report(args.report, "xconv conformance report", runs, _intro(cases))
+        runs = [{"label": name, "detail": _backend_detail(name), "rows": summary.rows(cases, [o for _, o in pairs]),
+                 "emulation": emulations.get(name, "")} for name, pairs in results.items()]
+        title = "xconv conformance report" + (" (interrupted)" if stopped else "")
+        outpaths.writing("--report", args.report, lambda: write_report(args.report, title, runs, _intro(cases)))
         print(f"report: {args.report}")
+    if stopped:
+        print(f"xconv conformance: {stopped}")
+        print("xconv: interrupted", file=sys.stderr)
+        return 130
     if any(o.status in FAILING for pairs in results.values() for _, o in pairs):
         return 1
     if explicit and any(not avail[n][0] for n in names):
@@ -301,10 +185,14 @@ def cmd_check(args) -> int:
 
 def _backend_detail(name: str) -> str:
     try:
-        info = resolve(name).info()
+        b = resolve(name)
+        info = b.info()
     except xconv.BackendUnavailableError as exc:
         return exc.reason
-    return f"{info.version} on {env.device_name(info.devices)}" if info.available else info.reason
+    if not info.available:
+        return info.reason
+    emulated = env.emulated_words(env.emulation(b))
+    return f"{info.version} on {env.device_name(info.devices)}" + (f"; {emulated}" if emulated else "")
 
 
 def _intro(cases) -> str:
@@ -317,9 +205,11 @@ def manifest_for(name: str, cases, argv) -> dict:
     b = resolve(name)
     info = b.info()
     caps = b.capabilities
+    emulation = env.emulation(b)
     return {
         "xconv_version": xconv.__version__, "kit_version": __version__,
         "backend": {"name": info.name, "version": info.version, "devices": list(info.devices),
+                    "emulated": bool(emulation), "emulation": emulation,
                     "array_families": list(info.array_families),
                     "capabilities": {"spatial_dims": sorted(caps.spatial_dims), "dtypes": sorted(caps.dtypes),
                                      "transposed": caps.transposed, "strided": caps.strided,
@@ -345,30 +235,44 @@ def cmd_run(args, argv) -> int:
     progress = Progress(len(cases), False if args.no_progress else None)
     start = time.perf_counter()
     notes = []
-    outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports,
-                           isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
+    total, stopped = len(cases), False
+    try:
+        outcomes = run_backend(cases, args.backend, progress, keep_outputs=True, imports=args.imports,
+                               isolate=not args.no_isolate, case_timeout=args.case_timeout, notes=notes)
+    except Interrupted as exc:                   # a partial bundle of the cases that finished, marked so
+        outcomes, stopped = exc.outcomes, True
+        cases = cases[:len(outcomes)]
     progress.close()
     seconds = time.perf_counter() - start
     manifest = manifest_for(args.backend, cases, argv)
+    if stopped:
+        manifest["interrupted"] = {"after": len(cases), "of": total}
     if args.shard:
         manifest["shard"] = selection.shard_record(args.selection, *args.shard)
-    manifest, arrays = build(manifest,
-                             [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
-    write_bundle(args.out, manifest, arrays)
+    manifest, arrays = build(manifest, [(c, o, inputs_of(c).digest()) for c, o in zip(cases, outcomes)])
+    outpaths.writing("--out", args.out, lambda: write_bundle(args.out, manifest, arrays))
     results = {args.backend: list(zip(cases, outcomes))}
     print(f"xconv conformance run: {len(cases)} cases on {args.backend} ({manifest['device']})")
+    if manifest["backend"]["emulated"]:
+        print(f"note: {env.emulated_words(manifest['backend']['emulation'])}")
     print(summary_table(results, {args.backend: seconds}))
-    details = _details(results, args.verbose)
+    details = summary.details(results, args.verbose)
     if details:
         print(details)
     for note in notes:
         print(f"note: {note}")
-    print(f"bundle: {args.out}")
+    print(f"bundle: {args.out}" + (f" (partial: interrupted after {len(cases)} of {total} cases)" if stopped else ""))
     if args.report:
-        write_report(args.report, f"xconv conformance: {args.backend}", [
-            {"label": args.backend, "detail": _backend_detail(args.backend), "rows": _rows(cases, outcomes)}],
-            _intro(cases))
+        runs = [{"label": args.backend, "detail": _backend_detail(args.backend), "rows": summary.rows(cases, outcomes),
+                 "emulation": manifest["backend"]["emulation"]}]
+        outpaths.writing("--report", args.report, lambda: write_report(
+            args.report, f"xconv conformance: {args.backend}", runs, _intro(cases)))
         print(f"report: {args.report}")
+    if stopped:
+        print(f"xconv conformance run: interrupted (Ctrl-C) after {len(cases)} of {total} case(s); the bundle "
+              "holds those, marked interrupted")
+        print("xconv: interrupted", file=sys.stderr)
+        return 130
     return 1 if any(o.status in FAILING for o in outcomes) else 0
 
 
@@ -390,11 +294,12 @@ def cmd_compare(args) -> int:
     cmp = compare_bundles(bundles)
     print(format_comparison(cmp, show_all=args.all))
     if args.report:
-        write_report(args.report, "xconv conformance comparison", report_runs(cmp),
-                     f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
-                     + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
+        intro = (f"{len(bundles)} bundles: " + ", ".join(b.path for b in bundles)
+                 + f". {count_line(cmp)}. Each bundle is held against the float64 reference recomputed here.")
+        outpaths.writing("--report", args.report,
+                         lambda: write_report(args.report, "xconv conformance comparison", report_runs(cmp), intro))
         print(f"report: {args.report}")
-    return 1 if cmp.disagreements or merged.gaps else 0
+    return 0 if cmp.passes and not merged.gaps else 1
 
 
 def cmd_cases(args) -> int:
@@ -452,7 +357,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _common(run)
     compare = sub.add_parser("compare", help="compare bundles against the reference and pairwise",
                              description="Compare bundles against the float64 reference and pairwise; "
-                                         "exit 1 on a disagreement, 2 on an unreadable bundle.")
+                                         "exit 1 on a disagreement or when a bundle gives nothing to compare "
+                                         "(no case, unknown ids, every case refused or unavailable), 2 on an "
+                                         "unreadable bundle. The same bundle twice is a warning.")
     compare.add_argument("bundles", nargs="+", metavar="BUNDLE.xcr")
     compare.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML report")
     compare.add_argument("--all", action="store_true", help="list every case, not only disagreements")
@@ -474,7 +381,13 @@ def with_default_subcommand(argv: list[str]) -> list[str]:
 
 
 def dispatch(args, argv: list[str]) -> int:
-    """Run the parsed subcommand; ``argv`` is what followed ``xconv conformance`` (for bundle manifests)."""
+    """Run the parsed subcommand; ``argv`` is what followed ``xconv conformance`` (for bundle manifests).
+    Every output path is checked first: a bad one ends the command (exit 2, one line) before any work."""
+    name = f"xconv conformance {args.subcommand or 'check'}"
+    bad = outpaths.check({"--out": getattr(args, "out", None), "--report": getattr(args, "report", None)})
+    if bad:
+        print(f"{name}: {bad}", file=sys.stderr)
+        return 2
     try:
         if args.subcommand == "run":
             return cmd_run(args, argv)
@@ -493,6 +406,9 @@ def dispatch(args, argv: list[str]) -> int:
         return int(exc.code or 0)
     except BundleError as exc:
         print(f"xconv conformance: {exc}", file=sys.stderr)
+        return 2
+    except outpaths.WriteFailed as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
 
 

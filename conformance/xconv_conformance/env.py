@@ -62,6 +62,28 @@ def device_name(devices) -> str:
     return ", ".join(names) if names else cpu_name()
 
 
+def emulation(backend) -> str:
+    """What ``backend`` runs on when that is an emulator or fake, in words; "" on the real stack.
+
+    A backend that can tell (the Ascend backend on xconv's CANN emulator, the cuDNN backend on an
+    injected runtime or stand-in modules) says so through its optional ``emulation()`` method;
+    one without it is taken to run on what it names. Never raises.
+    """
+    method = getattr(backend, "emulation", None)
+    if not callable(method):
+        return ""
+    try:
+        text = method()
+    except Exception as exc:  # noqa: BLE001 - a label must not end the run
+        return f"unknown (emulation() raised {type(exc).__name__}: {exc})"
+    return str(text or "").strip()
+
+
+def emulated_words(text: str) -> str:
+    """The label shown wherever results appear: "EMULATED, not the vendor's hardware: …", or ""."""
+    return f"EMULATED, not the vendor's hardware: {text}" if text else ""
+
+
 def platform_info() -> dict[str, str]:
     return {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
             "platform": platform.platform(), "python": platform.python_version(),

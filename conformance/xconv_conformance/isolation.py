@@ -1,6 +1,6 @@
 """Running a backend in worker processes, so that a case that crashes or hangs costs only that case.
 
-A :class:`Worker` is one ``python -m xconv_conformance.worker`` process serving one backend in
+A :class:`Worker` is one ``python -P -m xconv_conformance.worker`` process serving one backend in
 one role: "judge" (run and judge a case: an :class:`~.runner.Outcome`) or "digest" (the result
 digests of a deterministic case: the fresh-process half of the determinism check). Cases travel
 one at a time over a dedicated pipe pair (:mod:`.channel`); the worker lives across cases, so its
@@ -67,6 +67,28 @@ def _kit_path() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: Started without the current directory on sys.path (``python -m`` would put it first, so an
+#: ``xconv_conformance/`` folder or a ``numpy.py`` where the user runs the kit would be imported):
+#: ``-P`` on Python 3.11+, else a bootstrap that drops sys.path[0] ("" under -c) before importing anything.
+_BOOT = ("import sys; del sys.path[0]; import runpy; "
+         "runpy.run_module('xconv_conformance.worker', run_name='__main__', alter_sys=True)")
+
+
+def worker_command(*args: str) -> list[str]:
+    """The command line of a worker process (isolated from the current directory, see :data:`_BOOT`)."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "xconv_conformance.worker", *args]
+    return [sys.executable, "-c", _BOOT, *args]
+
+
+def worker_pythonpath(environ) -> str:
+    """``$PYTHONPATH`` for a worker: the kit first, then the caller's entries made absolute. Empty entries
+    (often left by ``PYTHONPATH=$PYTHONPATH:...`` with the variable unset) would mean the current
+    directory: they are dropped; a relative entry names a folder on purpose: it is kept, absolute."""
+    entries = [os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([_kit_path()] + entries)
+
+
 class Worker:
     """One worker process for ``backend`` in ``role``; started on first use, restarted after a crash."""
 
@@ -92,11 +114,10 @@ class Worker:
         res_r, res_w = os.pipe()
         self.log = tempfile.TemporaryFile(prefix="xconv-worker-")
         env = dict(os.environ, XCONV_CONFORMANCE_ROLE=self.role)
-        env["PYTHONPATH"] = os.pathsep.join([_kit_path()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                                             if p])
+        env["PYTHONPATH"] = worker_pythonpath(env)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "xconv_conformance.worker", str(req_r), str(res_w)],
+                worker_command(str(req_r), str(res_w)),
                 stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, pass_fds=(req_r, res_w), env=env,
                 start_new_session=True)
         finally:
@@ -322,11 +343,3 @@ class FreshDigests:
     def close(self) -> None:
         self.worker.close()
 
-
-def fresh_process_digests(backend: str, cases, imports=(), case_timeout: float = DEFAULT_CASE_TIMEOUT) -> dict:
-    """{case id: digests, or the text or Died saying why not} of ``cases`` computed in another process."""
-    fresh = FreshDigests(backend, imports, case_timeout)
-    try:
-        return {c.id: fresh.digest(c) for c in cases}
-    finally:
-        fresh.close()

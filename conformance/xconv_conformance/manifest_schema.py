@@ -24,9 +24,10 @@ import numpy as np
 
 from xconv.errors import XconvError
 
+from .status import STATUSES  # every status a case record may hold  # noqa: F401
+
 FORMAT = "xconv-conformance-bundle"
 FORMAT_VERSION = 1
-STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")     # every status a case record may hold
 OUTPUT_NAMES = ("grad_input", "grad_weight", "grad_bias")
 STORED_DTYPES = {"float16": "float16", "bfloat16": "uint16", "float32": "float32", "float64": "float64"}
 MAX_CASES = 20_000                  # cases in one bundle (the corpus holds a few hundred)
@@ -231,13 +232,15 @@ MANIFEST = Obj(
     required={"xconv_version": NAME, "kit_version": NAME,
               "backend": Obj({"name": Str(nonempty=True, plain=True)},
                              {"version": NAME, "devices": List(NAME), "array_families": List(NAME),
+                              "emulated": Bool(), "emulation": Str(),
                               "capabilities": Map(AnyOf(Bool(), NAME, Int(), List(AnyOf(NAME, Int()))))}),
               "libraries": Map(NAME), "device": NAME, "platform": Map(NAME), "created": NAME,
               "corpus": Obj({"hash": SHA256, "case_ids": List(NAME, MAX_CASES)},
                             {"full_hash": SHA256, "count": Int(0)}),
               "cases": List(CASE, MAX_CASES),
               "members": Obj({"outputs.npz": Obj({"sha256": SHA256, "size": Int(0)}, closed=True)}, closed=True)},
-    optional={"command": List(Str())})
+    optional={"command": List(Str()),
+              "interrupted": Obj({"after": Int(0), "of": Int(0)})})     # a partial bundle: Ctrl-C after N of M
 
 
 def parse_manifest(data: bytes) -> dict:

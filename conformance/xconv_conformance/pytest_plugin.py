@@ -143,7 +143,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         _from_worker_reports(state, terminalreporter)      # the controller of `pytest -n N` (pytest-xdist)
     if not state or not state["outcomes"]:
         return
-    from .cli import summary_table
+    from .summary import summary_table
     terminalreporter.section("xconv conformance")
     for line in summary_table(dict(state["outcomes"]), dict(state["seconds"])).splitlines():
         terminalreporter.write_line(line)

@@ -8,11 +8,13 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from . import status
+from .tolerance import at_rounding_limit
+
 LO, HI, STEP = -10.0, 2.0, 0.25          # histogram range of log10(error / bound)
-_STATUS_COLOR = {"passed": "#2e7d32", "failed": "#c62828", "crashed": "#6a1b9a", "timed_out": "#ad1457",
-                 "refused": "#ef6c00", "unavailable": "#757575"}
-_COUNTED = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
-_FAILING = ("failed", "crashed", "timed_out")
+_STATUS_COLOR = status.COLORS
+_COUNTED = status.STATUSES
+_FAILING = status.FAILING
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1400px}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
@@ -21,7 +23,7 @@ th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .passed{color:#2e7d32}.failed{color:#c62828;font-weight:bold}.zero{color:#9e9e9e}.refused{color:#ef6c00}.unavailable{color:#757575}
 .crashed{color:#6a1b9a;font-weight:bold}.timed_out{color:#ad1457;font-weight:bold}
 .plots{display:flex;flex-wrap:wrap;gap:1em}.plot{border:1px solid #eee;padding:.3em}
-.small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}
+.small{font-size:.85em;color:#555}code{background:#f5f5f5;padding:0 .2em}.emulated{color:#6a1b9a}
 """
 
 
@@ -50,8 +52,9 @@ def _fmt_ratio(r) -> str:
     return f"{r:.3g}"
 
 
-def histogram_svg(samples: np.ndarray, title: str, width: int = 320, height: int = 150) -> str:
-    """Histogram of log10(error/bound) values; the bound (0) as a red line, bins beyond it in red."""
+def histogram_svg(samples: np.ndarray, title: str, width: int = 320, height: int = 150, floor=None) -> str:
+    """Histogram of log10(error/bound) values; the bound (0) as a red line, bins beyond it in red; ``floor``
+    (the worst ratio of the exactly rounded results, :func:`.tolerance.rounding_floor`) as a grey line."""
     edges = np.arange(LO, HI + STEP / 2, STEP)
     vals = np.clip(np.asarray(samples, dtype=np.float64), LO, HI - 1e-9) if len(samples) else np.zeros(0)
     counts, _ = np.histogram(vals, bins=edges)
@@ -74,11 +77,17 @@ def histogram_svg(samples: np.ndarray, title: str, width: int = 320, height: int
     parts.append(f'<line x1="{zero:.1f}" y1="{top}" x2="{zero:.1f}" y2="{top + ph}" stroke="#c62828" '
                  'stroke-dasharray="3,2"/>')
     parts.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#999"/>')
+    if floor is not None and floor > 0 and math.isfinite(floor):
+        fx = left + (min(max(math.log10(floor), LO), HI) - LO) / (HI - LO) * pw
+        parts.append(f'<line x1="{fx:.1f}" y1="{top}" x2="{fx:.1f}" y2="{top + ph}" stroke="#616161" '
+                     f'stroke-dasharray="1,2"><title>rounding floor {_fmt_ratio(floor)}: the exactly rounded '
+                     'results reach this ratio</title></line>')
     for t in range(int(LO), int(HI) + 1, 2):
         x = left + (t - LO) / (HI - LO) * pw
         parts.append(f'<text x="{x:.1f}" y="{top + ph + 12}" font-size="9" text-anchor="middle">1e{t}</text>')
+    caption = "red line = bound" + ("; grey = rounding floor" if floor else "")
     parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 2}" font-size="9" text-anchor="middle">'
-                 'error / bound (log scale; red line = bound)</text>')
+                 f'error / bound (log scale; {caption})</text>')
     parts.append(f'<text x="4" y="{top + ph / 2:.1f}" font-size="9" transform="rotate(-90 8 {top + ph / 2:.1f})">'
                  'count (log)</text>')
     parts.append("</svg>")
@@ -124,16 +133,39 @@ def _count_cell(status: str, n: int) -> str:
     return f'<td class="num {status if n else "zero"}">{n}</td>'
 
 
+def _with_floor(ratio, floor) -> str:
+    if isinstance(ratio, (int, float)) and at_rounding_limit(ratio, floor):
+        return f"{_fmt_ratio(ratio)} (at the rounding limit)"
+    if isinstance(ratio, (int, float)) and isinstance(floor, (int, float)) and floor:
+        return f"{_fmt_ratio(ratio)} (floor {_fmt_ratio(floor)})"
+    return _fmt_ratio(ratio)
+
+
+def _unavailable(run: dict) -> bool:
+    return bool(run["rows"]) and all(r["status"] == "unavailable" for r in run["rows"])
+
+
 def summary_table(runs: list[dict]) -> str:
+    """One row per run that ran something (worst error/bound beside its rounding floor), one row folding the
+    runs whose every case is unavailable."""
     out = ["<table><tr><th>backend</th><th>version / device</th><th>passed</th><th>failed</th><th>crashed</th>"
-           "<th>timed out</th><th>refused</th><th>unavailable</th><th>worst error/bound</th><th>worst case</th></tr>"]
+           "<th>timed out</th><th>refused</th><th>unavailable</th><th>worst error/bound (rounding floor)</th>"
+           "<th>worst case</th></tr>"]
+    gone = [run for run in runs if _unavailable(run)]
     for run in runs:
+        if _unavailable(run):
+            continue
         counts = Counter(r["status"] for r in run["rows"])
-        ratios = [(r["ratio"], r["id"]) for r in run["rows"] if isinstance(r.get("ratio"), (int, float))]
-        worst = max(ratios) if ratios else (None, "")
-        out.append(f'<tr><td>{_esc(run["label"])}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
+        ratios = [(r["ratio"], r["id"], r.get("floor")) for r in run["rows"]
+                  if isinstance(r.get("ratio"), (int, float))]
+        worst = max(ratios, key=lambda t: t[0]) if ratios else (None, "", None)
+        fake = '<br><b class="emulated">EMULATED</b>' if run.get("emulation") else ""
+        out.append(f'<tr><td>{_esc(run["label"])}{fake}</td><td class="small">{_esc(run.get("detail", ""))}</td>'
                    + "".join(_count_cell(s, counts.get(s, 0)) for s in _COUNTED)
-                   + f'<td class="num">{_fmt_ratio(worst[0])}</td><td>{_esc(worst[1])}</td></tr>')
+                   + f'<td class="num">{_esc(_with_floor(worst[0], worst[2]))}</td><td>{_esc(worst[1])}</td></tr>')
+    if gone:
+        out.append(f'<tr><td colspan="10" class="unavailable">unavailable here ({len(gone)}): '
+                   + _esc(", ".join(run["label"] for run in gone)) + " (reasons below)</td></tr>")
     out.append("</table>")
     return "".join(out)
 
@@ -144,26 +176,37 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
     body = [f"<h1>{_esc(title)}</h1>"]
     if intro:
         body.append(f"<p class='small'>{intro}</p>")
+    fakes = [run for run in runs if run.get("emulation")]
+    if fakes:
+        body.append("<p class='emulated'>Emulated results: " + "; ".join(
+            f"{_esc(run['label'])} ran on {_esc(run['emulation'])}" for run in fakes)
+            + ". They show the software path, not the vendor's hardware.</p>")
     body.append("<h2>Summary</h2>" + summary_table(runs))
     if extra_html:
         body.append(extra_html)
     body.append("<h2>Error / bound distribution per backend and dtype</h2><p class='small'>Every element of every "
                 "unmasked gradient (sampled for large outputs, always keeping the largest ratios): "
                 "log10(|got - exact| / bound). Passing results lie left of the red line; exact results "
-                "are drawn at 1e-10.</p>")
+                "are drawn at 1e-10. The grey line is the rounding floor: the worst ratio of the exactly "
+                "rounded results, which the final rounding to float16/bfloat16 alone brings close to 1; "
+                "results piled at it are at the rounding limit, not borderline.</p>")
     for run in runs:
-        per_dtype = defaultdict(list)
+        per_dtype, floors = defaultdict(list), defaultdict(float)
         for r in run["rows"]:
             for s in (r.get("samples") or {}).values():
                 per_dtype[r["dtype"]].append(np.asarray(s, dtype=np.float64))
+            if isinstance(r.get("floor"), (int, float)):
+                floors[r["dtype"]] = max(floors[r["dtype"]], r["floor"])
         if not per_dtype:
-            body.append(f"<p>{_esc(run['label'])}: no results to plot.</p>")
+            if not _unavailable(run):
+                body.append(f"<p>{_esc(run['label'])}: no results to plot.</p>")
             continue
         body.append("<div class='plots'>")
         for dtype in ("float16", "bfloat16", "float32", "float64"):
             if dtype in per_dtype:
                 body.append("<div class='plot'>" + histogram_svg(np.concatenate(per_dtype[dtype]),
-                                                                 f"{run['label']} {dtype}") + "</div>")
+                                                                 f"{run['label']} {dtype}",
+                                                                 floor=floors.get(dtype)) + "</div>")
         body.append("</div>")
     body.append("<h2>Worst error / bound per case</h2>")
     for run in runs:
@@ -174,12 +217,13 @@ def html_report(title: str, runs: list[dict], intro: str = "", extra_html: str =
         rows = sorted((r for r in run["rows"] if isinstance(r.get("ratio"), (int, float))),
                       key=lambda r: -r["ratio"])[:25]
         body.append(f"<h3>{_esc(run['label'])}</h3><table><tr><th>case</th><th>dtype</th><th>status</th>"
-                    "<th>worst error/bound</th><th>per output</th><th>ran (path / engine)</th></tr>")
+                    "<th>worst error/bound (rounding floor)</th><th>per output</th><th>ran (path / engine)</th></tr>")
         for r in rows:
             per = ", ".join(f"{k} {_fmt_ratio(v)}" for k, v in (r.get("ratios") or {}).items())
             body.append(f"<tr><td><code>{_esc(r['id'])}</code></td><td>{_esc(r['dtype'])}</td>"
                         f"<td class='{_esc(r['status'])}'>{_esc(r['status'])}</td>"
-                        f"<td class='num'>{_fmt_ratio(r['ratio'])}</td><td class='small'>{_esc(per)}</td>"
+                        f"<td class='num'>{_esc(_with_floor(r['ratio'], r.get('floor')))}</td>"
+                        f"<td class='small'>{_esc(per)}</td>"
                         f"<td class='small'>{_esc(r.get('ran', ''))}</td></tr>")
         body.append("</table>")
     problems = [(run["label"], r) for run in runs for r in run["rows"] if r["status"] in _FAILING + ("refused",)]

@@ -3,15 +3,13 @@
 Per valid case: the call's results have the right structure, shapes and dtypes; masked
 gradients are None; every unmasked gradient is within the error bound of the float64 oracle
 (:mod:`.tolerance`); for ``deterministic=True`` a second call is bitwise identical (and, via
-:func:`fresh_process_digests`, so is a call in a fresh process) unless the backend refused;
+:class:`.isolation.FreshDigests`, so is a call in a fresh process) unless the backend refused;
 results stay unchanged by later calls (:class:`Watch`).
 Per invalid case: :class:`xconv.ShapeError` naming the expected argument, with no backend
 primitive called.
 
-Outcomes: "passed", "failed", "refused" (the backend raised UnsupportedError: reported, never a
-pass), "unavailable" (with the backend's reason), and, when cases run in worker processes
-(:mod:`.isolation`), "crashed" (the case killed its worker: ``signal`` and ``stderr`` say how) and
-"timed_out" (it ran past the case timeout). Crashed and timed-out cases count as failures.
+Outcomes: the statuses of :mod:`.status` ("crashed" and "timed_out" come from worker processes,
+:mod:`.isolation`). Crashed and timed-out cases count as failures.
 """
 
 from __future__ import annotations
@@ -29,13 +27,12 @@ import xconv
 from xconv import Backend, BackendUnavailableError, ShapeError, UnsupportedError
 from xconv.dtypes import dtype_name
 
-from . import exact, invariance, tolerance
+from . import exact, invariance, tolerance, value_invariance
 from .cases import Case, Inputs, make_inputs
 from .families import FamilyError, family
+from .status import DIED, FAILING, STATUSES  # noqa: F401  (runner.FAILING: the spelling front ends import)
 
 ORACLE = "numpy-exact"
-STATUSES = ("passed", "failed", "crashed", "timed_out", "refused", "unavailable")
-FAILING = ("failed", "crashed", "timed_out")
 OUTPUTS = tolerance.OUTPUTS
 
 
@@ -58,6 +55,7 @@ class Outcome:
     signal: str | None = None                       # crashed: the name of the signal that killed the worker
     stderr: str = ""                                # crashed / timed_out: the tail of what the case wrote there
     record: dict | None = None                      # xconv.trace() record of the call: which path/engine ran
+    floor: float | None = None                      # worst rounding floor over the judged outputs (tolerance)
 
     @property
     def ok(self) -> bool:
@@ -71,7 +69,7 @@ class Outcome:
                   "worst_index": {k: list(v) if v is not None else None for k, v in self.worst_index.items()},
                   "digests": list(self.digests) if self.digests is not None else None,
                   "seconds": round(self.seconds, 6)}
-        if self.status in ("crashed", "timed_out"):
+        if self.status in DIED:
             record.update(signal=self.signal, stderr=self.stderr)
         if self.record:
             record["record"] = self.record
@@ -99,6 +97,7 @@ class Reference:
     lengths: dict
     bounds: tuple
     input_digest: str
+    floors: tuple = ()        # per output: tolerance.rounding_floor, the worst ratio of the exactly rounded result
 
 
 def oracle_backend() -> Backend:
@@ -147,7 +146,8 @@ def compute_reference(case: Case, inputs: Inputs) -> Reference:
     lengths = tolerance.reduction_lengths(case.params)
     bounds = tuple(tolerance.bound(e, a, lengths[name], case.dtype, case.math)
                    for name, e, a in zip(OUTPUTS, exact, abs_sum))
-    return Reference(tuple(exact), tuple(abs_sum), lengths, bounds, inputs.digest())
+    floors = tuple(tolerance.rounding_floor(e, b, case.dtype) for e, b in zip(exact, bounds))
+    return Reference(tuple(exact), tuple(abs_sum), lengths, bounds, inputs.digest(), floors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
         return Outcome(case.id, name, "failed", f"expected a 3-tuple of results, got {type(results).__name__}")
     ref = reference_of(case)
     shapes = (case.input_shape, case.weight_shape, (case.c_out,))
-    outputs, ratios, worst_index, samples = [], {}, {}, {}
+    outputs, ratios, worst_index, samples, floors = [], {}, {}, {}, []
     for i, (res, bit, shape, oname) in enumerate(zip(results, case.mask, shapes, OUTPUTS)):
         if not bit:
             if res is not None:
@@ -349,6 +349,7 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
         ratio = tolerance.error_ratio(arr, ref.exact[i], ref.bounds[i])
         w, idx = tolerance.worst(ratio)
         ratios[oname], worst_index[oname] = w, idx
+        floors.append(ref.floors[i])
         samples[oname] = _log_ratio_sample(ratio)
         if not w <= 1.0:
             e = float(ref.exact[i][idx]) if idx is not None else 0.0
@@ -377,11 +378,16 @@ def _run_valid(case: Case, backend, b: Backend, fam, keep_outputs: bool, repeat:
                                             call_kwargs(case))
         except UnsupportedError as exc:
             return Outcome(case.id, name, "refused", f"batch-invariance check: {exc}")
+    if case.deterministic and not problems and any(value_invariance.declared(b)):
+        try:
+            problems += value_invariance.problems(case, backend, b, inputs, outputs, fam, call_kwargs(case))
+        except UnsupportedError as exc:
+            return Outcome(case.id, name, "refused", f"mask/layout check: {exc}")
     ratio = max(ratios.values()) if ratios else None
     status = "failed" if problems else "passed"
     return Outcome(case.id, name, status, "; ".join(problems), ratio, ratios, worst_index,
                    tuple(outputs) if keep_outputs else None, digests, ratio_samples=samples,
-                   live=(fam, tuple(results)), record=record)
+                   live=(fam, tuple(results)), record=record, floor=max(floors) if floors else None)
 
 
 def _log_ratio_sample(ratio: np.ndarray, limit: int = 2048) -> np.ndarray:
@@ -447,7 +453,7 @@ def apply_fresh_process(outcome: Outcome, fresh) -> Outcome:
     """
     if outcome.status != "passed" or outcome.digests is None:
         return outcome
-    if getattr(fresh, "status", None) in ("crashed", "timed_out"):
+    if getattr(fresh, "status", None) in DIED:
         from .isolation import _hint
         outcome.status, outcome.signal, outcome.stderr = fresh.status, fresh.signal, fresh.stderr
         outcome.message = f"in the fresh process of the determinism check: {fresh.detail}{_hint(fresh.stderr)}"

@@ -126,6 +126,23 @@ def error_ratio(got: np.ndarray, exact: np.ndarray, bnd: np.ndarray) -> np.ndarr
     return np.where(np.isfinite(g), r, np.inf)
 
 
+def rounding_floor(exact: np.ndarray, bnd: np.ndarray, dtype: str) -> float:
+    """The worst error/bound of the exactly rounded result (``exact`` rounded once to ``dtype``): what a
+    perfect backend scores. For float16/bfloat16 the final rounding alone reaches ~1 where a result lies
+    just above a power of two; a worst ratio at or below this floor is that rounding and nothing else."""
+    from xconv.dtypes import DTYPES
+
+    exact = np.asarray(exact, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = exact.astype(DTYPES[dtype])
+    return worst(error_ratio(rounded, exact, bnd))[0]
+
+
+def at_rounding_limit(ratio: float | None, floor: float | None) -> bool:
+    """Whether a worst ratio is the final rounding's alone: no more than the floor, and the floor not negligible."""
+    return ratio is not None and floor is not None and floor >= 0.05 and ratio <= floor * (1 + 1e-9)
+
+
 def worst(ratio: np.ndarray) -> tuple[float, tuple | None]:
     """(max ratio, index of the worst element); (0.0, None) for an empty array."""
     if ratio.size == 0:

@@ -796,6 +796,12 @@ const char *aclrtGetSocName(void)
     return g_cfg.soc_name;
 }
 
+/* ------------------------------------------------------- the marker (not CANN) */
+const char *xconv_cann_emulator(void)
+{
+    return "xconv CANN emulator (tests/fake_cann): a CPU emulation, not Ascend hardware";
+}
+
 /* ------------------------------------------------------- fakecann_* API */
 int64_t fakecann_live_count(int kind)
 {

@@ -79,6 +79,7 @@ CONTROL_SIGNATURES = {
     "fakecann_prepare_count": (c_int, []),
     "fakecann_reset": (None, []),
     "fakecann_reset_runtime": (None, []),
+    "xconv_cann_emulator": (c_char_p, []),     # the marker real CANN lacks (fake_cann.h)
 }
 
 

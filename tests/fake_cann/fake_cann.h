@@ -235,6 +235,13 @@ enum {
     FAKECANN_KIND_COUNT = 6
 };
 
+/* The emulator's marker: a symbol real CANN lacks. It returns what the emulator is, in words; the
+ * xconv Ascend backend looks for it in every library it loads and labels results "emulated" (the
+ * devices, bundle manifests, compare output and reports say so). Everything else keeps CANN's ABI:
+ * aclrtGetSocName still returns the emulated SoC ("Ascend910B2"), which selects the SoC's rules. */
+#define FAKECANN_MARKER "xconv_cann_emulator"
+FC_API const char *xconv_cann_emulator(void);
+
 /* op codes of the call records */
 #define FAKECANN_OP_CONV_BACKWARD 1
 #define FAKECANN_OP_CONV_FORWARD 2

@@ -180,7 +180,8 @@ static void XCONV_T(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
  * loops above. plan: see small.py (_S1Plan); xs, dys: x's and dy's element strides (n, c, d, h, w). Returns 0, 1
  * when scratch could not be allocated (nothing written), or (backward) 2 when an input it reads (dy; x for dW; w for
  * dx) holds an inf or a NaN: the grids multiply padding zeros the definition never multiplies, so the caller runs
- * such a call on the exact-zero path instead (the outputs are then partly written). */
+ * such a call on the exact-zero path instead (the outputs are then partly written). *scratch (when not NULL) receives
+ * the bytes of scratch malloc'd for the call (0 when the allocation failed), for the trace record. */
 static int64_t *XCONV_T(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C, const int64_t *keep, const int64_t *s,
                                 const int64_t *dims, const int64_t *at, int64_t ps, int64_t ldc, int64_t tail) {
     g[F_N] = plan[P_N]; g[F_C] = C;
@@ -190,12 +191,15 @@ static int64_t *XCONV_T(sg_fill_geo)(int64_t *g, const int64_t *plan, int64_t C,
     return g;
 }
 
-int XCONV_T(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, const int64_t *plan, const int64_t *xs) {
+int XCONV_T(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, const int64_t *plan, const int64_t *xs,
+                                  int64_t *scratch) {
     const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], size = plan[P_XG + 6], rows = plan[P_XG + 7];
     const int64_t ldc = (N + 1) * size;
     T *grid = malloc((size_t)(C * ldc + SG_SLACK) * sizeof(T));
     T *acc = malloc((size_t)(Co * N * rows) * sizeof(T));
+    if (scratch) *scratch = 0;
     if (!grid || !acc) { free(grid); free(acc); return 1; }
+    if (scratch) *scratch = (int64_t)((C * ldc + SG_SLACK + Co * N * rows) * (int64_t)sizeof(T));
     int64_t fg[F_TAIL + 1], cg[C_LDO + 1];
     XCONV_T(xconv_small_fill)(x, grid, XCONV_T(sg_fill_geo)(fg, plan, C, plan + P_S, xs, plan + P_XG, plan + P_XG + 3, size,
                                                   ldc, SG_SLACK));
@@ -214,7 +218,7 @@ int XCONV_T(xconv_small_s1_fprop)(const T *x, const T *w, const T *bias, T *y, c
 }
 
 int XCONV_T(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx, T *dw, T *db, const int64_t *plan,
-                                const int64_t *dys, const int64_t *xs) {
+                                const int64_t *dys, const int64_t *xs, int64_t *scratch) {
     const int64_t N = plan[P_N], C = plan[P_C], Co = plan[P_CO], G = plan[P_G], Cig = plan[P_CIG];
     const int64_t Cog = plan[P_COG], K = plan[P_K];
     const int64_t xsize = plan[P_XG + 6], xrows = plan[P_XG + 7], xldc = (N + 1) * xsize;
@@ -228,10 +232,15 @@ int XCONV_T(xconv_small_s1_backward)(const T *dy, const T *x, const T *w, T *dx,
     T *dz = dw && !dz_from_grid ? malloc((size_t)(Co * N * xrows + SG_SLACK) * sizeof(T)) : NULL;
     T *acc = dx ? malloc((size_t)(C * N * drows) * sizeof(T)) : NULL;
     T *wt = dx ? malloc((size_t)(C * Cog * K) * sizeof(T)) : NULL;
+    if (scratch) *scratch = 0;
     if ((need_dygrid && !dgrid) || (dw && !xgrid) || (dw && !dz_from_grid && !dz) || (dx && (!acc || !wt))) {
         free(dgrid); free(xgrid); free(dz); free(acc); free(wt);
         return 1;
     }
+    if (scratch)
+        *scratch = (int64_t)sizeof(T) * ((need_dygrid ? Co * dldc + SG_SLACK : 0) + (dw ? C * xldc + SG_SLACK : 0)
+                                         + (dw && !dz_from_grid ? Co * N * xrows + SG_SLACK : 0)
+                                         + (dx ? C * N * drows + C * Cog * K : 0));
     int bad = XCONV_T(xconv_small_bias)(dy, db, XCONV_T(sg_fill_geo)(fg, plan, Co, plan + P_O, dys, zero5, zero5, 0, 0, 0));
     if (need_dygrid)
         XCONV_T(xconv_small_fill)(dy, dgrid, XCONV_T(sg_fill_geo)(fg, plan, Co, plan + P_KEEP, dys, plan + P_DG, plan + P_DG + 3,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 
 from ..blas import MAX_WORKERS
 from ..workers import even_ranges
@@ -27,7 +27,10 @@ def budget(nbytes: int, p: ConvParams | None = None) -> int:
     budget = int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, nbytes)))
     if p is not None and p.workspace_limit is not None:
         reserve = (3 + 2 * MAX_WORKERS) * math.prod(p.weight_shape) * compute_dtype(p).itemsize
-        budget = max(1, min(budget, p.workspace_limit - reserve))
+        if p.workspace_limit - reserve < budget:          # the limit binds: other chunks, other partial sums
+            budget = max(1, p.workspace_limit - reserve)
+            tracing.note(f"workspace_limit binds: chunks within {budget} bytes (grad_weight's partial sums, and "
+                         f"the products' shapes, differ from the unlimited call's)")
     return budget
 
 

@@ -45,9 +45,11 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, w
     out_dt = DTYPES[p.dtype]
     copy_dy = not _blasable(dy.reshape(N, g, Cog, P), cdt) if dy.flags.c_contiguous else True
     copy_x = need_dw and (not _blasable(x.reshape(N, g, Cg, P), cdt) if x.flags.c_contiguous else True)
-    sample_bytes = it * g * P * (Cog * copy_dy + Cg * copy_x + Cg * (need_dx and out_dt != cdt)) \
-        + (it * g * Cog * Cg if need_dw else 0)
-    io = _io_bytes(geo, out_dt.itemsize, need_dx, need_dw)
+    # chunk sizes (dw's sum order) as the full call's on C-contiguous operands (copied only when 16-bit): the same
+    # for any mask and layout (other layouts' copies take their buffers beyond that)
+    conv = out_dt != cdt
+    sample_bytes = it * g * P * (Cog + 2 * Cg) * conv + it * g * Cog * Cg
+    io = _io_bytes(geo, out_dt.itemsize, True, True)
     budget = _budget(io, p)
     cap = max(1, budget // 2)
     nb = max(1, min(N, cap // max(sample_bytes, 1), -(-N // MIN_CHUNKS)))

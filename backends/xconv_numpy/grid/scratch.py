@@ -93,9 +93,9 @@ class Lease:
         """An uninitialized array starting on a 64-byte boundary (a cache line: vector loads never split)."""
         dtype = np.dtype(dtype)
         n = math.prod(shape) * dtype.itemsize
-        self.sizes.append(n + 64)
-        if self.limit is not None:
-            check_request("numpy", sum(self.sizes), self.limit, "scratch (its smallest chunking)")
+        if self.limit is not None:                       # a refused request is not counted (workers.run goes on
+            check_request("numpy", sum(self.sizes) + n + 64, self.limit, "scratch (its smallest chunking)")
+        self.sizes.append(n + 64)                        # with the workspaces it has)
         raw = ARENA.take(n + 64)
         self.bufs.append(raw)
         a = -raw.ctypes.data % 64
@@ -226,13 +226,7 @@ def n_slots(io_bytes: int, w_bytes: int) -> int:
 
 
 def run_guarded(chunks, task, workspace, workers, slots):
-    """workers.run with the slots released when a chunk fails, also when a worker fails to lease its
-    workspace (the others may wait on its chunks)."""
-    def guarded_workspace():
-        try:
-            return workspace()
-        except BaseException:
-            if slots is not None:
-                slots.fail()
-            raise
-    run(chunks, task, guarded_workspace, workers, slots.fail if slots is not None else None)
+    """workers.run with the slots released when a chunk fails. (Workspaces are made before any chunk runs, on the
+    calling thread, so a workspace that cannot be leased leaves no chunk waiting: workers.run goes on with fewer
+    workers, or raises before any work when the first cannot be leased.)"""
+    run(chunks, task, workspace, workers, slots.fail if slots is not None else None)

@@ -75,9 +75,9 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, le
     n1 = {ip: geo.tapgrid[ip][0][2] for ip in live}
     ext = {ip: ((n1[ip] - 1) * geo.tapgrid[ip][0][1] if implicit[ip] else 0) for ip in live}
     col_rows = {ip: (J[ip] // n1[ip] if implicit[ip] else J[ip]) * Cog for ip in live}
-    unit_bytes = it * g * max(rest_n[ip] * (col_rows[ip] + (Cg * (1 + implicit[ip]) if need_dx else 0)
-                                            + (Cg if need_dw else 0)) for ip in live)
-    io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
+    # chunks (and so dw's sum order and the products' shapes) as the full call's, whatever the mask
+    unit_bytes = it * g * max(rest_n[ip] * (col_rows[ip] + Cg * (1 + implicit[ip]) + Cg) for ip in live)
+    io = _io_bytes(geo, DTYPES[p.dtype].itemsize, True, True)
     budget = _budget(io, p)
     chunks, dy_lines, c_lines = _chunks_compact(geo, lo1, hi1, it * g * Cog * line, unit_bytes, budget, single)
     workers = _cap_workers(workers, budget, dy_lines * it * g * Cog * line + c_lines * unit_bytes)

@@ -21,8 +21,9 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, le
     cdt = compute_dtype(p)
     g, Cg, Cog, line, h, K = geo.g, geo.Cg, geo.Cog, geo.line, geo.halo, geo.K
     nph = len(geo.phases)
-    line_bytes = cdt.itemsize * line * g * (Cog + K * Cg * (need_dx + need_dw) + nph * Cg * (need_dx + need_dw))
-    io = _io_bytes(geo, DTYPES[p.dtype].itemsize, need_dx, need_dw)
+    # chunks (and so dw's sum order and the products' shapes) as the full call's, whatever the mask
+    line_bytes = cdt.itemsize * line * g * (Cog + 2 * K * Cg + 2 * nph * Cg)
+    io = _io_bytes(geo, DTYPES[p.dtype].itemsize, True, True)
     budget = _budget(io, p)
     chunks, lines, aligned = _chunks(geo, line_bytes, 2 * h, budget)
     workers = _cap_workers(workers, budget, (lines + 2 * h) * line_bytes)
