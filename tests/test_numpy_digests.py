@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import numpy_digests
+from xconv_numpy import paths
 
 MANIFEST = Path(__file__).parent / "data" / "numpy_digests.json"
 
@@ -28,7 +29,8 @@ def test_numpy_backends_are_bitwise_as_recorded():
     if key not in builds:
         pytest.skip(f"digests depend on the build; the manifest has {sorted(builds)}, this machine is {key!r}")
     want = builds[key]
-    full = numpy_digests.compute()
+    with paths.without_cost_model():       # the cost model's picks (issue 25) change bits by design
+        full = numpy_digests.compute()
     got = numpy_digests.compact(full)
     missing = sorted(set(want) - set(got))
     assert not missing, f"{len(missing)} calls of the manifest no longer run, e.g. {missing[:5]}"

@@ -69,7 +69,7 @@ def test_compiled_and_depthwise_paths(monkeypatch):
     d_runs = count_calls(monkeypatch, depthwise, "backward")
     x, w, dy = _conv(rng, (2, 32, 8, 8), (32, 32, 3, 3), padding=1)
     xd, wd, dyd = _conv(rng, (2, 6, 8, 8), (6, 1, 3, 3), padding=1, groups=6)
-    with xconv.trace() as t:
+    with xconv.trace() as t, paths.without_cost_model():      # the rules below the cost model's
         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
         xconv.convolution_backward(dyd, xd, wd, padding=1, groups=6, output_mask=(True, True, False))
         xconv.conv_fprop(x, w, padding=1)
@@ -203,7 +203,7 @@ def test_torch_functional_route_keeps_level_and_limit():
 def test_small_call_path_reported(monkeypatch):
     ran = count_calls(monkeypatch, small, "backward", "compiled_backward")
     x, w, dy = _conv(np.random.default_rng(9), (1, 4, 8, 8), (4, 4, 3, 3), padding=1)
-    with xconv.trace() as t, paths.force():                   # nothing forced (the fixture's undone): sizes choose
+    with xconv.trace() as t, paths.force(), paths.without_cost_model():   # nothing forced: the size rules choose
         xconv.convolution_backward(dy, x, w, padding=1)
         xconv.conv_fprop(x, w, padding=1)
     assert len(ran) == 1

@@ -35,3 +35,10 @@ def depthwise(p: ConvParams) -> int:
     sample = math.prod(plan.out4[1:]) + 2 * math.prod(plan.in4[1:])
     return it * (MAX_WORKERS * worker + N * Co * (plan.K + 1) + Co * plan.K + sample) + \
         max(_depthwise.BLOCK_BYTES, it * sample)
+
+
+def colgemm(p: ConvParams) -> int:
+    """colgemm (issue 25): its columns and products stay within the call's input and output bytes per chunk of
+    samples (``colgemm.sample_chunks``); counted generously as four times those bytes in float64, plus dW's partial."""
+    io = math.prod(p.input_shape) * 2 + math.prod(p.output_shape) + math.prod(p.weight_shape) * 3
+    return 8 * 4 * io

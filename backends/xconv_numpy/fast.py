@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from xconv import ConvParams, tracing
 
-from . import bias, columns, dense, depthwise, paths, small
+from . import bias, colgemm, columns, dense, depthwise, grid_blocks, paths, small
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .grid import forward, pointwise, strategy_a, strategy_b
@@ -69,7 +69,8 @@ def _columns(dy, x, w, p, need_dx, need_dw, rule):
 
 
 def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
-    """(dx, dw, db or None) by ``path``; db only from the paths that sum dy in the same pass."""
+    """(dx, dw, db or None) by ``path``; db only from the paths that sum dy in the same pass. The dense loops'
+    working-set budget is the full call's whatever the mask (their dW chunking, so its bits, must not depend on it)."""
     name = path.name
     if name == "depthwise":
         return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, blas_workers())
@@ -77,6 +78,9 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
         _small_scratch(p, need_dx, need_dw)
         with pinned_blas_workers():
             return small.backward(dy, x, w, p, need_dx, need_dw) + (None,)
+    if name == "colgemm":
+        with pinned_blas_workers() as workers:
+            return colgemm.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         if name == "dense":
             budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)     # the full call's: any mask
@@ -166,6 +170,11 @@ def fprop(x, w, b, p: ConvParams):
         return depthwise.fprop(x, w, b, p, blas_workers())
     if name == "small-c":
         return small.fprop(x, w, b, p)
+    if name == "small-c-blocks":
+        return grid_blocks.fprop(x, w, b, p, blas_workers())
+    if name == "colgemm":
+        with pinned_blas_workers() as workers:
+            return colgemm.fprop(x, w, b, p, workers)
     if name == "small":
         _small_scratch(p, False, False, fprop=True)
         with pinned_blas_workers():

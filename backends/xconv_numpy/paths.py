@@ -30,13 +30,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import threading
 from typing import Callable
 
-from xconv import ConvParams, settings
+import numpy as np
 
-from . import bounds, columns, dense, depthwise, native, small
-from .grid.geometry import geom
+from xconv import ConvParams, settings
+from xconv.dtypes import DTYPES
+
+from . import bounds, colgemm, columns, cost, dense, depthwise, native, small
+from .grid.geometry import compute_dtype, geom
 
 OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
 
@@ -78,6 +82,12 @@ PATHS = {p.name: p for p in (
          "blas-grid x-columns"),
     Path("bias-sum", "grad_bias: per sample and channel in float64, samples in order (one order for every call)",
          "bias.bias_sum", "none", True, "keeps", "bias sum"),
+    Path("colgemm", "fprop, backward (dx, dw): im2col columns and blocked BLAS products on the workers",
+         "colgemm.fprop / colgemm.backward (csrc/small_cols.c)", "pinned", False, "detour", "colgemm columns",
+         bounds.colgemm),
+    Path("small-c-blocks", "fprop: the small path's stride-1 loops in blocks of samples on the workers",
+         "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks",
+         bounds.small),
 )}
 
 #: The mask the rules see: the full call's, whatever the call asks for (see Determinism above).
@@ -110,6 +120,50 @@ def _strategy_a(p, mask):   # the costs of the full call (dx and dw): the same s
 
 _GRADS = ("grad_input", "grad_weight")
 
+#: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
+#: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
+COLGEMM_FORWARD_COLUMNS = 4096
+
+
+def cost_pick(p, output: str):
+    """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that
+    can run it, as a table path name; None where the model does not decide (the rules below it do). A function
+    of the configuration and the build only (cached with the table's choice)."""
+    if p.transposed or not small.compiled_available() or columns.serves(p) or depthwise.serves(p):
+        return None
+    need_dx = output == "dx"
+    served = small.serves(p, need_dx)                                # the small path by its own size rule
+    same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
+    cands = ["small"] if served or (same and small.grid_compiled(p)) else []     # its stride-1 loops at any size
+    if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
+        return "small-c" if small.grid_compiled(p) else "small"
+    if output == "y":
+        if colgemm.fits(p, False, False, True) and len(colgemm.sample_chunks(p, False, False, True)) == 1 \
+                and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
+            cands.append("colgemm")
+        if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
+            cands.append("grid")
+        if not served:
+            cands.append("blas-grid")                      # the grid engine's forward
+    else:
+        if colgemm.fits(p, True, True):
+            cands.append("colgemm")
+        if dense.serves(p):
+            cands.append("direct")
+        if geom(p).pointwise:
+            cands.append("pointwise")
+    if not cands:
+        return None
+    pick = cost.cheapest(p, output, cands)
+    return {"small": "small-c" if small.grid_compiled(p) else "small", "direct": "dense", "grid": "small-c-blocks",
+            "blas-grid": None}.get(pick, pick)
+
+
+def _cost(output: str, name: str):
+    def when(p, mask):
+        return cost_pick(p, output) == name
+    return when
+
 #: The table: per op, rules in the order they are tried; the first that holds (and whose path may run: see
 #: the workspace_limit rule) chooses. grad_bias is always "bias-sum".
 RULES = (
@@ -117,6 +171,8 @@ RULES = (
          lambda p, m: columns.serves(p)),
     Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
          lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
+    *(Rule(f"cost model: {name} cheapest (cost.py)", "fprop", ("output",), name, _cost("y", name))
+      for name in ("small-c", "small", "colgemm", "small-c-blocks")),
     Rule("small, stride 1, C loops built (small.serves)", "fprop", ("output",), "small-c",
          lambda p, m: small.serves(p) and small.grid_compiled(p)),
     Rule("small (small.serves)", "fprop", ("output",), "small", lambda p, m: small.serves(p)),
@@ -125,6 +181,9 @@ RULES = (
     Rule("grid serves badly (columns.serves)", "backward", _GRADS, "columns", lambda p, m: columns.serves(p)),
     Rule("one input channel per group (depthwise.serves)",
          "backward", _GRADS, "depthwise", _depthwise),
+    *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
+      for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
+      for name in ("small-c", "small", "colgemm", "dense", "pointwise")),
     Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
     Rule("small, stride 1, C loops built (small.serves)",
          "backward", _GRADS, "small-c", lambda p, m: _small_size(p, m) and small.grid_compiled(p)),
@@ -158,6 +217,8 @@ _COMPUTES = {
     "grid-a": lambda p, m: True,
     "grid-b": lambda p, m: True,
     "grid-forward": lambda p, m: True,
+    "colgemm": lambda p, m: small.compiled_available() and p.input_shape[0] > 0,
+    "small-c-blocks": lambda p, m: small.computes(p) and small.grid_compiled(p),
 }
 
 
@@ -174,6 +235,23 @@ def force(*names: str, off=()):
         raise ValueError(f"unknown path(s) {unknown}; paths are {sorted(PATHS)}")
     before = _state()
     _forced.value = (names, off)
+    try:
+        yield
+    finally:
+        _forced.value = before
+
+
+#: In the ``off`` list of the forcing state: the cost-model rules are skipped (:func:`without_cost_model`).
+COST_MODEL_OFF = "(cost model)"
+
+
+@contextlib.contextmanager
+def without_cost_model():
+    """Within the block (this thread), the table without its cost-model rules: the rules below them choose, as
+    before the cost model (the bitwise before/after test of the table's refactoring runs so)."""
+    names, off = _state()
+    before = _state()
+    _forced.value = (names, off + (COST_MODEL_OFF,))
     try:
         yield
     finally:
@@ -258,6 +336,8 @@ def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path
             return path, "forced"
     for rule in RULES:
         if rule.op == op and output in rule.outputs:
+            if COST_MODEL_OFF in off and rule.name.startswith("cost model"):
+                continue
             path = PATHS[rule.path]
             if rule.when(p, FULL) and may_run(path):
                 return path, why(rule.name)

@@ -1,0 +1,182 @@
+"""Columns and a few large matrix products, split over the workers: the path for real models' mid-sized layers.
+
+x's im2col columns ``(g, C/g * K, N * Q)`` are built by one C loop (csrc/small_cols.c, as the small-call
+path does), then
+
+- forward: ``y = W @ cols``;
+- weight gradient: ``dW = dy @ cols^T`` (each element's sum over ``N * Q`` is one BLAS dot order);
+- input gradient: ``dcols = W^T @ dy``, then the C col2im adds each tap's columns in order;
+
+each product split into blocks of its result's rows or columns (never its inner dimension).
+
+Blocks are fixed by the call's shapes alone (:func:`blocks`), each block is one single-threaded BLAS call
+(BLAS is pinned to one thread, :mod:`.blas`) run on any worker, so the bits of every output depend on the
+shapes and values only, never on the worker count, the mask or which thread ran a block. Where the small
+path's one product runs on one core, this one keeps both cores busy on layers of a few to a few hundred
+MFLOP: the deep stages of a ResNet (small spatial size, wide channels), 3-channel stems, strided
+shortcuts. Calls whose columns would outgrow the bytes of their operands run in chunks of samples (fixed by
+the shapes; dW's partial sums added in chunk order). Padding zeros are multiplied, so (as for the small path) calls with non-finite inputs run in
+:mod:`.columns`; the scratch is not leased, so calls under a workspace limit run elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xconv import ConvParams
+from xconv.dtypes import DTYPES, accumulation_dtype
+
+from . import small
+from .workers import run
+
+#: Multiply-adds per block: big enough that a block's BLAS call runs near its peak rate (each block packs
+#: its operands again), small enough that a call of a few MFLOP still has a block per core.
+BLOCK_MACS = 1 << 22
+#: Most blocks per product (more only add per-call overhead on 2-4 cores).
+MAX_BLOCKS = 4
+#: Columns (or rows) per block are a multiple of this (whole BLAS micro-tiles).
+ALIGN = 16
+
+
+def blocks(total: int, macs_per_unit: int) -> list[tuple[int, int]]:
+    """[a, b) ranges splitting ``total`` units (columns or rows) into blocks by the work they hold alone."""
+    want = max(1, min(MAX_BLOCKS, (total * macs_per_unit) // BLOCK_MACS, total // ALIGN))
+    if want == 1:
+        return [(0, total)]
+    step = -(-total // want)
+    step = -(-step // ALIGN) * ALIGN
+    return [(a, min(a + step, total)) for a in range(0, total, step)]
+
+
+def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> None:
+    """out[i] = a[i] @ b[i] for each group i, split into blocks of out's columns (when out has more columns than
+    rows: each block packs its slice of b and all of a again) or rows (each block packs all of b again). The
+    inner dimension is never split: every element is one BLAS dot order, whatever the blocks."""
+    g, m, k = a.shape
+    n = b.shape[2]
+    if m <= n:
+        parts = [(i, lo, hi) for i in range(g) for lo, hi in blocks(n, m * k)]
+
+        def task(_, __, i, lo, hi):
+            np.matmul(a[i], b[i][:, lo:hi], out=out[i][:, lo:hi])
+    else:
+        parts = [(i, lo, hi) for i in range(g) for lo, hi in blocks(m, n * k)]
+
+        def task(_, __, i, lo, hi):
+            np.matmul(a[i][lo:hi], b[i], out=out[i][lo:hi])
+    run(parts, task, lambda: None, workers)
+
+
+def _sub(p: ConvParams, n0: int, n1: int) -> ConvParams:
+    """``p`` for samples [n0, n1)."""
+    return p.replace(input_shape=(n1 - n0,) + tuple(p.input_shape[1:]),
+                     output_shape=(n1 - n0,) + tuple(p.output_shape[1:]))
+
+
+def fprop(x, w, bias, p: ConvParams, workers: int):
+    """y = conv(x, w) + bias (inputs finite), chunk by chunk of samples (:func:`sample_chunks`)."""
+    chunks = sample_chunks(p, False, False, True)
+    if len(chunks) <= 1:
+        return _fprop(x, w, bias, p, workers)
+    y = np.empty(p.output_shape, DTYPES[p.dtype])
+    for n0, n1 in chunks:
+        y[n0:n1] = _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers)
+    return y
+
+
+def _fprop(x, w, bias, p: ConvParams, workers: int):
+    f, cdt = small._plan(p), accumulation_dtype(p.dtype)
+    cols = small._im2col(x, p, f, cdt)                                   # (g, Cg*K, N*Q)
+    wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
+    y = np.empty((f.g, f.Cog, f.N * f.Q), cdt)
+    _split_matmul(wm, cols, y, workers)
+    if bias is not None:
+        y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
+    return small._from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
+
+
+def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
+    """(dx, dw), None where not needed (inputs finite), chunk by chunk of samples (:func:`sample_chunks`); dW's
+    partial sums added in chunk order."""
+    chunks = sample_chunks(p, True, True)          # whatever the mask: dW's chunking (so its bits) must not change
+    out_dt = DTYPES[p.dtype]
+    if len(chunks) <= 1:
+        dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers)
+        return (None if dx is None else dx.astype(out_dt, copy=False),
+                None if dw is None else dw.astype(out_dt, copy=False))
+    dx = np.empty(p.input_shape, out_dt) if need_dx else None
+    dw = None
+    for n0, n1 in chunks:
+        dxq, dwq = _backward(dy[n0:n1], None if x is None else x[n0:n1], w, _sub(p, n0, n1), need_dx, need_dw,
+                             workers)
+        if need_dx:
+            dx[n0:n1] = dxq
+        if need_dw:
+            if dw is None:
+                dw = dwq
+            else:
+                dw += dwq
+    return dx, (None if dw is None else dw.astype(out_dt, copy=False))
+
+
+def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
+    """(dx, dw) in the compute dtype."""
+    f, cdt = small._plan(p), accumulation_dtype(p.dtype)
+    dyc = small._dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
+    dx = dw = None
+    if need_dw:
+        cols_t = small._im2col(x, p, f, cdt).transpose(0, 2, 1)          # (g, N*Q, Cg*K)
+        dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
+        _split_matmul(dyc, cols_t, dwm, workers)
+        dw = dwm.reshape(p.weight_shape)
+        del cols_t                                  # freed before dx's columns: one of the two at a time
+    if need_dx:
+        wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
+        dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
+        _split_matmul(wt, dyc, dcols, workers)
+        dx = small._col2im(dcols, p, f, cdt)
+    return dx, dw
+
+
+def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:
+    """Scratch bytes of a call in one chunk: the columns (x's, or dx's: one at a time), dy channel-major or the
+    result matrix."""
+    f = small._plan(p)
+    it = np.dtype(accumulation_dtype(p.dtype)).itemsize
+    cols = f.C * f.K * f.N * f.Q
+    if fprop_call:
+        return it * (cols + f.Co * f.N * f.Q)
+    return it * (cols * int(need_dx or need_dw) + f.Co * f.N * f.Q)
+
+
+def _io_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool) -> int:
+    it = np.dtype(DTYPES[p.dtype]).itemsize
+    x, w, y = (math.prod(s) for s in (p.input_shape, p.weight_shape, p.output_shape))
+    return it * (x + w + y if fprop_call else x + w + y + x * need_dx + w * need_dw)
+
+
+def sample_chunks(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> list[tuple[int, int]]:
+    """[n0, n1) chunks of samples whose scratch stays within the backend's memory contract (at most the bytes of
+    the call's inputs and outputs); fixed by the configuration alone. Empty when one sample does not fit."""
+    N = p.input_shape[0]
+    it = np.dtype(accumulation_dtype(p.dtype)).itemsize
+    budget = _io_bytes(p, need_dx, need_dw, fprop_call) - it * math.prod(p.weight_shape) * need_dw   # dW partial
+    one = cols_bytes(_sub(p, 0, 1), need_dx, need_dw, fprop_call)
+    size = min(N, budget // max(one, 1))
+    if size < 1:
+        return []
+    size = -(-N // -(-N // size))                  # equal chunks
+    return [(a, min(a + size, N)) for a in range(0, N, size)]
+
+
+def fits(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> bool:
+    """Whether this path serves the call within the memory contract (see :func:`sample_chunks`); a backward call
+    is chunked as if both gradients were asked for."""
+    return p.input_shape[0] > 0 and bool(sample_chunks(p, *((False, False) if fprop_call else (True, True)),
+                                                       fprop_call))
+
+
+def macs(p: ConvParams) -> int:
+    return p.input_shape[0] * p.output_shape[1] * math.prod(p.output_shape[2:]) * math.prod(p.weight_shape[1:])

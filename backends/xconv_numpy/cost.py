@@ -1,0 +1,136 @@
+"""Estimated time of one output of a call on each candidate path, from the call's configuration alone.
+
+The path table asks :func:`cheapest` which of the paths that can serve a call's forward output ("y"),
+input gradient ("dx") or weight gradient ("dw") should: the one with the least estimated time. The
+estimates read the shapes, strides and kernel only (never a clock, the thread count or the mask), so the
+choice, and with it the bits, is a pure function of the configuration and the build. Each output is
+costed on its own, so which outputs a call asks for cannot change how one of them is computed.
+
+The model (seconds on one core, then divided by the cores the path keeps busy, :data:`CORES` assumed):
+
+- ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
+  runs at ``BLAS_MACS * e(m) e(n) e(k)`` multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
+  products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
+- ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
+  positions: 81 ms against the dense loops' 58);
+- ``direct`` (the dense C loops, csrc/direct_conv.c): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
+  per second, Q the output positions per sample (the loops vectorize and block along a sample's
+  positions: a 2x2 output runs them at a fifth of their rate);
+- ``grid`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
+  small path's estimate over the cores; ``blas-grid`` (the grid engine's x-columns forward): colgemm's
+  product model, columns only for kernels with several taps;
+- ``small`` (the small path: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
+  K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
+  gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
+  0.14), else colgemm's model on one core;
+- every other path pays ``CALL`` per output.
+
+Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core
+at a time (thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel): ResNet-18 at 64 and
+224 pixels, MobileNetV2 0.5 expansion and projection 1x1s, U-Net 3x3s and its 2x2 stride-2 transposed
+convolutions, the wav2vec 1-D encoder, a 3-D conv net. RMS error of log time: colgemm 0.19, direct 0.32,
+small 0.23 (forward), 0.47 (dx), 0.30 (dw) (a factor of about 1.2-1.6). benchmarks/models.py --breakdown shows each layer's path and rate.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
+CORES = 2
+BLAS_MACS = 45e9
+BLAS_HALF = 16
+COPY = 0.25e-9
+#: Per element of column matrices past COPY_CACHED elements (they leave the caches: the products slow down too).
+COPY_BIG = 1e-9
+COPY_CACHED = 1 << 20
+LOOP_MACS = 40e9
+LOOP_Q0 = 12
+CALL = 20e-6
+SMALL_CALL = 3e-6
+#: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
+#: threads of the other paths cost more than the arithmetic (a 1x1 at 32x16x4x4: 0.39 ms small, 0.87 pointwise).
+SMALL_MACS = 1 << 19
+#: The small path's stride-1 loops per output: (multiply-adds per second, Q0, K0): rate R * Q/(Q+Q0) * K/(K+K0).
+SMALL_LOOPS = {"y": (50e9, 4, 2), "dx": (40e9, 8, 2), "dw": (60e9, 12, 8)}
+#: The grid loops' forward runs in sample blocks of at least this many output elements each.
+GRID_BLOCK_ELEMENTS = 1 << 15
+
+
+def _e(d: int) -> float:
+    return d / (d + BLAS_HALF)
+
+
+def _sizes(p):
+    N, C = p.input_shape[:2]
+    Co = p.output_shape[1]
+    g = p.groups
+    K = math.prod(p.kernel)
+    Q = math.prod(p.output_shape[2:])
+    return N, C // g, Co // g, g, K, Q
+
+
+def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    m, n, k = {"y": (Cog, N * Q, Cg * K), "dw": (Cog, Cg * K, N * Q), "dx": (Cg * K, N * Q, Cog)}[output]
+    products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
+    elements = g * Cg * K * N * Q + g * Cog * N * Q
+    copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
+    blocks = min(cores, max(1, g * m * n * k >> 22))
+    return call + (products + copies) / blocks
+
+
+def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
+    """The dense C loops (any output)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    macs = N * g * Cog * Cg * K * Q
+    return call + macs / (LOOP_MACS * Q / (Q + LOOP_Q0)) / cores
+
+
+def small(p, output: str) -> float:
+    """The small path (one core, little per-call work): its grid loops at stride 1 (whose weight gradient blocks
+    over taps: few taps run it at a fraction of the rate), else its columns and one BLAS product."""
+    if all(s == 1 for s in p.stride):
+        N, Cg, Cog, g, K, Q = _sizes(p)
+        rate, q0, k0 = SMALL_LOOPS[output]
+        return SMALL_CALL + N * g * Cog * Cg * K * Q / (rate * Q / (Q + q0) * K / (K + k0))
+    return colgemm(p, output, 1, SMALL_CALL)
+
+
+def pointwise(p, output: str) -> float:
+    """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
+    return CALL + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
+
+
+def grid(p, output: str) -> float:
+    """The small path's stride-1 loops in sample blocks on the cores (forward)."""
+    return CALL + (small(p, output) - SMALL_CALL) / CORES
+
+
+def blas_grid(p, output: str) -> float:
+    """The grid engine's x-columns forward (fast.py): one product per chunk of grid lines, columns only for taps."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    m, n, k = Cog, N * Q, Cg * K
+    products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
+    elements = g * Cg * K * N * Q if K > 1 else 0
+    copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
+    return CALL + (products + copies) / CORES
+
+
+#: path name -> estimate(p, output)
+ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": grid, "pointwise": pointwise,
+             "blas-grid": blas_grid}
+
+
+def macs(p) -> int:
+    """Multiply-adds of one output (forward, dx or dw: the same count)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    return N * g * Cog * Cg * K * Q
+
+
+def cheapest(p, output: str, candidates) -> str:
+    """The candidate (path names of :data:`ESTIMATES`) with the least estimated time for ``output``; ties go to
+    the earlier one."""
+    return min(candidates, key=lambda name: ESTIMATES[name](p, output))

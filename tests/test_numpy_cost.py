@@ -1,0 +1,123 @@
+"""The cost model's picks (paths.cost_pick, cost.py): a function of the configuration; each output's bits independent
+of the mask and of the BLAS thread count; results within float32 rounding of the exact backend."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xconv
+from xconv.params import make_params
+from xconv_numpy import colgemm, cost, paths, small
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Shapes of real models whose outputs the cost model sends to each of its paths (on a build with the loops).
+CASES = [
+    ((8, 256, 2, 2), (256, 256, 3, 3), dict(padding=1)),              # deep stage: colgemm
+    ((8, 3, 64, 64), (64, 3, 7, 7), dict(stride=2, padding=3)),       # 3-channel stem: colgemm in chunks
+    ((8, 160, 3, 3), (960, 160, 1, 1), {}),                           # expansion 1x1 at 3x3: colgemm
+    ((4, 32, 32, 32), (32, 32, 3, 3), dict(padding=1)),               # dense loops; grid loops in sample blocks
+    ((2, 64, 4, 4), (128, 64, 1, 1), dict(stride=2)),                 # strided 1x1 shortcut
+    ((2, 32, 8, 8), (16, 32, 2, 2), dict(stride=2)),                  # a ConvTranspose 2x2 s2's direct conv
+    ((2, 16, 120), (32, 16, 3), dict(stride=2)),                      # 1-D
+    ((1, 8, 4, 10, 10), (16, 8, 3, 3, 3), dict(padding=1)),           # 3-D
+    ((16, 16, 8, 8), (32, 4, 3, 3), dict(padding=1, groups=4)),       # digits' grouped layer
+]
+MASKS = [(True, True, True), (True, True, False), (False, True, True), (True, False, False), (False, True, False),
+         (True, False, True)]
+
+
+def _arrays(i, xs, ws, kw):
+    rng = np.random.default_rng(100 + i)
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = rng.standard_normal(ws, dtype=np.float32)
+    dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw), dtype=np.float32)
+    return x, w, dy
+
+
+def _digests() -> dict:
+    out = {}
+    for i, (xs, ws, kw) in enumerate(CASES):
+        x, w, dy = _arrays(i, xs, ws, kw)
+        for mask in MASKS:
+            for name, r in zip(("dx", "dw", "db"), xconv.convolution_backward(dy, x, w, output_mask=mask,
+                                                                             backend="numpy", **kw)):
+                if r is not None:
+                    out.setdefault(f"{i}/{name}", set()).add(hashlib.sha256(r.tobytes()).hexdigest())
+        out[f"{i}/y"] = {hashlib.sha256(xconv.conv_fprop(x, w, backend="numpy", **kw).tobytes()).hexdigest()}
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_each_output_has_the_same_bits_whatever_the_mask():
+    mixed = {k: v for k, v in _digests().items() if len(v) > 1}
+    assert not mixed, f"outputs whose bits depend on the mask: {sorted(mixed)}"
+
+
+def test_bits_do_not_depend_on_the_blas_thread_count():
+    script = "import json, test_numpy_cost as t; print(json.dumps(t._digests()))"
+    runs = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env,
+                             cwd=str(ROOT / "tests"))
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_results_match_the_exact_backend(i):
+    xs, ws, kw = CASES[i]
+    x, w, dy = _arrays(i, xs, ws, kw)
+    got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw) + (xconv.conv_fprop(x, w, backend="numpy",
+                                                                                          **kw),)
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      backend="numpy-exact", **kw) + (
+        xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw),)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-5 * np.abs(e).max())
+
+
+def test_the_pick_is_a_function_of_the_configuration():
+    """Same configuration, same pick, whatever was asked before; every pick is a path of the table."""
+    ps = [make_params(xs, ws, **kw) for xs, ws, kw in CASES]
+    first = [[paths.cost_pick(p, o) for o in ("y", "dx", "dw")] for p in ps]
+    again = [[paths.cost_pick(p, o) for o in ("y", "dx", "dw")] for p in reversed(ps)][::-1]
+    assert first == again
+    assert {n for row in first for n in row} <= set(paths.PATHS) | {None}
+
+
+@pytest.mark.skipif(not small.compiled_available(), reason="the compiled column loops are not built here")
+def test_deep_stage_and_expansion_take_colgemm_and_the_trace_says_why():
+    for xs, ws, kw in (CASES[0], CASES[2]):
+        x, w, dy = _arrays(0, xs, ws, kw)
+        with xconv.trace() as t:
+            xconv.convolution_backward(dy, x, w, output_mask=(True, True, False), backend="numpy", **kw)
+        assert "colgemm columns" in t.records[-1].path and "cost model" in t.records[-1].path, t.records[-1].path
+
+
+def test_colgemm_chunks_are_fixed_by_the_configuration_and_bounded():
+    """Chunks of samples: the same for every mask (so dW's partial sums are), the columns of one chunk within the
+    bytes of the call's operands."""
+    p = make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3)
+    chunks = colgemm.sample_chunks(p, True, True)
+    assert len(chunks) > 1 and chunks[0][0] == 0 and chunks[-1][1] == 8
+    n = max(b - a for a, b in chunks)
+    assert colgemm.cols_bytes(colgemm._sub(p, 0, n), True, True) <= colgemm._io_bytes(p, True, True, False)
+
+
+def test_estimates_are_positive_and_rank_thin_products_slower():
+    p_thin = make_params((8, 512, 2, 2), (512, 512, 3, 3), padding=1)
+    p_wide = make_params((2, 64, 16, 16), (64, 8, 3, 3), padding=1, groups=8)
+    for p in (p_thin, p_wide):
+        for o in ("y", "dx", "dw"):
+            assert all(f(p, o) > 0 for f in cost.ESTIMATES.values())
+    # the dense loops at 2x2 outputs run at a fraction of their rate: the model must prefer the BLAS products there
+    assert cost.colgemm(p_thin, "dw") < cost.loops(p_thin, "dw")
