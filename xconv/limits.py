@@ -62,4 +62,8 @@ def check_call(itemsize: int, outputs, extra: int = 0, what: str = "") -> None:
     """Refuse a call whose ``outputs`` (shapes) plus ``extra`` bytes (the core's own copies) exceed the limit."""
     total = sum(nbytes(s, itemsize) for s in outputs) + extra
     shapes = ", ".join(str(tuple(s)) for s in outputs)
-    require(total, what or f"the outputs {shapes}")
+    if not what:
+        what = f"the outputs {shapes}"
+        if extra:   # name what the bytes are for: the core's contiguous/native-order/padded copies of the inputs
+            what += f" with {extra:,} bytes of the core's converted copies of the inputs (broadcast, byte-swapped or padded)"
+    require(total, what)

@@ -56,7 +56,7 @@ def _require(p: ConvParams, acc, op: str, result: tuple) -> None:
     it = np.dtype(acc).itemsize
     total = (columns_chunk_bytes(p, it) + math.prod(p.input_shape) * it
              + math.prod(result) * (it + DTYPES[p.dtype].itemsize))
-    limits.require(total, f"numpy {op}: im2col columns and result")
+    limits.require(total, f"{op}: im2col columns and result in {np.dtype(acc).name}")   # numpy or numpy-exact
 
 
 def _chunks(p: ConvParams, acc) -> list[tuple[int, int, int, int]]:
