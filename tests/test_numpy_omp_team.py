@@ -84,3 +84,14 @@ def test_same_bits_on_the_team_and_on_python_threads(case, monkeypatch):
     y_threads = xconv.conv_fprop(x, w, backend="numpy", **case["kw"])
     assert all(a.tobytes() == b.tobytes() for a, b in zip(team, threads))
     assert y_team.tobytes() == y_threads.tobytes()
+
+
+def test_the_switch_is_read_through_settings_so_off_means_off():
+    """XCONV_NUMPY_OPENMP takes the settings module's spellings (off/false/no/0), not only "0"."""
+    import subprocess
+    import sys
+    code = "import torch, xconv_numpy.omp_team as o; print(o._library() is None)"
+    for value in ("off", "false", "0"):
+        env = dict(__import__("os").environ, XCONV_NUMPY_OPENMP=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == "True", (value, out.stdout, out.stderr)

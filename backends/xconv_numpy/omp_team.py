@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 
-from xconv import forking
+from xconv import forking, settings
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
@@ -46,7 +46,7 @@ def _torch_libgomp_path() -> str | None:
 
 def _library():
     """torch's libgomp as a ctypes library, or None; looked up once per process, once torch is imported."""
-    if os.environ.get("XCONV_NUMPY_OPENMP", "1") == "0" or "torch" not in sys.modules or forking.forked():
+    if not settings.current().numpy_openmp or "torch" not in sys.modules or forking.forked():
         return None
     pid = os.getpid()
     if _state["pid"] == pid:
