@@ -15,6 +15,11 @@ import pytest
 import xconv
 from xconv import cli
 
+def _sigint_default():
+    """A child of a background job inherits SIGINT ignored (then Python installs no handler): restore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 
 def run(*args, **kw):
     return subprocess.run([sys.executable, "-m", "xconv", *args], capture_output=True, text=True, timeout=120, **kw)
@@ -130,7 +135,8 @@ def test_a_closed_pipe_ends_quietly():
 @pytest.mark.skipif(os.name != "posix", reason="sends SIGINT")
 def test_ctrl_c_prints_one_line_and_exits_130():
     proc = subprocess.Popen([sys.executable, "-m", "xconv", "conformance", "--backend", "numpy-exact"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
     lines = []
     while True:  # the phase lines come before the first case, even though stderr is a pipe
         line = proc.stderr.readline()

@@ -31,6 +31,11 @@ SLOW = textwrap.dedent("""
     xconv.register_backend(Slow(), replace=True)
 """)
 
+def _sigint_default():
+    """A child of a background job inherits SIGINT ignored (then Python installs no handler): restore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 
 def _start(tmp_path, *args):
     (tmp_path / "slow_plugin_mod.py").write_text(SLOW)
@@ -40,7 +45,8 @@ def _start(tmp_path, *args):
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-m", "xconv", "conformance", *args, "--import", "slow_plugin_mod",
                              "--backend", "slow-numpy", "--cases", "tiny", "--no-progress"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
     deadline = time.monotonic() + 300
     while len(list(calls.iterdir())) < 4:
         if proc.poll() is not None or time.monotonic() > deadline:
