@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import small
@@ -78,6 +78,7 @@ def _sub(p: ConvParams, n0: int, n1: int) -> ConvParams:
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias (inputs finite), chunk by chunk of samples (:func:`sample_chunks`)."""
     chunks = sample_chunks(p, False, False, True)
+    tracing.note(workspace_bytes=max(cols_bytes(_sub(p, n0, n1), False, False, True) for n0, n1 in chunks))
     if len(chunks) <= 1:
         return _fprop(x, w, bias, p, workers)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
@@ -101,6 +102,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     """(dx, dw), None where not needed (inputs finite), chunk by chunk of samples (:func:`sample_chunks`); dW's
     partial sums added in chunk order."""
     chunks = sample_chunks(p, True, True)          # whatever the mask: dW's chunking (so its bits) must not change
+    tracing.note(workspace_bytes=max(cols_bytes(_sub(p, n0, n1), need_dx, need_dw) for n0, n1 in chunks))
     out_dt = DTYPES[p.dtype]
     if len(chunks) <= 1:
         dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers)
