@@ -9,6 +9,7 @@ scratch grids are not leased.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 
@@ -41,10 +42,14 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
 
+    # one copy of the caller's context per block: the worker threads' small calls note their scratch in the
+    # caller's trace record (a context is entered by one thread at a time)
+    contexts = {n0: contextvars.copy_context() for n0, _ in blocks}
+
     def task(_, __, n0, n1):
         q = dataclasses.replace(p, input_shape=(n1 - n0,) + tuple(p.input_shape[1:]),
                                 output_shape=(n1 - n0,) + tuple(p.output_shape[1:]))
-        y[n0:n1] = small.fprop(x[n0:n1], w, b, q)
+        y[n0:n1] = contexts[n0].run(small.fprop, x[n0:n1], w, b, q)
 
     run(blocks, task, lambda: None, workers)
     return y
