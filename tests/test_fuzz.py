@@ -8,13 +8,13 @@ own pyproject.toml, as tests/test_isolation.py exposes xconv_crashy: nothing in 
 """
 
 import json
-import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+
+from plugin_site import plugin_env
 
 from xconv_conformance.cases import case_from_spec, load_corpus
 
@@ -29,18 +29,8 @@ def in_family(case) -> bool:
 
 @pytest.fixture(scope="module")
 def planted_env(tmp_path_factory):
-    project = tomllib.loads((PLANTED / "pyproject.toml").read_text())["project"]
-    site = tmp_path_factory.mktemp("planted-site")
-    dist = site / f"xconv_planted-{project['version']}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    points = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
-                     for group, eps in project["entry-points"].items())
-    (dist / "entry_points.txt").write_text(points)
-    env = dict(os.environ)
+    env = plugin_env(PLANTED, tmp_path_factory.mktemp("planted-site"))
     env.pop("XCONV_PLANTED_BUG", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(PLANTED), str(REPO / "conformance")]
-                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
 

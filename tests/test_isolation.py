@@ -7,14 +7,14 @@ exposed to the subprocesses below through a ``.dist-info`` generated from its ow
 """
 
 import json
-import os
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from plugin_site import plugin_env
 
 REPO = Path(__file__).resolve().parent.parent
 CRASHY = REPO / "tests" / "plugins" / "xconv_crashy"
@@ -23,17 +23,7 @@ TIMEOUT = "3"          # seconds per case: the hanging cases cost this much each
 
 @pytest.fixture(scope="module")
 def crashy_env(tmp_path_factory):
-    project = tomllib.loads((CRASHY / "pyproject.toml").read_text())["project"]
-    site = tmp_path_factory.mktemp("crashy-site")
-    dist = site / f"xconv_crashy-{project['version']}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    points = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
-                     for group, eps in project["entry-points"].items())
-    (dist / "entry_points.txt").write_text(points)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(CRASHY), str(REPO / "conformance")]
-                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = plugin_env(CRASHY, tmp_path_factory.mktemp("crashy-site"))
     return env
 
 
