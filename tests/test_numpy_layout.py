@@ -114,6 +114,11 @@ def test_the_vectors_python_builds_have_the_declared_lengths(lib):
     q = xconv.api.params_for({"input": (1, 3, 6, 5), "weight": (5, 3, 3, 2)}, "float64", padding=1)
     plan = small._s1_plan(q)
     assert len(plan.vector) == layout.SMALL_S1_PLAN.length + 2 * 6 and plan.vector[0] == 1 and plan.vector[6] == 6
+    from xconv_numpy import bias
+
+    dy = np.zeros((2, 3, 4, 5), np.float32)[:, :, ::2]
+    geo = bias._geo(dy)[0]
+    assert len(geo) == layout.BIAS_GEO.length and list(geo) == [2, 3, 1, 2, 5, 60, 20, 0, 10, 1]
 
 
 def test_a_refused_library_turns_the_compiled_paths_off_and_numpy_serves():
@@ -144,6 +149,7 @@ def test_a_refused_library_turns_the_compiled_paths_off_and_numpy_serves():
     ).format(paths=[str(ROOT / "backends"), str(ROOT)])
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr
-    assert "LayoutError: the compiled library's argument layout is version 1, expected 999" in out.stdout
+    assert (f"LayoutError: the compiled library's argument layout is version {layout.VERSION}, expected 999"
+            in out.stdout)
     assert "compiled loops: none, NumPy paths only (LayoutError" in out.stdout
     assert "fallback ok" in out.stdout

@@ -7,22 +7,37 @@
    float64 buffer a block at a time unless grad_y already is C-contiguous float64, so the layout and dtype
    of grad_y cannot change the order);
 2. those per-sample sums added in sample order (``n = 0, 1, ...``) in float64 (``np.add.accumulate``);
-3. rounded once to the output dtype.
+3. a NaN sum replaced by the canonical NaN (``np.nan``, bits 0x7ff8000000000000): which of two NaN operands an
+   add returns (their signs and payloads) is the compiler's choice, not the order's, and differs between NumPy's
+   build and ours, so a NaN result's bits are fixed instead (a finite or infinite result is untouched);
+4. rounded once to the output dtype.
 
 The paths' own by-products (the C loops' sums of their copies of grad_y, the pointwise path's per-sample
 sums, a float32 ``np.sum`` over the axes) followed other orders, so grad_bias's bits depended on which
 gradients the mask asked for and on grad_y's layout (issue 24); none is used any more. ``numpy`` and
-``numpy-exact`` give the same bits. Cost: one float64 copy and sum of grad_y in blocks (0.55 ms for an
-8x64x56x56 float32 grad_y on this machine, against 0.25 ms for the float32 sum it replaces).
+``numpy-exact`` give the same bits.
+
+Two routes to those bits. :func:`grad_bias` is the definition in NumPy (``numpy-exact`` runs it): a float64
+copy of grad_y in blocks, summed by ``np.sum`` (NumPy 2.x: per row, ``0.0 + pairwise(row)``, the row whole,
+never split at the ufunc buffer size). :func:`bias_sum` (the ``numpy`` backend's path ``bias-sum``) runs the
+compiled sum (``csrc/bias_sum.c``) when the compiled part is on (``$XCONV_NUMPY_C``, the small loops' switch)
+and grad_y is float64, float32, float16 or bfloat16 in native byte order and aligned (any strides): it reads
+grad_y in place, converts each element to double and adds in NumPy's pairwise order, with no copy;
+otherwise :func:`grad_bias` serves. tests/test_bias_order.py holds the two to the same bits on this machine's
+NumPy (a NumPy whose ``np.sum`` changed its order would fail it).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
 from xconv.dtypes import DTYPES
+
+from . import native
+from .layout import BIAS_GEO
 
 #: Bytes of the float64 buffer the rows are copied into (at most this and grad_y's own bytes, at least one row).
 BLOCK_BYTES = 1 << 20
@@ -63,10 +78,22 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
                     b[...] = dy[n, c0:c1]
                     rows[n, c0:c1] = b.reshape(c1 - c0, P).sum(axis=1)
     total = rows[0] if N == 1 else np.add.accumulate(rows, axis=0)[-1]
+    nan = np.isnan(total)
+    if nan.any():
+        total = np.where(nan, np.nan, total)
     return np.ascontiguousarray(total.astype(out_dtype))
 
 
 def scratch_bytes(dy: np.ndarray) -> int:
+    """Bytes of scratch :func:`bias_sum` takes for ``dy``: on the compiled route none on the heap (one row's block
+    of 128 doubles on the stack; float16 and bfloat16 add the C float64 sums before their rounding), else
+    :func:`numpy_scratch_bytes`."""
+    if _suffix(dy) is not None and _compiled_on():
+        return 0 if dy.dtype.itemsize > 2 else 8 * dy.shape[1]
+    return numpy_scratch_bytes(dy)
+
+
+def numpy_scratch_bytes(dy: np.ndarray) -> int:
     """Bytes of scratch :func:`grad_bias` takes for ``dy``: the per-sample rows and the float64 copy (if any)."""
     N, C = dy.shape[0], dy.shape[1]
     P = math.prod(dy.shape[2:])
@@ -83,5 +110,74 @@ def scratch_bytes(dy: np.ndarray) -> int:
 
 
 def bias_sum(dy, p) -> np.ndarray:
-    """grad_bias of the call ``p`` (the path ``bias-sum`` of :mod:`.paths`): :func:`grad_bias` in p's dtype."""
-    return grad_bias(dy, DTYPES[p.dtype])
+    """grad_bias of the call ``p`` (the path ``bias-sum`` of :mod:`.paths`) in p's dtype: the compiled sum where it
+    reads grad_y, else :func:`grad_bias`; the same bits either way."""
+    out_dtype = DTYPES[p.dtype]
+    db = compiled_grad_bias(dy, out_dtype)
+    return grad_bias(dy, out_dtype) if db is None else db
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled route (csrc/bias_sum.c)
+
+#: The switch of the compiled sum (the settings field of ``$XCONV_NUMPY_C``, as for the small-call loops).
+SWITCH = "numpy_c"
+#: grad_y's dtypes the compiled sum reads (native byte order only) -> the C function's suffix; bfloat16 joins
+#: once ml_dtypes is imported (no array holds it before).
+_SUFFIXES = {np.dtype(np.float64): "f64", np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+#: (shape, strides, itemsize) -> (geo array, its address): BIAS_GEO per distinct grad_y layout (a handful).
+_GEOS: dict = {}
+
+
+def _compiled_on() -> bool:
+    return native.part_on(SWITCH)
+
+
+def _suffix(dy: np.ndarray) -> str | None:
+    """The C function's suffix for grad_y's dtype, or None when the compiled sum cannot read ``dy``."""
+    suffix = _SUFFIXES.get(dy.dtype)
+    if suffix is None and "ml_dtypes" in sys.modules and dy.dtype == DTYPES["bfloat16"] and dy.dtype.isnative:
+        suffix = _SUFFIXES[dy.dtype] = "bf16"
+    if suffix is None or not dy.flags.aligned or not 3 <= dy.ndim <= 5:
+        return None
+    return suffix
+
+
+def _geo(dy: np.ndarray) -> tuple:
+    key = (dy.shape, dy.strides, dy.itemsize)
+    held = _GEOS.get(key)
+    if held is None:
+        it, nd = dy.itemsize, dy.ndim - 2
+        dims = (1,) * (3 - nd) + dy.shape[2:]
+        # a size-1 dim's stride may be any number of bytes (never used): 0 there
+        st = [0 if size == 1 else stride // it for size, stride in zip(dy.shape, dy.strides)]
+        st = st[:2] + [0] * (3 - nd) + st[2:]
+        a = np.array(BIAS_GEO.pack(n=dy.shape[0], c=dy.shape[1], d=dims[0], h=dims[1], w=dims[2], s=st), np.int64)
+        a.flags.writeable = False
+        if len(_GEOS) > 256:
+            _GEOS.clear()
+        held = _GEOS[key] = (a, a.ctypes.data)
+    return held
+
+
+def compiled_grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray | None:
+    """:func:`grad_bias`'s bits by the compiled sum, reading ``dy`` in place; None when the compiled part is off or
+    cannot read ``dy`` (dtype, byte order, alignment, rank), or ``dy`` is empty (the NumPy route then serves)."""
+    suffix = _suffix(dy)
+    if suffix is None or dy.size == 0 or not _compiled_on():
+        return None
+    geo, geo_at = _geo(dy)                               # held: the C call reads it (another thread may clear _GEOS)
+    C = dy.shape[1]
+    out_dtype = np.dtype(out_dtype)
+    direct = _DIRECT.get(out_dtype)                      # the C sums' own dtype when it is the output's
+    out = np.empty(C, direct or np.float64)
+    getattr(native.library(), "xconv_bias_sum_" + suffix)(native.address(dy), geo_at, native.address(out),
+                                                          direct is not None and direct.itemsize == 4)
+    if direct is not None:
+        return out
+    return np.ascontiguousarray(out.astype(out_dtype))
+
+
+_F32 = np.dtype(np.float32)
+#: output dtypes the C sum writes itself (rounded once from double): float64 and float32
+_DIRECT = {np.dtype(np.float64): np.dtype(np.float64), _F32: _F32}

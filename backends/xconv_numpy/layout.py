@@ -14,7 +14,7 @@ import ctypes
 from dataclasses import dataclass
 
 #: The layout version; csrc/layout.h's XCONV_LAYOUT_VERSION.
-VERSION = 1
+VERSION = 2
 
 
 class LayoutError(RuntimeError):
@@ -86,7 +86,11 @@ SMALL_S1_PLAN = Vector("small-call stride-1 plan", 3, "P_", (
 SMALL_S1_STRIDES = Vector("small-call element strides", 4, "E_", (
     ("n", 1), ("c", 1), ("d", 1), ("h", 1), ("w", 1)))
 
-VECTORS = (DEPTHWISE_GEO, SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES)
+#: csrc/bias_sum.c's geometry (XCONV_BIAS_GEO): grad_y's sizes and element strides, spatial dims lifted to 3.
+BIAS_GEO = Vector("bias-sum geo", 5, "B_", (
+    ("n", 1), ("c", 1), ("d", 1), ("h", 1), ("w", 1), ("s", 5)))
+
+VECTORS = (DEPTHWISE_GEO, SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES, BIAS_GEO)
 
 
 def check(lib) -> None:

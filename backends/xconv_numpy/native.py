@@ -56,6 +56,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         sigs[f"xconv_small_col2im_{suf}"] = [p, p, p]
         sigs[f"xconv_small_s1_fprop_{suf}"] = [p] * 7             # ..., int64_t *scratch (bytes malloc'd)
         sigs[f"xconv_small_s1_backward_{suf}"] = [p] * 10
+    for suf in ("f64", "f32", "f16", "bf16"):
+        sigs[f"xconv_bias_sum_{suf}"] = [p, p, p, i]
     for name, args in sigs.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, (ctypes.c_int if name.startswith("xconv_small_s1_") else None)

@@ -10,6 +10,7 @@
 #include "depthwise.c"
 #include "small_cols.c"
 #include "small_grid.c"
+#include "bias_sum.c"
 
 #ifndef XCONV_ISA
 #define XCONV_ISA "baseline"
@@ -24,6 +25,7 @@ int64_t xconv_layout(int which) {
     case XCONV_LAYOUT_SMALL_COLS_GEO: return S_LEN;
     case XCONV_LAYOUT_SMALL_S1_PLAN: return P_LEN;
     case XCONV_LAYOUT_SMALL_S1_STRIDES: return E_LEN;
+    case XCONV_LAYOUT_BIAS_GEO: return B_LEN;
     default: return -1;
     }
 }
@@ -35,6 +37,7 @@ const char *xconv_layout_slots(int which) {
     case XCONV_LAYOUT_SMALL_COLS_GEO: return XCONV_SMALL_COLS_GEO(XCONV_SLOT_TEXT);
     case XCONV_LAYOUT_SMALL_S1_PLAN: return XCONV_SMALL_S1_PLAN(XCONV_SLOT_TEXT);
     case XCONV_LAYOUT_SMALL_S1_STRIDES: return XCONV_SMALL_S1_STRIDES(XCONV_SLOT_TEXT);
+    case XCONV_LAYOUT_BIAS_GEO: return XCONV_BIAS_GEO(XCONV_SLOT_TEXT);
     default: return 0;
     }
 }

@@ -8,7 +8,7 @@
 
 #include "template.h"
 
-#define XCONV_LAYOUT_VERSION 1
+#define XCONV_LAYOUT_VERSION 2
 
 /* depthwise.c's geo: C, m, H, W, OH, OW, Lh, Lw, K, nRw, nslots, need_dx, need_dw, need_db, x strides (n, c, h, w),
  * dy strides (n, co, h, w) (strides in elements), the width stride, whether the weights are finite (flat dx), the
@@ -36,6 +36,9 @@
 /* small_grid.c's element strides of x and of dy: n, c, d, h, w */
 #define XCONV_SMALL_S1_STRIDES(X) X(E_N, 1) X(E_C, 1) X(E_D, 1) X(E_H, 1) X(E_W, 1)
 
+/* bias_sum.c's geo: N, C, spatial dims (d, h, w), grad_y's element strides (n, c, d, h, w) */
+#define XCONV_BIAS_GEO(X) X(B_N, 1) X(B_C, 1) X(B_D, 1) X(B_H, 1) X(B_W, 1) X(B_S, 5)
+
 #define XCONV_SLOT_ENUM(name, width) name, XCONV_CAT(name, _END_) = name + (width) - 1,
 #define XCONV_SLOT_TEXT(name, width) #name ":" #width " "
 
@@ -43,9 +46,10 @@ enum { XCONV_DEPTHWISE_GEO(XCONV_SLOT_ENUM) G_LEN };
 enum { XCONV_SMALL_COLS_GEO(XCONV_SLOT_ENUM) S_LEN };
 enum { XCONV_SMALL_S1_PLAN(XCONV_SLOT_ENUM) P_LEN };
 enum { XCONV_SMALL_S1_STRIDES(XCONV_SLOT_ENUM) E_LEN };
+enum { XCONV_BIAS_GEO(XCONV_SLOT_ENUM) B_LEN };
 
 /* Which vector xconv_layout() and xconv_layout_slots() describe (0: xconv_layout() is the layout version). */
 enum { XCONV_LAYOUT_DEPTHWISE_GEO = 1, XCONV_LAYOUT_SMALL_COLS_GEO, XCONV_LAYOUT_SMALL_S1_PLAN,
-       XCONV_LAYOUT_SMALL_S1_STRIDES };
+       XCONV_LAYOUT_SMALL_S1_STRIDES, XCONV_LAYOUT_BIAS_GEO };
 
 #endif
