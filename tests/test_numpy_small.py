@@ -111,7 +111,6 @@ def test_awkward_inputs_read_not_written(kind, stride):
 def test_many_outputs_per_input_channel_leave_the_depthwise_loops():
     """One input channel to many (the digits decoder's direct form, a first layer): the small path's loops; a true
     depthwise layer keeps the depthwise loops. Both against the exact path."""
-    from xconv_numpy import depthwise
 
     rng = np.random.default_rng(3)
     for xs, ws, kw, to_small in [((32, 32, 4, 4), (32, 1, 4, 4), dict(stride=2, padding=1, transposed=True), True),

@@ -22,7 +22,8 @@ Cross-cutting rules, written once here:
 is the one the full call (all three outputs) would take for it, so which outputs are requested never changes
 how one of them is computed; grad_bias always has its own path (``bias-sum``: one order for every call).
 
-Tests and experiments pick a path through :func:`force`, never by patching modules.
+Tests and experiments pick a path through :func:`force`, and set how it runs through :func:`tune` (the knobs of
+:mod:`.tuning`), never by patching modules.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from xconv import ConvParams, settings
 from xconv.dtypes import DTYPES
 
 from . import bounds, colgemm, columns, cost, dense, depthwise, native, small
+from .tuning import tuned as tune  # noqa: F401  (public: the paths' tuning knobs, tuning.KNOBS)
 from .grid.geometry import compute_dtype, geom
 
 OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
