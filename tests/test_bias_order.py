@@ -147,7 +147,8 @@ def test_compiled_sum_has_numpy_routes_bits(case):
 def test_bias_sum_of_a_call_and_its_scratch(dtype, monkeypatch):
     """bias_sum (the numpy backend's path) gives grad_bias's bits in the call's dtype by the compiled route, and
     reports that route's scratch (no heap for float32/float64; the C float64 sums for the 2-byte dtypes); with
-    the compiled part off (XCONV_NUMPY_C=0) the NumPy route serves and reports its rows and float64 copy."""
+    the compiled part off (XCONV_NUMPY_C=0) the NumPy route serves and reports its rows and float64 copy
+    (scratch_bytes answers for the route bias_sum last took for the same array, else from the settings)."""
     p = SimpleNamespace(dtype=dtype)
     rng = np.random.default_rng(1)
     dy = _values(rng, 2 * 3 * 5 * 7, dtype, 0.0).reshape(2, 3, 5, 7)
@@ -158,10 +159,14 @@ def test_bias_sum_of_a_call_and_its_scratch(dtype, monkeypatch):
     assert bias.scratch_bytes(dy) == (0 if dy.itemsize > 2 else 8 * 3)
     monkeypatch.setenv("XCONV_NUMPY_C", "0")
     assert bias.compiled_grad_bias(dy, _dtype(dtype)) is None
-    copy = 0 if dtype == "float64" else 8 * dy.size          # a C-contiguous float64 grad_y is summed in place
-    assert bias.scratch_bytes(dy) == bias.numpy_scratch_bytes(dy) == 8 * 2 * 3 + copy
     with np.errstate(all="ignore"):
         assert _bits(bias.bias_sum(dy, p)) == _bits(want)
+    copy = 0 if dtype == "float64" else 8 * dy.size          # a C-contiguous float64 grad_y is summed in place
+    assert bias.scratch_bytes(dy) == bias.numpy_scratch_bytes(dy) == 8 * 2 * 3 + copy
+    other = dy.copy()                                         # not the array bias_sum last summed: asks the settings
+    assert bias.scratch_bytes(other) == 8 * 2 * 3 + copy
+    monkeypatch.delenv("XCONV_NUMPY_C")
+    assert bias.scratch_bytes(other) == (0 if dy.itemsize > 2 else 8 * 3)
 
 
 _ISA_CHECK = r"""

@@ -117,7 +117,7 @@ def test_the_vectors_python_builds_have_the_declared_lengths(lib):
     from xconv_numpy import bias
 
     dy = np.zeros((2, 3, 4, 5), np.float32)[:, :, ::2]
-    geo = bias._geo(dy)[0]
+    geo = bias._geo(dy)
     assert len(geo) == layout.BIAS_GEO.length and list(geo) == [2, 3, 1, 2, 5, 60, 20, 0, 10, 1]
 
 

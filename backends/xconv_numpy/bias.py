@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
+import weakref
 
 import numpy as np
 
@@ -87,8 +89,14 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
 def scratch_bytes(dy: np.ndarray) -> int:
     """Bytes of scratch :func:`bias_sum` takes for ``dy``: on the compiled route none on the heap (one row's block
     of 128 doubles on the stack; float16 and bfloat16 add the C float64 sums before their rounding), else
-    :func:`numpy_scratch_bytes`."""
-    if _suffix(dy) is not None and _compiled_on():
+    :func:`numpy_scratch_bytes`. Asked right after :func:`bias_sum` of the same array on the same thread, the
+    route it took (no second read of the settings)."""
+    last = getattr(_LAST, "route", None)
+    if last is not None and last[0]() is dy:
+        compiled = last[1]
+    else:
+        compiled = _suffix(dy) is not None and dy.size > 0 and _compiled_on()
+    if compiled:
         return 0 if dy.dtype.itemsize > 2 else 8 * dy.shape[1]
     return numpy_scratch_bytes(dy)
 
@@ -114,7 +122,15 @@ def bias_sum(dy, p) -> np.ndarray:
     reads grad_y, else :func:`grad_bias`; the same bits either way."""
     out_dtype = DTYPES[p.dtype]
     db = compiled_grad_bias(dy, out_dtype)
+    try:
+        _LAST.route = (weakref.ref(dy), db is not None)
+    except TypeError:                                   # an object without weak references: scratch_bytes asks
+        _LAST.route = None
     return grad_bias(dy, out_dtype) if db is None else db
+
+
+#: per thread, (a weak reference to the grad_y :func:`bias_sum` last summed, whether the compiled route took it)
+_LAST = threading.local()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,59 +141,66 @@ SWITCH = "numpy_c"
 #: grad_y's dtypes the compiled sum reads (native byte order only) -> the C function's suffix; bfloat16 joins
 #: once ml_dtypes is imported (no array holds it before).
 _SUFFIXES = {np.dtype(np.float64): "f64", np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
-#: (shape, strides, itemsize) -> (geo array, its address): BIAS_GEO per distinct grad_y layout (a handful).
-_GEOS: dict = {}
+#: (shape, strides, dtype, output dtype) -> :func:`_prepare`'s call (a handful of distinct layouts per program).
+_CALLS: dict = {}
 
 
 def _compiled_on() -> bool:
     return native.part_on(SWITCH)
 
 
-def _suffix(dy: np.ndarray) -> str | None:
-    """The C function's suffix for grad_y's dtype, or None when the compiled sum cannot read ``dy``."""
+def _suffix(dy: np.ndarray, aligned: bool = False) -> str | None:
+    """The C function's suffix for grad_y's dtype, or None when the compiled sum cannot read ``dy`` (``aligned``:
+    its alignment already checked)."""
     suffix = _SUFFIXES.get(dy.dtype)
     if suffix is None and "ml_dtypes" in sys.modules and dy.dtype == DTYPES["bfloat16"] and dy.dtype.isnative:
         suffix = _SUFFIXES[dy.dtype] = "bf16"
-    if suffix is None or not dy.flags.aligned or not 3 <= dy.ndim <= 5:
+    if suffix is None or not (aligned or dy.flags.aligned) or not 3 <= dy.ndim <= 5:
         return None
     return suffix
 
 
-def _geo(dy: np.ndarray) -> tuple:
-    key = (dy.shape, dy.strides, dy.itemsize)
-    held = _GEOS.get(key)
-    if held is None:
-        it, nd = dy.itemsize, dy.ndim - 2
-        dims = (1,) * (3 - nd) + dy.shape[2:]
-        # a size-1 dim's stride may be any number of bytes (never used): 0 there
-        st = [0 if size == 1 else stride // it for size, stride in zip(dy.shape, dy.strides)]
-        st = st[:2] + [0] * (3 - nd) + st[2:]
-        a = np.array(BIAS_GEO.pack(n=dy.shape[0], c=dy.shape[1], d=dims[0], h=dims[1], w=dims[2], s=st), np.int64)
-        a.flags.writeable = False
-        if len(_GEOS) > 256:
-            _GEOS.clear()
-        held = _GEOS[key] = (a, a.ctypes.data)
-    return held
+def _geo(dy: np.ndarray) -> np.ndarray:
+    """BIAS_GEO of ``dy`` (sizes, element strides; spatial dims lifted to 3) as a read-only int64 array."""
+    it, nd = dy.itemsize, dy.ndim - 2
+    dims = (1,) * (3 - nd) + dy.shape[2:]
+    # a size-1 dim's stride may be any number of bytes (never used): 0 there
+    st = [0 if size == 1 else stride // it for size, stride in zip(dy.shape, dy.strides)]
+    st = st[:2] + [0] * (3 - nd) + st[2:]
+    geo = np.array(BIAS_GEO.pack(n=dy.shape[0], c=dy.shape[1], d=dims[0], h=dims[1], w=dims[2], s=st), np.int64)
+    geo.flags.writeable = False
+    return geo
+
+
+def _prepare(dy: np.ndarray, out_dtype):
+    """The compiled call for grad_y's shape, strides and dtype and this output dtype: (C function, geo, geo's
+    address, the dtype C writes, whether that is float32, whether it is the output dtype), or False when the
+    compiled sum cannot read such a grad_y (dtype, byte order, rank, empty)."""
+    suffix = _suffix(dy, aligned=True)
+    if suffix is None or dy.size == 0:
+        return False
+    out_dtype = np.dtype(out_dtype)
+    written = out_dtype if out_dtype in (np.dtype(np.float64), np.dtype(np.float32)) else np.dtype(np.float64)
+    geo = _geo(dy)
+    return (getattr(native.library(), "xconv_bias_sum_" + suffix), geo, geo.ctypes.data, written,
+            written.itemsize == 4, written == out_dtype)
 
 
 def compiled_grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray | None:
     """:func:`grad_bias`'s bits by the compiled sum, reading ``dy`` in place; None when the compiled part is off or
     cannot read ``dy`` (dtype, byte order, alignment, rank), or ``dy`` is empty (the NumPy route then serves)."""
-    suffix = _suffix(dy)
-    if suffix is None or dy.size == 0 or not _compiled_on():
+    if not dy.flags.aligned or not _compiled_on():
         return None
-    geo, geo_at = _geo(dy)                               # held: the C call reads it (another thread may clear _GEOS)
-    C = dy.shape[1]
-    out_dtype = np.dtype(out_dtype)
-    direct = _DIRECT.get(out_dtype)                      # the C sums' own dtype when it is the output's
-    out = np.empty(C, direct or np.float64)
-    getattr(native.library(), "xconv_bias_sum_" + suffix)(native.address(dy), geo_at, native.address(out),
-                                                          direct is not None and direct.itemsize == 4)
-    if direct is not None:
-        return out
-    return np.ascontiguousarray(out.astype(out_dtype))
-
-
-_F32 = np.dtype(np.float32)
-#: output dtypes the C sum writes itself (rounded once from double): float64 and float32
-_DIRECT = {np.dtype(np.float64): np.dtype(np.float64), _F32: _F32}
+    key = (dy.shape, dy.strides, dy.dtype, out_dtype)
+    call = _CALLS.get(key)
+    if call is None:
+        call = _prepare(dy, out_dtype)
+        if len(_CALLS) > 256:
+            _CALLS.clear()
+        _CALLS[key] = call
+    if call is False:
+        return None
+    fn, geo, geo_at, written, f32, final = call         # geo held: the C call reads it (another thread may clear)
+    out = np.empty(dy.shape[1], written)
+    fn(native.address(dy), geo_at, native.address(out), f32)
+    return out if final else np.ascontiguousarray(out.astype(out_dtype))
