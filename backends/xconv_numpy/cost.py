@@ -148,9 +148,21 @@ def blas_grid(p, output: str) -> float:
     return CALL + (products + copies) / CORES
 
 
+def dense_forward(p, output: str = "y") -> float:
+    """The forward through the dense loops' input gradient (:func:`dense.fprop`, stride 1): the loops' model over
+    the input positions per sample (the dual convolution's output). Not yet a candidate of the path table
+    (measured, one core, ms, against the small path's loops in sample blocks: 3-D 32->64 at 8x28x28 14.4 vs 15.6,
+    64->128 at 4x14x14 7.4 vs 8.5, 128->128 15.1 vs 16.8; 2-D 64 at 16x16 1.62 vs 1.74, 128 at 8x8 1.78 vs 1.80)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    S = math.prod(p.input_shape[2:])
+    q0 = LOOP_Q0[len(p.kernel)]
+    big = LOOP_BIG_WEIGHTS if Cog * Cg * K > LOOP_WEIGHTS else 1.0
+    return CALL + big * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
+
+
 #: path name -> estimate(p, output)
 ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": grid, "pointwise": pointwise,
-             "blas-grid": blas_grid}
+             "blas-grid": blas_grid, "dense-forward": dense_forward}
 
 
 def macs(p) -> int:
