@@ -66,11 +66,9 @@ def test_run_explain_names_each_output_s_path_and_rule():
               "--repeat", "0", "--explain", module=True)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("explain: ")]
-    bias = "explain: backward path: bias sum [grad_bias: bias-sum]"
-    assert lines == ["explain: backward path: small-call columns [grad_weight: cost model: small-c "
-                     "cheapest (cost.py)]", bias] or \
-        lines == ["explain: backward path: small-call columns [grad_weight: cost model: small cheapest (cost.py)]",
-                  bias], lines
+    bias = "explain: backward path: bias-sum: float64 row sums in sample order [grad_bias: always]"
+    assert lines == ["explain: backward path: small-c: small-call C grid loops [grad_weight: cost model: small-c "
+                     "cheapest (cost.py)]", bias], lines
 
 
 def test_run_reports_invalid_arguments_as_usage_errors():

@@ -11,7 +11,7 @@ def test_run_prints_record():
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("record: ")]
     # 1 MiB admits the small-call path (its scratch bound fits: a limit that constrains nothing changes no path)
-    assert "backward on numpy" in line and "small-call columns" in line
+    assert "backward on numpy" in line and "small-c: small-call C grid loops" in line
     assert "deterministic=batch_invariant" in line and "workspace_bytes=" in line
 
 

@@ -14,7 +14,7 @@ import xconv
 from core_helpers import SpyBackend, assert_same_non_finite, registered
 from xconv.errors import BackendFailedError, BackendOutOfMemoryError, DTypeError, ResourceError
 from xconv_numpy import paths, reference
-from xconv_numpy.grid import scratch, strategy_a
+from xconv_numpy.grid import scratch
 
 f = np.float32
 CB = xconv.convolution_backward
@@ -285,7 +285,7 @@ def test_the_memory_limit_is_overridable(monkeypatch):
 PATHS = {  # name: (x shape, w shape, kwargs, forced path and strategy A knobs)
     "blas-a": ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=1), ("grid-a", {})),
     "blas-b": ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=1, stride=2), ("grid-b", {})),
-    "blas-flat": ((1, 2, 7, 5), (3, 2, 2, 3), dict(padding=(1, 2)), ("grid-a", dict(COMPACT_INNER=False))),
+    "blas-flat": ((1, 2, 7, 5), (3, 2, 2, 3), dict(padding=(1, 2)), ("grid-a", dict(compact_inner=False))),
     "pointwise": ((2, 4, 5, 5), (3, 4, 1, 1), {}, (None, {})),
     "compiled": ((1, 16, 6, 6), (16, 16, 3, 3), dict(padding=1), (None, {})),
     "depthwise": ((2, 3, 6, 6), (3, 1, 3, 3), dict(padding=1, groups=3), (None, {})),
@@ -304,21 +304,19 @@ def _poisoned(shape, where, value, rng):
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("tensor", ["dy", "x", "w"])
 @pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
-def test_non_finite_values_propagate_as_the_reference_says(monkeypatch, path, tensor, value):
+def test_non_finite_values_propagate_as_the_reference_says(path, tensor, value):
     xs, ws, kw, (forced, knobs) = PATHS[path]
-    for name, v in knobs.items():
-        monkeypatch.setattr(strategy_a, name, v)
     rng = np.random.default_rng(1)
     out = xconv.output_shape(xs, ws, **kw)
     corner = (0, 0, 0, 0)
     x = _poisoned(xs, corner if tensor == "x" else None, value, rng)
     w = _poisoned(ws, corner if tensor == "w" else None, value, rng)
     dy = _poisoned(out, (0, 0, 1, 1) if tensor == "dy" else None, value, rng)
-    with paths.force(*[forced] if forced else []):
+    with paths.force(*[forced] if forced else []), paths.tune(**knobs):
         got = CB(dy, x, w, backend="numpy", **kw)
     want = CB(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw)
     assert_same_non_finite(got, want, rtol=1e-5)
-    with paths.force(*[forced] if forced else []):
+    with paths.force(*[forced] if forced else []), paths.tune(**knobs):
         y = xconv.conv_fprop(x, w, backend="numpy", **kw)
     ye = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw)
     np.testing.assert_array_equal(np.isnan(y), np.isnan(ye))

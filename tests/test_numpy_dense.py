@@ -107,26 +107,26 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
 
 
 def test_compiled_bitwise_independent_of_workers(monkeypatch):
-    monkeypatch.setattr(dense, "SMALL_WORK", 0)          # this small call would otherwise run on one thread
-    rng = np.random.default_rng(5)
-    p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
-    x = rng.standard_normal(p.input_shape).astype(np.float32)
-    w = rng.standard_normal(p.weight_shape).astype(np.float32)
-    dy = rng.standard_normal(p.output_shape).astype(np.float32)
-    runs = {}
-    for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):      # budget 1: 1-sample blocks
-        with Lease() as lease:
-            runs[(workers, budget)] = dense.backward(dy, x, w, p, True, True, True, workers, budget, lease)
-    first = runs[(1, 1 << 30)]
-    for dx, _, db in runs.values():
-        assert dx.tobytes() == first[0].tobytes()
-        assert db.tobytes() == first[2].tobytes()
-    # the weight gradient adds its blocks of samples in order: the same blocks, the same bits
-    assert runs[(2, 1 << 30)][1].tobytes() == first[1].tobytes()
-    assert runs[(3, 1)][1].tobytes() == runs[(1, 1)][1].tobytes()
-    # one block of 3 samples or three of one: the same sums, grouped differently
-    np.testing.assert_allclose(runs[(1, 1)][1], first[1], rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(runs[(1, 1)][2], first[2], rtol=1e-6, atol=1e-5)
+    with paths.tune(dense_small_work=0):     # this small call would otherwise run on one thread
+        rng = np.random.default_rng(5)
+        p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
+        x = rng.standard_normal(p.input_shape).astype(np.float32)
+        w = rng.standard_normal(p.weight_shape).astype(np.float32)
+        dy = rng.standard_normal(p.output_shape).astype(np.float32)
+        runs = {}
+        for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):      # budget 1: 1-sample blocks
+            with Lease() as lease:
+                runs[(workers, budget)] = dense.backward(dy, x, w, p, True, True, True, workers, budget, lease)
+        first = runs[(1, 1 << 30)]
+        for dx, _, db in runs.values():
+            assert dx.tobytes() == first[0].tobytes()
+            assert db.tobytes() == first[2].tobytes()
+        # the weight gradient adds its blocks of samples in order: the same blocks, the same bits
+        assert runs[(2, 1 << 30)][1].tobytes() == first[1].tobytes()
+        assert runs[(3, 1)][1].tobytes() == runs[(1, 1)][1].tobytes()
+        # one block of 3 samples or three of one: the same sums, grouped differently
+        np.testing.assert_allclose(runs[(1, 1)][1], first[1], rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(runs[(1, 1)][2], first[2], rtol=1e-6, atol=1e-5)
 
 
 def test_compiled_against_torch():
@@ -293,34 +293,34 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
     bits it gives alone, and none waits forever on another call's tasks."""
     import threading
 
-    monkeypatch.setattr(dense, "SMALL_WORK", 0)          # these small calls would otherwise not use the pool
+    with paths.tune(dense_small_work=0):     # these small calls would otherwise not use the pool
 
-    rng = np.random.default_rng(8)
-    shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),
-              ((4, 64, 7, 7), (64, 32, 3, 3), 2), ((1, 32, 15, 4), (16, 32, 3, 2), 1)]
-    jobs = []
-    for xs, ws, groups in shapes:
-        x = rng.standard_normal(xs).astype(np.float32)
-        w = rng.standard_normal(ws).astype(np.float32)
-        dy = rng.standard_normal(xconv.output_shape(xs, ws, padding=1, groups=groups)).astype(np.float32)
-        jobs.append((dy, x, w, groups))
+        rng = np.random.default_rng(8)
+        shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),
+                  ((4, 64, 7, 7), (64, 32, 3, 3), 2), ((1, 32, 15, 4), (16, 32, 3, 2), 1)]
+        jobs = []
+        for xs, ws, groups in shapes:
+            x = rng.standard_normal(xs).astype(np.float32)
+            w = rng.standard_normal(ws).astype(np.float32)
+            dy = rng.standard_normal(xconv.output_shape(xs, ws, padding=1, groups=groups)).astype(np.float32)
+            jobs.append((dy, x, w, groups))
 
-    def call(job):
-        dy, x, w, groups = job
-        return xconv.convolution_backward(dy, x, w, padding=1, groups=groups, backend="numpy")
+        def call(job):
+            dy, x, w, groups = job
+            return xconv.convolution_backward(dy, x, w, padding=1, groups=groups, backend="numpy")
 
-    alone = [call(job) for job in jobs]
-    together = [None] * (2 * len(jobs))
+        alone = [call(job) for job in jobs]
+        together = [None] * (2 * len(jobs))
 
-    def worker(i):
-        together[i] = call(jobs[i % len(jobs)])
+        def worker(i):
+            together[i] = call(jobs[i % len(jobs)])
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(together))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a concurrent call did not finish"
-    for i, got in enumerate(together):
-        for a, b in zip(got, alone[i % len(jobs)]):
-            assert a.tobytes() == b.tobytes()
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(together))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a concurrent call did not finish"
+        for i, got in enumerate(together):
+            for a, b in zip(got, alone[i % len(jobs)]):
+                assert a.tobytes() == b.tobytes()

@@ -17,7 +17,7 @@ from xconv.params import make_params
 from core_helpers import count_calls  # noqa: E402
 from test_numpy_fast import DTYPE_NAMES, compare, random_arrays  # noqa: E402
 
-from xconv_numpy import depthwise  # noqa: E402
+from xconv_numpy import depthwise, paths  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not depthwise.available(), reason=f"compiled loops not built: {depthwise.import_error()}")
 
@@ -85,19 +85,19 @@ def test_direct_loops_run_not_blas(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_direct_bitwise_independent_of_workers(dtype, monkeypatch):
-    monkeypatch.setattr(depthwise, "SMALL_WORK", 0)            # this small call would otherwise run on one thread
-    rng = np.random.default_rng(5)
-    p = make_params((3, 7, 21, 18), (14, 1, 3, 5), stride=(2, 1), padding=((1, 2), (2, 2)), dilation=(1, 2),
-                    groups=7, dtype=dtype)
-    x = rng.standard_normal(p.input_shape).astype(dtype)
-    w = rng.standard_normal(p.weight_shape).astype(dtype)
-    dy = rng.standard_normal(p.output_shape).astype(dtype)
-    runs = [depthwise.backward(dy, x, w, p, True, True, True, workers) for workers in (1, 2, 3, 1)]
-    for run in runs[1:]:
-        for got, first in zip(run, runs[0]):
-            assert got.tobytes() == first.tobytes()
-    ys = [depthwise.fprop(x, w, None, p, workers).tobytes() for workers in (1, 3)]
-    assert ys[0] == ys[1]
+    with paths.tune(depthwise_small_work=0):   # this small call would otherwise run on one thread
+        rng = np.random.default_rng(5)
+        p = make_params((3, 7, 21, 18), (14, 1, 3, 5), stride=(2, 1), padding=((1, 2), (2, 2)), dilation=(1, 2),
+                        groups=7, dtype=dtype)
+        x = rng.standard_normal(p.input_shape).astype(dtype)
+        w = rng.standard_normal(p.weight_shape).astype(dtype)
+        dy = rng.standard_normal(p.output_shape).astype(dtype)
+        runs = [depthwise.backward(dy, x, w, p, True, True, True, workers) for workers in (1, 2, 3, 1)]
+        for run in runs[1:]:
+            for got, first in zip(run, runs[0]):
+                assert got.tobytes() == first.tobytes()
+        ys = [depthwise.fprop(x, w, None, p, workers).tobytes() for workers in (1, 3)]
+        assert ys[0] == ys[1]
 
 
 def test_direct_against_torch():

@@ -28,7 +28,7 @@ from xconv.dtypes import DTYPES, UNIT_ROUNDOFF
 
 xconv_numpy = pytest.importorskip("xconv_numpy")
 from xconv_numpy import fast, paths  # noqa: E402
-from xconv_numpy.grid import chunks, scratch, strategy_a  # noqa: E402
+from xconv_numpy.grid import scratch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -215,13 +215,11 @@ def test_chunked_matches_exact(conv, seed, budget, strategy):
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     forced = {None: (), "a": ("grid-a",), "b": ("grid-b",), "a-implicit": ("grid-a",), "a-compact": ("grid-a",)}
-    with pytest.MonkeyPatch.context() as mp, paths.force(*forced[strategy], off=["small-paths"]):  # the grid
-        if budget is not None:                                # the strategies' tuning knobs
-            mp.setattr(chunks, "MAX_CHUNK_BYTES", budget)
-            mp.setattr(chunks, "MIN_CHUNK_BYTES", 1)
-        mp.setattr(strategy_a, "IMPLICIT_OUTER", True if strategy == "a-implicit" else None)
-        mp.setattr(strategy_a, "COMPACT_INNER",
-                   True if strategy == "a-compact" else False if strategy == "a" else None)
+    knobs = dict(implicit_outer=True if strategy == "a-implicit" else None,
+                 compact_inner=True if strategy == "a-compact" else False if strategy == "a" else None)
+    if budget is not None:
+        knobs["chunk_bytes"] = (1, budget)
+    with paths.force(*forced[strategy], off=["small-paths"]), paths.tune(**knobs):     # the grid, its knobs
         compare(c, x, w, dy, mask, layout)
 
 

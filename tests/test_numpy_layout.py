@@ -103,16 +103,16 @@ def test_pack_puts_values_in_slot_order_and_refuses_a_wrong_width():
 def test_the_vectors_python_builds_have_the_declared_lengths(lib):
     """What the drivers pass to C: the depthwise geometry, the small-call column geometry and stride-1 plan."""
     from xconv import ConvParams
-    from xconv_numpy import depthwise, small
+    from xconv_numpy import depthwise, small_c
 
     p = xconv.api.params_for({"input": (2, 4, 9, 8), "weight": (4, 1, 3, 3)}, "float32", stride=2, padding=1,
                              groups=4)
     assert isinstance(p, ConvParams)
     geo = depthwise._plan(p).geo(True, True, True, (1, 2, 3, 4), (5, 6, 7, 8))
     assert len(geo) == layout.DEPTHWISE_GEO.length and list(geo[18:22]) == [5, 6, 7, 8]
-    assert len(small._geo(p)) == layout.SMALL_COLS_GEO.length
+    assert len(small_c._geo(p)) == layout.SMALL_COLS_GEO.length
     q = xconv.api.params_for({"input": (1, 3, 6, 5), "weight": (5, 3, 3, 2)}, "float64", padding=1)
-    plan = small._s1_plan(q)
+    plan = small_c._s1_plan(q)
     assert len(plan.vector) == layout.SMALL_S1_PLAN.length + 2 * 6 and plan.vector[0] == 1 and plan.vector[6] == 6
 
 

@@ -10,35 +10,62 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xconv
-from core_helpers import count_calls
 from test_numpy_fast import compare, convolutions, random_arrays
 
-from xconv_numpy import columns, native, paths, small  # noqa: E402
+from xconv_numpy import native, paths, small  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), gather=st.booleans())
-def test_small_path_matches_exact(conv, seed, gather):
-    """Forced on for every convolution it can compute (both the gather and, at stride 1, the padded-grid columns)."""
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), forced=st.sampled_from(["small-paths", "small-cols"]))
+def test_small_path_matches_exact(conv, seed, forced):
+    """Forced on for every convolution it can compute: the table's small paths in order (the C grid loops at
+    stride 1, else the C columns), or the C columns at every stride."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with pytest.MonkeyPatch.context() as mp, paths.force("small-paths"):
-        if gather:
-            mp.setattr(small, "_unit_stride", lambda p: False)
+    with paths.force(forced):
         compare(c, x, w, dy, mask, layout)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), gather=st.booleans())
-def test_numpy_fallback_matches_exact(conv, seed, gather):
-    """Without the compiled copies (installed without a compiler, or XCONV_NUMPY_C=0) the NumPy gathers serve."""
+@given(conv=convolutions(), seed=st.integers(0, 2**32 - 1), forced=st.sampled_from(["small-paths", "small-gather"]))
+def test_numpy_fallback_matches_exact(conv, seed, forced):
+    """Without the compiled copies (installed without a compiler, or XCONV_NUMPY_C=0) the NumPy paths serve: the
+    padded-grid columns at stride 1, else the gathers; or the gathers at every stride."""
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
-    with pytest.MonkeyPatch.context() as mp, paths.force("small-paths"):
+    with pytest.MonkeyPatch.context() as mp, paths.force(forced):
         mp.setenv("XCONV_NUMPY_C", "0")                      # the documented switch (part of choose's key)
-        if gather:
-            mp.setattr(small, "_unit_stride", lambda p: False)
         compare(c, x, w, dy, mask, layout)
+
+
+def test_forced_small_paths_run_as_named():
+    """Each small path, forced, is the one that runs (the trace names it) and agrees with the exact path."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    kw = dict(padding=1, groups=2)
+    dy = rng.standard_normal(xconv.output_shape(x.shape, w.shape, **kw)).astype(np.float32)
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      backend="numpy-exact", **kw)
+    for name in ("small-c", "small-cols", "small-grid", "small-gather"):
+        with xconv.trace() as t, paths.force(name):
+            got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
+            y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+        assert [r.path.split(":")[0] for r in t.records] == [name, name], [r.path for r in t.records]
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
+        np.testing.assert_allclose(y, xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64),
+                                                       backend="numpy-exact", **kw), rtol=1e-5, atol=1e-5)
+
+
+SMALL_PATHS = {"small-c", "small-cols", "small-grid", "small-gather"}
+
+
+def _ran(fn):
+    """(fn's result, the paths its calls ran, in the order the trace records name them: ``name: note [...]``)."""
+    with xconv.trace() as t:
+        out = fn()
+    return out, [part.split(":")[0] for r in t.records for part in (r.path or "").split(" + ")]
 
 
 def test_compiled_copies_are_built_here():
@@ -81,10 +108,9 @@ def test_awkward_inputs_read_not_written(kind, stride):
         np.testing.assert_array_equal(a, b)
 
 
-def test_many_outputs_per_input_channel_leave_the_depthwise_loops(monkeypatch):
+def test_many_outputs_per_input_channel_leave_the_depthwise_loops():
     """One input channel to many (the digits decoder's direct form, a first layer): the small path's loops; a true
     depthwise layer keeps the depthwise loops. Both against the exact path."""
-    from xconv_numpy import depthwise
 
     rng = np.random.default_rng(3)
     for xs, ws, kw, to_small in [((32, 32, 4, 4), (32, 1, 4, 4), dict(stride=2, padding=1, transposed=True), True),
@@ -92,11 +118,9 @@ def test_many_outputs_per_input_channel_leave_the_depthwise_loops(monkeypatch):
                                  ((8, 16, 8, 8), (16, 1, 3, 3), dict(padding=1, groups=16), False)]:
         x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
         dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
-        with pytest.MonkeyPatch.context() as mp:
-            calls = [count_calls(mp, small, "backward", "compiled_backward"), count_calls(mp, small, "fprop")]
-            dw_calls = [count_calls(mp, depthwise, "backward"), count_calls(mp, depthwise, "fprop")]
-            got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
-            assert (any(calls), any(dw_calls)) == (to_small, not to_small), (xs, ws)
+        got, ran = _ran(lambda: xconv.convolution_backward(dy, x, w, backend="numpy", **kw))
+        grads = set(ran) - {"bias-sum"}
+        assert grads <= (SMALL_PATHS if to_small else {"depthwise"}) and grads, (xs, ws, ran)
         want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
                                           backend="numpy-exact", **kw)
         for g, e in zip(got, want):
@@ -114,16 +138,14 @@ DIGITS = [
 
 
 @pytest.mark.parametrize("xs, ws, kw", DIGITS)
-def test_digits_layers_take_the_small_path(xs, ws, kw, monkeypatch):
+def test_digits_layers_take_the_small_path(xs, ws, kw):
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     y = xconv.conv_fprop(x, w, backend="numpy", **kw)
     dy = rng.standard_normal(y.shape).astype(np.float32)
-    bwd = count_calls(monkeypatch, small, "backward", "compiled_backward")
-    fwd = count_calls(monkeypatch, small, "fprop")
-    got = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
-    y2 = xconv.conv_fprop(x, w, backend="numpy", **kw)
-    assert len(bwd) == 1 and len(fwd) == 1
+    got, bwd = _ran(lambda: xconv.convolution_backward(dy, x, w, backend="numpy", **kw))
+    y2, fwd = _ran(lambda: xconv.conv_fprop(x, w, backend="numpy", **kw))
+    assert len(bwd) == 2 and bwd[0] in SMALL_PATHS and bwd[1] == "bias-sum" and fwd == bwd[:1], (bwd, fwd)
     again = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(got, again)) and y.tobytes() == y2.tobytes()
     want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
@@ -138,7 +160,7 @@ def test_digits_layers_take_the_small_path(xs, ws, kw, monkeypatch):
 @pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False)])
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_one_c_call_finds_non_finite_inputs_it_reads(poisoned, mask, value, dtype, monkeypatch):
+def test_the_one_c_call_finds_non_finite_inputs_it_reads(poisoned, mask, value, dtype):
     """The stride-1 C call checks what it reads (dy; x for dW; w for dx) and hands a call with an inf or a NaN there
     to the column path; a poisoned input it does not read leaves it on the C loops. Each output decides for itself
     (issue 24: the mask must not change an output's path): with x (or w) poisoned, a full call runs dW (or dx) on
@@ -152,13 +174,12 @@ def test_the_one_c_call_finds_non_finite_inputs_it_reads(poisoned, mask, value, 
     arrays = {k: v.astype(dtype) for k, v in arrays.items()}
     arrays[poisoned][1, 1, 2, 2] = value
     read = {"grad_output": True, "input": mask[1], "weight": mask[0]}[poisoned]
-    on_c, exact = count_calls(monkeypatch, small, "compiled_backward"), count_calls(monkeypatch, columns, "backward")
-    got = xconv.convolution_backward(arrays["grad_output"], arrays["input"], arrays["weight"], padding=1,
-                                     output_mask=mask, backend="numpy")
+    got, ran = _ran(lambda: xconv.convolution_backward(arrays["grad_output"], arrays["input"], arrays["weight"],
+                                                       padding=1, output_mask=mask, backend="numpy"))
     want = xconv.convolution_backward(*(arrays[k].astype(np.float64) for k in ("grad_output", "input", "weight")),
                                       padding=1, output_mask=mask, backend="numpy-exact")
     rerun = mask == (True, True, True) and poisoned != "grad_output"      # the clean gradient, on its own
-    assert len(on_c) == (2 if rerun else 1) and len(exact) == (1 if read else 0)
+    assert ("columns" in ran) == read and ("small-c" in ran) == (rerun or not read), ran
     for g, e in zip(got, want):
         assert (g is None) == (e is None)
         if g is not None:
@@ -183,7 +204,7 @@ def test_bias_gradient_of_the_c_call_is_summed_in_double():
     assert np.float32(exact) != np.float32(1.0)
 
 
-def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
+def test_non_finite_inputs_keep_the_exact_paths_values():
     """The small path multiplies padding zeros; calls with an infinity go to the column path (no NaN from 0 * inf)."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
@@ -191,10 +212,9 @@ def test_non_finite_inputs_keep_the_exact_paths_values(monkeypatch):
     dy = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
     w[1, 2, 0, 0] = np.inf
     x[0, 1, 2, 2] = -np.inf
-    calls, exact = count_calls(monkeypatch, small, "backward"), count_calls(monkeypatch, columns, "backward")
-    got = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy")
+    got, ran = _ran(lambda: xconv.convolution_backward(dy, x, w, padding=1, backend="numpy"))
     want = xconv.convolution_backward(dy, x, w, padding=1, backend="numpy-exact")
-    assert calls == [] and len(exact) == 1
+    assert ran == ["columns", "bias-sum"], ran
     for g, e in zip(got, want):
         np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
         np.testing.assert_array_equal(np.isinf(g), np.isinf(e))

@@ -3,6 +3,8 @@
 import ast
 from pathlib import Path
 
+import pytest
+
 import xconv_numpy
 from xconv_numpy import paths
 
@@ -67,3 +69,40 @@ def test_every_rule_names_a_path_and_each_op_ends_with_a_catch_all():
     for op in ("fprop", "backward"):
         last = [r for r in paths.RULES if r.op == op][-1]
         assert last.when(None, None) is True and paths.PATHS[last.path].leases_scratch    # runs under any limit
+
+
+def _doc_rows(header: str) -> list:
+    """The rows of the table in docs/numpy-backend.md whose header row starts with ``header``, as cell lists."""
+    lines = (Path(__file__).resolve().parent.parent / "docs" / "numpy-backend.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_docs_show_the_table_the_code_has():
+    """docs/numpy-backend.md: one row per path (its trace note) and the rules in the code's order."""
+    doc_paths = {row[0]: row[-1] for row in _doc_rows("| path | runs |")}
+    assert doc_paths == {name: p.note for name, p in paths.PATHS.items()}
+    order = []
+    for r in paths.RULES:                      # the cost-model rules are one row per op and output set
+        path = r.path if not r.name.startswith("cost model") else "(cost model)"
+        if not order or order[-1] != (r.op, path):
+            order.append((r.op, path))
+    doc_order = [(row[0], "(cost model)" if row[3].startswith("cost model") else row[2])
+                 for row in _doc_rows("| op | outputs | path | rule |") if row[1] != "grad_bias"]
+    assert doc_order == order
+
+
+def test_tuning_knobs_only_through_tune():
+    from xconv_numpy import tuning
+
+    with pytest.raises(ValueError, match="unknown tuning knob"):
+        with paths.tune(chunk_byte=(1, 2)):
+            pass
+    with paths.tune(chunk_bytes=(1, 200)):
+        assert tuning.get("chunk_bytes") == (1, 200) and tuning.get("compact_inner") is None
+    assert tuning.get("chunk_bytes") == tuning.KNOBS["chunk_bytes"][0]

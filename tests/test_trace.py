@@ -8,7 +8,7 @@ import pytest
 import xconv
 from core_helpers import SpyBackend, count_calls
 from xconv import legalize, tracing
-from xconv_numpy import columns, dense, depthwise, paths, small
+from xconv_numpy import columns, dense, depthwise, paths, small_c
 from xconv_numpy.grid import pointwise, strategy_a, strategy_b
 
 
@@ -43,9 +43,9 @@ def test_pointwise_backward_reports_pointwise(monkeypatch):
         xconv.convolution_backward(dy, x, w, math="allow_tf32")
     (r,) = t.records
     assert len(ran) == 1
-    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise per-sample GEMM [grad_input, grad_weight: "
-                                                          "1x1 kernel, stride 1, no padding] + bias sum [grad_bias: "
-                                                          "bias-sum]")
+    assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise: pointwise per-sample GEMM [grad_input, "
+                                                          "grad_weight: 1x1 kernel, stride 1, no padding] + bias-sum: "
+                                                          "float64 row sums in sample order [grad_bias: always]")
     assert r.math == "keep_dtype"                          # effective: numpy never uses TF32
     assert r.deterministic == "run_to_run" and r.plan_cache is None and r.legalized == [] and r.error is None
     assert r.workspace_bytes > 0 and r.seconds > 0
@@ -59,8 +59,8 @@ def test_blas_strategy_reported(monkeypatch, strategy, module):
     with xconv.trace() as t, paths.force(f"grid-{strategy}"):
         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
     assert len(ran) == 1
-    assert t.records[0].path == (f"blas-grid strategy {strategy.upper()} ({'dy' if strategy == 'a' else 'x'}-columns)"
-                                 " [grad_input, grad_weight: forced]")
+    assert t.records[0].path == (f"grid-{strategy}: blas-grid strategy {strategy.upper()} "
+                                 f"({'dy' if strategy == 'a' else 'x'}-columns) [grad_input, grad_weight: forced]")
 
 
 def test_compiled_and_depthwise_paths(monkeypatch):
@@ -75,11 +75,12 @@ def test_compiled_and_depthwise_paths(monkeypatch):
         xconv.conv_fprop(x, w, padding=1)
     ran = [r.path for r in t.records]
     assert dense.serves(xconv.params.make_params(x.shape, w.shape, padding=1)) == bool(c_runs)
-    assert ran[0].startswith("C direct loops [grad_input, grad_weight: dense C loops serve" if c_runs else "blas-grid")
-    assert ran[1].startswith("depthwise C loops [grad_input, grad_weight: one input channel per group" if d_runs
-                             else "blas-grid")
+    assert ran[0].startswith("dense: C direct loops [grad_input, grad_weight: dense C loops serve" if c_runs
+                             else "grid-")
+    assert ran[1].startswith("depthwise: depthwise C loops [grad_input, grad_weight: one input channel per group"
+                             if d_runs else "grid-")
     assert len(c_runs) <= 1 and len(d_runs) <= 1
-    assert ran[2] == "blas-grid x-columns [output: otherwise]"
+    assert ran[2] == "grid-forward: blas-grid x-columns [output: otherwise]"
 
 
 def test_column_fallback_reported(monkeypatch):
@@ -90,7 +91,7 @@ def test_column_fallback_reported(monkeypatch):
     with xconv.trace() as t:
         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False))
     assert len(ran) == 1
-    assert t.records[0].path == "im2col columns (fallback) [grad_input, grad_weight: non-finite detour]"
+    assert t.records[0].path == "columns: im2col columns (fallback) [grad_input, grad_weight: non-finite detour]"
     assert t.records[0].workspace_bytes > 0
 
 
@@ -163,7 +164,7 @@ def test_record_json_ready():
     with xconv.trace() as t:
         xconv.conv_fprop(x, w)
     d = json.loads(json.dumps(t.records[0].as_dict()))
-    assert d["op"] == "fprop" and d["path"] == "blas-grid x-columns [output: otherwise]"
+    assert d["op"] == "fprop" and d["path"] == "grid-forward: blas-grid x-columns [output: otherwise]"
     assert "seconds=" in t.records[0].summary()
 
 
@@ -201,12 +202,13 @@ def test_torch_functional_route_keeps_level_and_limit():
 
 
 def test_small_call_path_reported(monkeypatch):
-    ran = count_calls(monkeypatch, small, "backward", "compiled_backward")
+    ran = count_calls(monkeypatch, small_c, "grid_backward")
     x, w, dy = _conv(np.random.default_rng(9), (1, 4, 8, 8), (4, 4, 3, 3), padding=1)
     with xconv.trace() as t, paths.force(), paths.without_cost_model():   # nothing forced: the size rules choose
         xconv.convolution_backward(dy, x, w, padding=1)
         xconv.conv_fprop(x, w, padding=1)
     assert len(ran) == 1
     assert [r.path for r in t.records] == [
-        "small-call columns [grad_input, grad_weight: small, stride 1, C loops built (small.serves)] + bias sum "
-        "[grad_bias: bias-sum]", "small-call columns [output: small, stride 1, C loops built (small.serves)]"]
+        "small-c: small-call C grid loops [grad_input, grad_weight: small, stride 1, C loops built (small.serves)]"
+        " + bias-sum: float64 row sums in sample order [grad_bias: always]",
+        "small-c: small-call C grid loops [output: small, stride 1, C loops built (small.serves)]"]

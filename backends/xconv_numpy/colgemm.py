@@ -28,7 +28,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import small
+from . import small, small_c
 from .workers import run
 
 #: Multiply-adds per block: big enough that a block's BLAS call runs near its peak rate (each block packs
@@ -88,14 +88,14 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 
 def _fprop(x, w, bias, p: ConvParams, workers: int):
-    f, cdt = small._plan(p), accumulation_dtype(p.dtype)
-    cols = small._im2col(x, p, f, cdt)                                   # (g, Cg*K, N*Q)
+    f, cdt = small.plan(p), accumulation_dtype(p.dtype)
+    cols = small_c.im2col(x, p, f, cdt)                                   # (g, Cg*K, N*Q)
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     y = np.empty((f.g, f.Cog, f.N * f.Q), cdt)
     _split_matmul(wm, cols, y, workers)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
-    return small._from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
+    return small.from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
@@ -125,11 +125,11 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
 
 def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
     """(dx, dw) in the compute dtype."""
-    f, cdt = small._plan(p), accumulation_dtype(p.dtype)
-    dyc = small._dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
+    f, cdt = small.plan(p), accumulation_dtype(p.dtype)
+    dyc = small.dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
     dx = dw = None
     if need_dw:
-        cols_t = small._im2col(x, p, f, cdt).transpose(0, 2, 1)          # (g, N*Q, Cg*K)
+        cols_t = small_c.im2col(x, p, f, cdt).transpose(0, 2, 1)          # (g, N*Q, Cg*K)
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
         _split_matmul(dyc, cols_t, dwm, workers)
         dw = dwm.reshape(p.weight_shape)
@@ -138,14 +138,14 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
         wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
         _split_matmul(wt, dyc, dcols, workers)
-        dx = small._col2im(dcols, p, f, cdt)
+        dx = small_c.col2im(dcols, p, f, cdt)
     return dx, dw
 
 
 def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:
     """Scratch bytes of a call in one chunk: the columns (x's, or dx's: one at a time), dy channel-major or the
     result matrix."""
-    f = small._plan(p)
+    f = small.plan(p)
     it = np.dtype(accumulation_dtype(p.dtype)).itemsize
     cols = f.C * f.K * f.N * f.Q
     if fprop_call:

@@ -38,7 +38,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
-from . import native
+from . import native, tuning
 from .grid.geometry import padded
 from .workers import even_ranges, run
 
@@ -46,9 +46,6 @@ from .workers import even_ranges, run
 TASKS_PER_WORKER = 2
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
 DW_SEGMENT_BYTES = 256 << 10
-#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone (a hand-off to the pool
-#: costs about as much as this much work).
-SMALL_WORK = 1 << 21
 #: The switch of these loops (the settings field of ``$XCONV_NUMPY_C``).
 SWITCH = "numpy_c"
 
@@ -263,8 +260,11 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
     lib = native.library()
-    if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < SMALL_WORK:
-        workers = 1                                      # too small to share: no hand-off to the pool
+    # calls of fewer multiply-adds than the knob dense_small_work (2^21) run on the calling thread alone: a hand-off
+    # to the pool costs about as much as this much work
+    if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < \
+            tuning.get("dense_small_work"):
+        workers = 1
     f = _plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
     if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:

@@ -32,7 +32,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import native
+from . import native, tuning
 from .layout import DEPTHWISE_GEO
 from .native import address
 from .workers import even_ranges, run
@@ -41,10 +41,6 @@ from .plans import per_params
 #: Inputs that need converting (another dtype, unaligned) are converted a block of samples at a time: at
 #: most this many bytes, and at most half the bytes of the call's inputs and outputs.
 BLOCK_BYTES = 8 << 20
-#: Calls of fewer multiply-adds (per gradient) than this run on the calling thread alone: a hand-off to the pool
-#: costs 30-100 us (measured, same process: 590k multiply-adds, 8x32x16x16 3x3 backward, 253 us alone against
-#: 350 us on two workers; 295k, 32x1x8x8 to 16 channels, 133 against 222 us; on a loaded 2-core machine).
-SMALL_WORK = 1 << 20
 #: Kernels with more taps than this go to the BLAS path (whose work does not grow with the tap count alone).
 MAX_TAPS = 4096
 
@@ -148,11 +144,14 @@ class _Plan:
 
     def chunks(self, n0: int, n1: int, workers: int):
         """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least; one (run on the calling
-        thread, no hand-off) when the work is below SMALL_WORK multiply-adds. Results do not depend on them."""
+        thread, no hand-off) when the work is below the knob ``depthwise_small_work`` (2^20 multiply-adds: a
+        hand-off to the pool costs 30-100 us; measured, same process: 590k multiply-adds, 8x32x16x16 3x3 backward,
+        253 us alone against 350 us on two workers; 295k, 32x1x8x8 to 16 channels, 133 against 222 us; on a loaded
+        2-core machine). Results do not depend on them."""
         C = self.in4[1]
         a, b = n0 * C, n1 * C
         work = (b - a) * self.m * self.K * math.prod(self.out4[2:])
-        parts = 1 if work < SMALL_WORK else max(1, min((b - a) // 8, 4 * workers))
+        parts = 1 if work < tuning.get("depthwise_small_work") else max(1, min((b - a) // 8, 4 * workers))
         return [(a + u, a + v) for u, v in even_ranges(b - a, parts)]
 
 

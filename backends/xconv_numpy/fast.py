@@ -18,9 +18,9 @@ in short:
 - Strategy B ("x-columns", few input channels, e.g. a 3-channel stem): im2col of the x phases,
   ``dW = dy @ cols^T``, ``y = W @ cols`` (fprop), ``dx`` by ``Z = W^T @ dy`` and col2im adds.
 - Pointwise (1x1, stride 1, no padding): per-sample products on the native layout.
-- Small calls (:mod:`.small`, at most ``small.MAX_ELEMENTS`` elements of columns): one gather (or, at
-  stride 1, one strided copy of a zero-padded grid) and one matrix product per gradient on the
-  calling thread, from index tables planned once per configuration; after the compiled loops.
+- Small calls (:mod:`.small`, at most ``small.MAX_ELEMENTS`` elements of columns): one C call on
+  zero-padded grids (stride 1), or C columns and one matrix product per gradient, on the calling thread
+  (without the compiled loops: one strided copy or one gather per operand); four paths of the table.
 - Columns (:mod:`.columns`): geometries the grid serves badly, and backward calls whose inputs hold
   a NaN or infinity, run on the reference's chunked im2col in the compute dtype instead.
 - Chunks of grid lines (whole samples, or line ranges of one sample with halos) sized to a
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from xconv import ConvParams, tracing
 
-from . import bias, colgemm, columns, dense, depthwise, grid_blocks, paths, small
+from . import bias, colgemm, columns, dense, depthwise, grid_blocks, paths, small, small_c, small_numpy
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .grid import forward, pointwise, strategy_a, strategy_b
@@ -48,15 +48,26 @@ from xconv.dtypes import DTYPES
 
 def _note(path: paths.Path, outputs, rule: str) -> None:
     if tracing.active():
-        tracing.note(f"{path.note} [{', '.join(outputs)}: {rule}]")
+        tracing.note(_words(path, outputs, rule))
+
+
+def _words(path: paths.Path, outputs, rule: str) -> str:
+    """What the trace record says of a run: the path's name and note, the outputs and the rule that chose it."""
+    return f"{path.name}: {path.note} [{', '.join(outputs)}: {rule}]"
+
+
+#: The small-call paths run from Python (BLAS products under the pin): {name: (fprop, backward)}.
+_SMALL = {"small-cols": (small_c.cols_fprop, small_c.cols_backward),
+          "small-grid": (small_numpy.grid_fprop, small_numpy.grid_backward),
+          "small-gather": (small_numpy.gather_fprop, small_numpy.gather_backward)}
 
 
 def _small_scratch(p: ConvParams, need_dx: bool, need_dw: bool, fprop: bool = False) -> None:
-    """Report the scratch of the Python small path (:func:`small.backward` / :func:`small.fprop` without the one
-    C call): dy channel-major (or y before its layout), and the columns of x (fprop, dw) and of dx, in the
-    compute dtype, from the small path's plan (its grid form without the C loops holds about as much)."""
+    """Report the scratch of the small paths run from Python (:data:`_SMALL`): dy channel-major (or y before its
+    layout), and the columns of x (fprop, dw) and of dx, in the compute dtype, from the small paths' sizes
+    (the grid forms hold about as much)."""
     if tracing.active():
-        f = small._plan(p)
+        f = small.plan(p)
         cols, dyc = f.C * f.K * f.N * f.Q, f.Co * f.N * f.Q
         tracing.workspace(compute_dtype(p).itemsize * (dyc + cols * (1 if fprop else need_dx + need_dw)))
 
@@ -64,7 +75,7 @@ def _small_scratch(p: ConvParams, need_dx: bool, need_dw: bool, fprop: bool = Fa
 def _columns(dy, x, w, p, need_dx, need_dw, rule):
     outs = [o for o, bit in (("grad_input", need_dx), ("grad_weight", need_dw)) if bit]
     check_im2col("numpy", p, [op for op, bit in (("dgrad", need_dx), ("wgrad", need_dw)) if bit],
-                 compute_dtype(p).itemsize, f"{paths.PATHS['columns'].note} [{', '.join(outs)}: {rule}]")
+                 compute_dtype(p).itemsize, _words(paths.PATHS["columns"], outs, rule))
     return columns.backward(dy, x, w, p, need_dx, need_dw)
 
 
@@ -74,10 +85,10 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
     name = path.name
     if name == "depthwise":
         return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, blas_workers())
-    if name == "small":
+    if name in _SMALL:
         _small_scratch(p, need_dx, need_dw)
         with pinned_blas_workers():
-            return small.backward(dy, x, w, p, need_dx, need_dw) + (None,)
+            return _SMALL[name][1](dy, x, w, p, need_dx, need_dw) + (None,)
     if name == "colgemm":
         with pinned_blas_workers() as workers:
             return colgemm.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
@@ -100,7 +111,7 @@ def _grads(path, rule, dy, x, w, p, gx, gw):
         return _columns(dy, x, w, p, gx, gw, rule)
     bad_x = bad_w = False
     if path.nonfinite == "self-check":                # one C call that checks what it reads for inf/NaN itself
-        results = small.compiled_backward(dy, x, w, p, gx, gw, False)
+        results = small_c.grid_backward(dy, x, w, p, gx, gw, False)
         if results is not None:
             _note(path, outs, rule)
             return results[0], results[1]
@@ -163,21 +174,21 @@ def fprop(x, w, b, p: ConvParams):
     path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     name = path.name
     if name == "columns":
-        check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, f"{path.note} [output: {rule}]")
+        check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, _words(path, ["output"], rule))
         return columns.fprop(x, w, b, p)
     _note(path, ["output"], rule)
     if name == "depthwise":
         return depthwise.fprop(x, w, b, p, blas_workers())
     if name == "small-c":
-        return small.fprop(x, w, b, p)
+        return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":
         return grid_blocks.fprop(x, w, b, p, blas_workers())
     if name == "colgemm":
         with pinned_blas_workers() as workers:
             return colgemm.fprop(x, w, b, p, workers)
-    if name == "small":
+    if name in _SMALL:
         _small_scratch(p, False, False, fprop=True)
         with pinned_blas_workers():
-            return small.fprop(x, w, b, p)
+            return _SMALL[name][0](x, w, b, p)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         return forward.fprop(x, w, b, p, workers, lease)

@@ -18,7 +18,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import small
+from . import small_c
 from .cost import GRID_BLOCK_ELEMENTS
 from .workers import run
 
@@ -38,7 +38,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     y = np.empty(p.output_shape, DTYPES[p.dtype])
     blocks = sample_blocks(p)
     if len(blocks) == 1:
-        return small.fprop(x, w, bias, p)
+        return small_c.grid_fprop(x, w, bias, p)
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
 
@@ -49,7 +49,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     def task(_, __, n0, n1):
         q = dataclasses.replace(p, input_shape=(n1 - n0,) + tuple(p.input_shape[1:]),
                                 output_shape=(n1 - n0,) + tuple(p.output_shape[1:]))
-        y[n0:n1] = contexts[n0].run(small.fprop, x[n0:n1], w, b, q)
+        y[n0:n1] = contexts[n0].run(small_c.grid_fprop, x[n0:n1], w, b, q)
 
     run(blocks, task, lambda: None, workers)
     return y

@@ -22,7 +22,8 @@ Cross-cutting rules, written once here:
 is the one the full call (all three outputs) would take for it, so which outputs are requested never changes
 how one of them is computed; grad_bias always has its own path (``bias-sum``: one order for every call).
 
-Tests and experiments pick a path through :func:`force`, never by patching modules.
+Tests and experiments pick a path through :func:`force`, and set how it runs through :func:`tune` (the knobs of
+:mod:`.tuning`), never by patching modules.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from xconv import ConvParams, settings
 from xconv.dtypes import DTYPES
 
 from . import bounds, colgemm, columns, cost, dense, depthwise, native, small
+from .tuning import tuned as tune  # noqa: F401  (public: the paths' tuning knobs, tuning.KNOBS)
 from .grid.geometry import compute_dtype, geom
 
 OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
@@ -67,11 +69,18 @@ PATHS = {p.name: p for p in (
          "depthwise C loops", bounds.depthwise),
     Path("dense", "backward (dx, dw and db in one pass): channels per group multiples of 16, AVX-512 build",
          "dense.backward (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
-    Path("small-c", "fprop, backward (dx, dw and db in one C call): small calls at stride 1",
-         "small.fprop / small.compiled_backward (csrc/small_grid.c)", "none", False, "self-check",
-         "small-call columns", bounds.small),
-    Path("small", "fprop, backward (dx, dw): small calls", "small.fprop / small.backward", "pinned", False,
-         "detour", "small-call columns", bounds.small),
+    Path("small-c", "fprop, backward (dx, dw in one C call): small calls at stride 1, on zero-padded grids",
+         "small_c.grid_fprop / small_c.grid_backward (csrc/small_grid.c)", "none", False, "self-check",
+         "small-call C grid loops", bounds.small),
+    Path("small-cols", "fprop, backward (dx, dw): small calls, any stride: C im2col/col2im around BLAS",
+         "small_c.cols_fprop / small_c.cols_backward (csrc/small_cols.c)", "pinned", False, "detour",
+         "small-call C columns", bounds.small),
+    Path("small-grid", "fprop, backward (dx, dw): small calls at stride 1 without the compiled loops",
+         "small_numpy.grid_fprop / small_numpy.grid_backward", "pinned", False, "detour",
+         "small-call NumPy grid columns", bounds.small),
+    Path("small-gather", "fprop, backward (dx, dw): small calls, any stride, without the compiled loops",
+         "small_numpy.gather_fprop / small_numpy.gather_backward", "pinned", False, "detour",
+         "small-call NumPy gathers", bounds.small),
     Path("pointwise", "backward (dx, dw and db in one pass): 1x1 kernel, stride 1, no padding",
          "grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
     Path("grid-a", "backward (dx, dw): the polyphase grid, dy-columns", "grid.strategy_a.backward", "pinned", True,
@@ -81,7 +90,7 @@ PATHS = {p.name: p for p in (
     Path("grid-forward", "fprop: the polyphase grid, x-columns", "grid.forward.fprop", "pinned", True, "keeps",
          "blas-grid x-columns"),
     Path("bias-sum", "grad_bias: per sample and channel in float64, samples in order (one order for every call)",
-         "bias.bias_sum", "none", True, "keeps", "bias sum"),
+         "bias.bias_sum", "none", True, "keeps", "float64 row sums in sample order"),
     Path("colgemm", "fprop, backward (dx, dw): im2col columns and blocked BLAS products on the workers",
          "colgemm.fprop / colgemm.backward (csrc/small_cols.c)", "pinned", False, "detour", "colgemm columns",
          bounds.colgemm),
@@ -107,6 +116,19 @@ class Rule:
 
 def _small_size(p, mask):   # dy's columns count as the full call's (dx requested), whatever the mask
     return small.serves(p, True)
+
+
+#: The small-call paths in the order tried, and when each can run (its rule's words and test, :data:`_CAN`).
+_SMALL_VARIANTS = (("small-c", "stride 1, C loops built"), ("small-cols", "C loops built"),
+                   ("small-grid", "stride 1"), ("small-gather", "any stride"))
+_CAN = {"small-c": lambda p: small.grid_compiled(p), "small-cols": lambda p: small.compiled_available(),
+        "small-grid": lambda p: small.unit_stride(p), "small-gather": lambda p: True}
+
+
+def _small_variant(name, size_rule):
+    def when(p, mask):
+        return size_rule(p, mask) and _CAN[name](p)
+    return when
 
 
 def _depthwise(p, mask):    # the small path's size test as the full call's
@@ -136,7 +158,7 @@ def cost_pick(p, output: str):
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
     cands = ["small"] if served or (same and small.grid_compiled(p)) else []     # its stride-1 loops at any size
     if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
-        return "small-c" if small.grid_compiled(p) else "small"
+        return "small-c" if small.grid_compiled(p) else "small-cols"
     if output == "y":
         if colgemm.fits(p, False, False, True) and len(colgemm.sample_chunks(p, False, False, True)) == 1 \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
@@ -155,8 +177,8 @@ def cost_pick(p, output: str):
     if not cands:
         return None
     pick = cost.cheapest(p, output, cands)
-    return {"small": "small-c" if small.grid_compiled(p) else "small", "direct": "dense", "grid": "small-c-blocks",
-            "blas-grid": None}.get(pick, pick)
+    return {"small": "small-c" if small.grid_compiled(p) else "small-cols", "direct": "dense",
+            "grid": "small-c-blocks", "blas-grid": None}.get(pick, pick)
 
 
 def _cost(output: str, name: str):
@@ -172,10 +194,9 @@ RULES = (
     Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
          lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "fprop", ("output",), name, _cost("y", name))
-      for name in ("small-c", "small", "colgemm", "small-c-blocks")),
-    Rule("small, stride 1, C loops built (small.serves)", "fprop", ("output",), "small-c",
-         lambda p, m: small.serves(p) and small.grid_compiled(p)),
-    Rule("small (small.serves)", "fprop", ("output",), "small", lambda p, m: small.serves(p)),
+      for name in ("small-c", "small-cols", "colgemm", "small-c-blocks")),
+    *(Rule(f"small, {why} (small.serves)", "fprop", ("output",), name, _small_variant(name, lambda p, m: small.serves(p)))
+      for name, why in _SMALL_VARIANTS),
     Rule("otherwise", "fprop", ("output",), "grid-forward", lambda p, m: True),
 
     Rule("grid serves badly (columns.serves)", "backward", _GRADS, "columns", lambda p, m: columns.serves(p)),
@@ -183,12 +204,10 @@ RULES = (
          "backward", _GRADS, "depthwise", _depthwise),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
       for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
-      for name in ("small-c", "small", "colgemm", "dense", "pointwise")),
+      for name in ("small-c", "small-cols", "colgemm", "dense", "pointwise")),
     Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
-    Rule("small, stride 1, C loops built (small.serves)",
-         "backward", _GRADS, "small-c", lambda p, m: _small_size(p, m) and small.grid_compiled(p)),
-    Rule("small (small.serves)", "backward", _GRADS, "small",
-         _small_size),
+    *(Rule(f"small, {why} (small.serves)", "backward", _GRADS, name, _small_variant(name, _small_size))
+      for name, why in _SMALL_VARIANTS),
     Rule("1x1 kernel, stride 1, no padding", "backward", _GRADS, "pointwise", lambda p, m: geom(p).pointwise),
     Rule("cost: A cheaper", "backward", _GRADS, "grid-a", _strategy_a),
     Rule("cost: B cheaper", "backward", _GRADS, "grid-b",
@@ -211,8 +230,7 @@ _COMPUTES = {
     "columns": lambda p, m: True,
     "depthwise": lambda p, m: depthwise.serves(p),
     "dense": lambda p, m: dense.computes(p) and dense.available(),
-    "small-c": lambda p, m: small.computes(p) and small.grid_compiled(p),
-    "small": lambda p, m: small.computes(p),
+    **{name: (lambda name: lambda p, m: small.computes(p) and _CAN[name](p))(name) for name, _ in _SMALL_VARIANTS},
     "pointwise": lambda p, m: geom(p).pointwise,
     "grid-a": lambda p, m: True,
     "grid-b": lambda p, m: True,
@@ -259,7 +277,7 @@ def without_cost_model():
 
 
 #: Names for several paths at once in :func:`force`.
-GROUPS = {"small-paths": ("small-c", "small")}
+GROUPS = {"small-paths": ("small-c", "small-cols", "small-grid", "small-gather")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +333,7 @@ def _switches() -> tuple:
 def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path, str]:
     names, off = forced
     if output == "grad_bias":
-        return PATHS["bias-sum"], "bias-sum"
+        return PATHS["bias-sum"], "always"
     excluded = []
 
     def may_run(path):

@@ -1,4 +1,4 @@
-/* Column copies of the NumPy backend's small-call path (see ../small.py), in float and double.
+/* Column copies of the NumPy backend's small-call path (see ../small_c.py), in float and double.
  *
  * im2col: x (N, C, D, H, W; any element strides) -> cols (C * K, N * Q), row c * K + tap, column
  *   n * Q + output position; a tap reading outside the input gives 0.

@@ -1,4 +1,4 @@
-/* Stride-1 loops of the NumPy backend's small-call path (see ../small.py), in float and double.
+/* Stride-1 loops of the NumPy backend's small-call path (see ../small_c.py), in float and double.
  *
  * Tensors live on zero-padded channel-major grids: channel c's planes at c * ldc, sample n's plane at n * ps,
  * one flat position per element. A stride-1 correlation then reads tap t of position r at a fixed flat offset
@@ -34,7 +34,7 @@ enum { F_N, F_C, F_KD, F_KH, F_KW, F_SN, F_SC, F_SD, F_SH, F_SW, F_GD, F_GH, F_G
        F_TAIL };
 /* corr / dw geo: N, groups, Cig, Cog, K, rows, ps, ldi, base, ldo (corr) or R (dw) */
 enum { C_N, C_G, C_CIG, C_COG, C_K, C_ROWS, C_PS, C_LDI, C_BASE, C_LDO };
-/* a whole call's plan (small.py, _s1_plan): csrc/layout.h's XCONV_SMALL_S1_PLAN (P_*); x's and dy's element
+/* a whole call's plan (small_c.py, _s1_plan): csrc/layout.h's XCONV_SMALL_S1_PLAN (P_*); x's and dy's element
  * strides: XCONV_SMALL_S1_STRIDES */
 /* elements after a grid's last channel that vector loads may read (zeros); allocated here with each grid and
  * counted in the scratch bytes reported (no Python counterpart) */

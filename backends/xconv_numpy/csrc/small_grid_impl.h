@@ -177,7 +177,7 @@ static void XCONV_T(xconv_small_crop)(const T *grid, T *out, const int64_t *g) {
 }
 
 /* The whole stride-1 small call in one C call: the grids as malloc'd scratch (freed before returning), then the
- * loops above. plan: see small.py (_S1Plan); xs, dys: x's and dy's element strides (n, c, d, h, w). Returns 0, 1
+ * loops above. plan: see small_c.py (_S1Plan); xs, dys: x's and dy's element strides (n, c, d, h, w). Returns 0, 1
  * when scratch could not be allocated (nothing written), or (backward) 2 when an input it reads (dy; x for dW; w for
  * dx) holds an inf or a NaN: the grids multiply padding zeros the definition never multiplies, so the caller runs
  * such a call on the exact-zero path instead (the outputs are then partly written). *scratch (when not NULL) receives

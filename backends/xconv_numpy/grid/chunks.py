@@ -6,25 +6,23 @@ import math
 
 from xconv import ConvParams, tracing
 
+from .. import tuning
 from ..blas import MAX_WORKERS
 from ..workers import even_ranges
 from .geometry import Geom, compute_dtype
 
-#: The working-set budget of one call never exceeds this many bytes (bigger chunks stop paying once
-#: they leave the cache).
-MAX_CHUNK_BYTES = 32 << 20
-#: ... and may use at least this many bytes even for tiny calls (below it chunking only adds overhead); between
-#: the two it is the bytes of the call's inputs plus outputs.
-MIN_CHUNK_BYTES = 1 << 20
 #: The batch is cut into at least this many chunks when it has that many lines, to share the work.
 MIN_CHUNKS = 2
 
 
 def budget(nbytes: int, p: ConvParams | None = None) -> int:
-    """Working-set budget of one call: all chunks in flight together stay within it. Under ``p.workspace_limit``
+    """Working-set budget of one call: all chunks in flight together stay within it: the bytes of the call's inputs
+    and outputs, at least 1 MiB (below it chunking only adds overhead) and at most 32 MiB (bigger chunks stop
+    paying once they leave the cache; knob ``chunk_bytes``, :mod:`..tuning`). Under ``p.workspace_limit``
     it is the limit less a reserve for the weight-sized scratch (layouts, accumulator slots: at most
     3 + 2 * MAX_WORKERS weights in the compute dtype)."""
-    budget = int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, nbytes)))
+    low, high = tuning.get("chunk_bytes")
+    budget = int(min(high, max(low, nbytes)))
     if p is not None and p.workspace_limit is not None:
         reserve = (3 + 2 * MAX_WORKERS) * math.prod(p.weight_shape) * compute_dtype(p).itemsize
         if p.workspace_limit - reserve < budget:          # the limit binds: other chunks, other partial sums

@@ -9,17 +9,13 @@ import numpy as np
 
 from xconv.dtypes import DTYPES
 
+from .. import tuning
 from ..workers import cap_workers as _cap_workers
 from .chunks import budget as _budget, chunks_compact as _chunks_compact
 from .geometry import Geom, compute_dtype, io_bytes as _io_bytes
 from .layout import finish_dw as _finish_dw, new_output as _new_output, weight_layout as _weight_layout, x4 as _x4
 from .scratch import GridBuf as _GridBuf, Lease, Slots as _Slots, n_slots as _n_slots, run_guarded as _run_guarded
 
-#: Force (True/False) or leave to a cost rule (None) the implicit first-dim taps of strategy "a".
-IMPLICIT_OUTER = None
-#: Strategy "a" gathers only valid positions within each grid line (True) or whole lines (False:
-#: faster copies; the padding columns cost GEMM work instead); None: by channel count.
-COMPACT_INNER = None
 
 
 def _implicit_outer(geo: Geom, ip: int, single_sample: bool) -> bool:
@@ -32,8 +28,8 @@ def _implicit_outer(geo: Geom, ip: int, single_sample: bool) -> bool:
     """
     if geo.nd == 1 or geo.tapgrid[ip][0][2] == 1 or not single_sample:
         return False
-    if IMPLICIT_OUTER is not None:
-        return bool(IMPLICIT_OUTER)
+    if tuning.get("implicit_outer") is not None:
+        return bool(tuning.get("implicit_outer"))
     return geo.nd == 2 and geo.Cg >= 8
 
 
@@ -60,7 +56,8 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, le
     # copies, GEMM work on the few padding columns, whose x is zero and whose dx is dropped)
     # (measured: compact is faster for C_in/g >= 64, where the GEMMs dominate; flat for the thin
     # channel counts, where copies do)
-    flat = nd > 1 and not (COMPACT_INNER if COMPACT_INNER is not None else Cg >= 64)
+    compact = tuning.get("compact_inner")                  # knobs: tuning.py
+    flat = nd > 1 and not (compact if compact is not None else Cg >= 64)
     # flat 3-D: the grid rows of the second dim that hold no input are skipped too (whole rows)
     trim = {ip: (valid[ip][1][:2] if flat and nd >= 3 else (0, geo.L[1] if nd > 1 else 1)) for ip in live}
     tail = math.prod(geo.L[2:])
@@ -69,7 +66,8 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, workers: int, le
     lo1 = min(valid[ip][0][0] for ip in live)
     hi1 = max(valid[ip][0][1] for ip in live)
     per_sample_positions = max(rest_n[ip] * (valid[ip][0][1] - valid[ip][0][0]) for ip in live)
-    single = (nd == 2 and Cg >= 8 and per_sample_positions >= 2048) if IMPLICIT_OUTER is None else bool(IMPLICIT_OUTER)
+    implicit_knob = tuning.get("implicit_outer")
+    single = (nd == 2 and Cg >= 8 and per_sample_positions >= 2048) if implicit_knob is None else bool(implicit_knob)
     implicit = {ip: _implicit_outer(geo, ip, single) for ip in live}
     J = {ip: len(geo.phases[ip][1]) for ip in live}
     n1 = {ip: geo.tapgrid[ip][0][2] for ip in live}

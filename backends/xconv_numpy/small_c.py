@@ -1,0 +1,226 @@
+"""The small-call paths on the compiled loops (built at install; off with ``XCONV_NUMPY_C=0``):
+
+- ``small-c`` (csrc/small_grid.c), stride 1: x (and dy, for dx) on zero-padded channel-major grids
+  (:class:`small.Grid`); y, or dx, dW and db, by one C call of register-blocked vector loops, no BLAS;
+- ``small-cols`` (csrc/small_cols.c), any stride: x's im2col columns by one C loop, ``y = W @ cols`` and
+  ``dW = dy @ cols^T`` by BLAS, ``dx`` by ``W^T @ dy`` and a C col2im that adds each tap's columns in order.
+
+The plans (geometry and tap offsets) are packed per configuration in the layouts :mod:`.layout` declares.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xconv import ConvParams, tracing
+from xconv.dtypes import DTYPES, accumulation_dtype
+
+from . import native
+from .layout import SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES
+from .plans import per_params
+from .small import Grid, Plan, dy_channel_major, from_channel_major, grids, plan
+
+
+@per_params
+def _geo(p: ConvParams) -> np.ndarray:
+    """The C loops' geometry (layout.SMALL_COLS_GEO) of ``p`` lifted to 3-D; x's strides left to fill."""
+    nd = p.nd
+    n, c = p.input_shape[:2]
+    (d, h, w), (od, oh, ow) = _lift(p.input_shape[2:], nd, 1), _lift(p.output_shape[2:], nd, 1)
+    (kd, kh, kw), (sd, sh, sw) = _lift(p.kernel, nd, 1), _lift(p.stride, nd, 1)
+    (dd, dh, dw), (pd, ph, pw) = _lift(p.dilation, nd, 1), _lift((a for a, _ in p.padding), nd, 0)
+    geo = np.array(SMALL_COLS_GEO.pack(n=n, c=c, d=d, h=h, w=w, od=od, oh=oh, ow=ow, kd=kd, kh=kh, kw=kw, sd=sd,
+                                       sh=sh, sw=sw, dd=dd, dh=dh, dw=dw, pd=pd, ph=ph, pw=pw, xs=(0,) * 5), np.int64)
+    geo.flags.writeable = False
+    return geo
+
+
+def _readable(t: np.ndarray, cdt) -> np.ndarray:
+    """``t`` where it lies when the C loops can read it (compute dtype, native order, aligned), else a copy."""
+    return t if t.dtype == cdt and t.flags.aligned else np.ascontiguousarray(t, dtype=cdt)
+
+
+def im2col(t: np.ndarray, p: ConvParams, f: Plan, cdt) -> np.ndarray:
+    """x's columns (g, C/g * K, N * Q), channel-major then tap; zeros where a tap reads padding."""
+    t = _readable(t, cdt)
+    geo = _geo(p).copy()
+    xs = SMALL_COLS_GEO.index("xs")
+    geo[xs:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
+    geo[xs:] //= t.itemsize
+    cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
+    getattr(native.library(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
+    return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
+
+
+def col2im(dcols: np.ndarray, p: ConvParams, f: Plan, cdt) -> np.ndarray:
+    """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
+    dx = np.empty(p.input_shape, cdt)
+    geo = _geo(p)                                  # held here: the cache may drop it meanwhile
+    getattr(native.library(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
+    return dx
+
+
+def _suffix(cdt) -> str:
+    return "f64" if cdt == np.float64 else "f32"
+
+
+def _lift(values, nd: int, fill: int) -> tuple:
+    return (fill,) * (3 - nd) + tuple(values)
+
+
+def _tap_offsets(grid: Grid) -> list:
+    """Each tap's flat offset on ``grid`` (taps in row-major order)."""
+    return [sum(t * o for t, o in zip(tap, grid.tap)) for tap in np.ndindex(*grid.k)]
+
+
+class _S1Plan:
+    """The C loops' plan of a stride-1 call (layout.SMALL_S1_PLAN, then the taps' offsets), and its address."""
+
+    def __init__(self, p: ConvParams, f: Plan):
+        xg, dyg, keep = grids(p)
+        nd = p.nd
+
+        def grid(gr: Grid):
+            return (*_lift(gr.dims, nd, 1), *_lift(gr.at, nd, 0), gr.size, gr.rows)
+
+        # dW reads dy from dx's dy grid when that grid holds all of dy and has the x grid's rows
+        from_grid = tuple(keep) == p.output_shape[2:] and dyg.dims[1:] == xg.dims[1:]
+        corner = sum(a * g for a, g in zip(dyg.at, dyg.gs))
+        head = SMALL_S1_PLAN.pack(n=f.N, c=f.C, co=f.Co, g=f.g, cig=f.Cg, cog=f.Cog, k=f.K, xg=grid(xg), dg=grid(dyg),
+                                  dbase=dyg.base, keep=_lift(keep, nd, 1), s=_lift(p.input_shape[2:], nd, 1),
+                                  o=_lift(p.output_shape[2:], nd, 1), dz=int(from_grid), corner=corner,
+                                  ycrop=_lift((xg.rows // xg.gs[0],) + xg.dims[1:], nd, 1),
+                                  xcrop=_lift((dyg.rows // dyg.gs[0],) + dyg.dims[1:], nd, 1))
+        self.vector = np.array((*head, *_tap_offsets(xg), *_tap_offsets(dyg)), np.int64)
+        self.vector.flags.writeable = False
+        self.address = self.vector.ctypes.data
+        self.lift = (0,) * (3 - nd)
+        self.dx_size, self.dw_size = math.prod(p.input_shape), math.prod(p.weight_shape)
+
+
+@per_params
+def _s1_plan(p: ConvParams) -> _S1Plan:
+    return _S1Plan(p, plan(p))
+
+
+_STRIDES: dict = {}
+
+
+def _strides(t: np.ndarray, lift) -> tuple:
+    """(array, its address): ``t``'s element strides (n, c, d, h, w) (lifted to 3 spatial dims) as a read-only int64
+    array, kept per distinct strides (a handful: most calls pass contiguous arrays). The caller holds the array
+    while C reads it (another thread may drop it from the table)."""
+    key = (t.strides, t.itemsize, lift)
+    held = _STRIDES.get(key)
+    if held is None:
+        it = t.itemsize
+        d, h, w = (*lift, *(v // it for v in t.strides[2:]))
+        a = np.array(SMALL_S1_STRIDES.pack(n=t.strides[0] // it, c=t.strides[1] // it, d=d, h=h, w=w), np.int64)
+        a.flags.writeable = False
+        if len(_STRIDES) > 256:
+            _STRIDES.clear()
+        held = _STRIDES[key] = (a, a.ctypes.data)
+    return held
+
+
+_address = native.address
+
+
+def _scratch_failed(p: ConvParams):
+    from xconv.errors import ResourceError
+    return ResourceError("numpy: the scratch grids of a small-call path", 0, None,
+                         f"malloc failed for input {p.input_shape}, weight {p.weight_shape}")
+
+
+def _fprop_grid(x, w, bias, p: ConvParams, f: Plan, cdt):
+    s1 = _s1_plan(p)
+    x = _readable(x, cdt)
+    w = np.ascontiguousarray(w, dtype=cdt)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
+    y = np.empty(p.output_shape, cdt)
+    xs = _strides(x, s1.lift)                        # held: the C call reads it
+    used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
+    if getattr(native.library(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
+            _address(x), _address(w), None if b is None else _address(b), _address(y), s1.address, xs[1],
+            _address(used)):
+        raise _scratch_failed(p)
+    tracing.workspace(int(used[0]))
+    return y.astype(DTYPES[p.dtype], copy=False)
+
+
+def _backward_grid(dy, x, w, p: ConvParams, f: Plan, cdt, need_dx: bool, need_dw: bool, need_db: bool = False,
+                   finite_only: bool = False):
+    """(dx, dw, db) by one C call, None where not needed; with ``finite_only``, None instead when dy, x (read for
+    dw) or w (read for dx) holds an inf or a NaN (see :func:`grid_backward`)."""
+    s1 = _s1_plan(p)
+    dy = _readable(dy, cdt)
+    x = _readable(x, cdt) if need_dw else None
+    w = np.ascontiguousarray(w, dtype=cdt) if need_dx else None
+    sizes = (s1.dx_size if need_dx else 0, s1.dw_size if need_dw else 0, f.Co if need_db else 0)
+    out = np.empty(sum(sizes), cdt)                     # dx, dw, db: one buffer, one address
+    at = _address(out)
+    it = out.itemsize
+    dys, xs = _strides(dy, s1.lift), (None if x is None else _strides(x, s1.lift))   # held: the C call reads them
+    used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
+    rc = getattr(native.library(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
+        _address(dy), None if x is None else _address(x), None if w is None else _address(w),
+        at if need_dx else None, at + it * sizes[0] if need_dw else None,
+        at + it * (sizes[0] + sizes[1]) if need_db else None, s1.address, dys[1], None if xs is None else xs[1],
+        _address(used))
+    if rc == 2 and finite_only:
+        return None
+    if rc == 1:
+        raise _scratch_failed(p)
+    tracing.workspace(int(used[0]))
+    out = out.astype(DTYPES[p.dtype], copy=False)
+    dx = out[:sizes[0]].reshape(p.input_shape) if need_dx else None
+    dw = out[sizes[0]:sizes[0] + sizes[1]].reshape(p.weight_shape) if need_dw else None
+    return dx, dw, (out[sizes[0] + sizes[1]:] if need_db else None)
+
+
+def _fprop_compiled(x, w, bias, p: ConvParams, f: Plan, cdt):
+    y = np.matmul(np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K), im2col(x, p, f, cdt))   # (g, Cog, N*Q)
+    if bias is not None:
+        y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
+    return from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
+
+
+def _backward_compiled(dy, x, w, p: ConvParams, f: Plan, cdt, need_dx: bool, need_dw: bool):
+    out_dt = DTYPES[p.dtype]
+    dyc = dy_channel_major(dy, f, cdt)
+    dx = dw = None
+    if need_dw:
+        cols = im2col(x, p, f, cdt)
+        dw = np.matmul(dyc, cols.transpose(0, 2, 1)).reshape(p.weight_shape).astype(out_dt, copy=False)
+    if need_dx:
+        wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
+        dx = col2im(np.matmul(wt, dyc), p, f, cdt).astype(out_dt, copy=False)
+    return dx, dw
+
+
+# ---------------------------------------------------------------------------------------------
+# The calls
+
+
+def grid_fprop(x, w, bias, p: ConvParams):
+    """y = conv(x, w) + bias at stride 1 by one C call (``small-c``)."""
+    return _fprop_grid(x, w, bias, p, plan(p), accumulation_dtype(p.dtype))
+
+
+def grid_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool):
+    """(dx, dw, db) at stride 1 by one C call (``small-c``), None where not needed; or None when an input the call
+    reads (dy; x for dw; w for dx) holds an inf or a NaN, which must run where padding zeros are not multiplied.
+    db is summed in double (a fixed order), whatever the dtype."""
+    return _backward_grid(dy, x, w, p, plan(p), accumulation_dtype(p.dtype), need_dx, need_dw, need_db, True)
+
+
+def cols_fprop(x, w, bias, p: ConvParams):
+    """y = conv(x, w) + bias, any stride (``small-cols``)."""
+    return _fprop_compiled(x, w, bias, p, plan(p), accumulation_dtype(p.dtype))
+
+
+def cols_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
+    """(dx, dw), any stride (``small-cols``), None where not needed (inputs finite)."""
+    return _backward_compiled(dy, x, w, p, plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)

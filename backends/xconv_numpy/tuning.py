@@ -1,0 +1,53 @@
+"""The NumPy paths' tuning knobs: how a chosen path runs (chunk sizes, strategy A's variants, when a call is too
+small to share with the workers), never which path runs.
+
+Each knob has a default, measured and explained where it is used; :func:`get` reads it. Tests and experiments
+change knobs only through :func:`tuned` (exposed as ``paths.tune``), within a block, never by patching modules.
+An override holds for the whole process (every thread's calls) until the block ends: a tool for tests and
+experiments, not for use while other threads compute.
+Knobs can change bits (other chunks, other partial sums), not which sums are computed: outputs stay within the
+same error bounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+#: name: (default, what it means). None: the path decides by its own rule.
+KNOBS = {
+    "chunk_bytes": ((1 << 20, 32 << 20),
+                    "the grid's working-set budget per call, (at least, at most) bytes; between the two it is the "
+                    "bytes of the call's inputs plus outputs (grid/chunks.py)"),
+    "implicit_outer": (None, "strategy A: first-dim taps as line-shifted views of inner-tap columns (True), not "
+                             "(False), or by its cost rule (None) (grid/strategy_a.py)"),
+    "compact_inner": (None, "strategy A: gather only the valid positions of each grid line (True), whole lines "
+                            "(False), or by channel count (None) (grid/strategy_a.py)"),
+    "dense_small_work": (1 << 21, "multiply-adds below which the dense loops run on the calling thread alone "
+                                  "(dense.py)"),
+    "depthwise_small_work": (1 << 20, "multiply-adds below which the depthwise loops run on the calling thread "
+                                      "alone (depthwise.py)"),
+}
+
+_overrides: dict = {}
+
+
+def get(name: str):
+    """The knob's value: an override of :func:`tuned`, else its default."""
+    over = _overrides
+    return over[name] if name in over else KNOBS[name][0]
+
+
+@contextlib.contextmanager
+def tuned(**knobs):
+    """Within the block (process-wide), the knobs given take these values; e.g. ``tuned(chunk_bytes=(1, 200))``
+    (chunks of a few lines), ``tuned(implicit_outer=True)``, ``tuned(dense_small_work=0)`` (share every call)."""
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ValueError(f"unknown tuning knob(s) {unknown}; knobs are {sorted(KNOBS)}")
+    global _overrides
+    before = _overrides
+    _overrides = {**before, **knobs}
+    try:
+        yield
+    finally:
+        _overrides = before
