@@ -36,8 +36,9 @@ Refit of the dense loops (issue 25, second pass; AMD EPYC Zen 4, AVX-512 build, 
 thread, process CPU time, best of 5, machine load 1.5-3): per output, measured ms of one core against the
 estimate of two (colgemm came out at 1.8-2.1x its estimate on every shape, the dense loops at 1.4-1.6x
 where Q >= 16 with small weights: they were costed 25% too slow, so colgemm won shapes the loops run
-faster). Rates of the loops (one core, GMAC/s): Q=4 (2-D) 10-17, Q=16 31-33, Q=64 36-48, Q>=256 45-51;
-3-D Q=98 26-32, Q=784 47-51; weights past 2^18 elements: 512x512x3x3 at 2x7x7 9, 256->512 3x3 s2 15.
+faster; 128x128x3x3x3, 2^18.8 weight elements, still runs them at 47-51). Rates of the loops (one core,
+GMAC/s): Q=4 (2-D) 10-17, Q=16 31-33, Q=64 36-48, Q>=256 45-51; 3-D Q=98 26-32, Q=784 47-51; weights of 2^19
+elements or more: 512x512x3x3 at 2x7x7 9, 256->512 3x3 s2 15, 1-D 512x512x2 s2 29.
 
 =========================================  =================  ==========  =========  =========
 shape (x; w; stride), ResNet-18 / 224 px   dx+dw ms, 1 core   colgemm     dense      pick now
@@ -68,10 +69,10 @@ LOOP_MACS = 50e9
 #: Q0 of the dense loops per number of spatial dims (3-D: short rows of few planes pad the grid more: a 2x7x7 output
 #: ran them at 29 GMAC/s against 47-51 at 4x14x14 and 8x28x28).
 LOOP_Q0 = {1: 10, 2: 10, 3: 70}
-#: The dense loops' time is multiplied by LOOP_BIG_WEIGHTS when one group's weights hold more than LOOP_WEIGHTS
+#: The dense loops' time is multiplied by LOOP_BIG_WEIGHTS when one group's weights hold LOOP_WEIGHTS or more
 #: elements (past a core's 1 MB L2 every block of positions streams them again: 512x512x3x3 at 2x7x7 ran them at
 #: 9 GMAC/s, 50 ms against colgemm's 14).
-LOOP_WEIGHTS = 1 << 18
+LOOP_WEIGHTS = 1 << 19
 LOOP_BIG_WEIGHTS = 1.5
 CALL = 20e-6
 SMALL_CALL = 3e-6
@@ -112,7 +113,7 @@ def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     N, Cg, Cog, g, K, Q = _sizes(p)
     macs = N * g * Cog * Cg * K * Q
     q0 = LOOP_Q0[len(p.kernel)]
-    big = LOOP_BIG_WEIGHTS if Cog * Cg * K > LOOP_WEIGHTS else 1.0
+    big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
     return call + big * macs / (LOOP_MACS * Q / (Q + q0)) / cores
 
 
@@ -156,7 +157,7 @@ def dense_forward(p, output: str = "y") -> float:
     N, Cg, Cog, g, K, Q = _sizes(p)
     S = math.prod(p.input_shape[2:])
     q0 = LOOP_Q0[len(p.kernel)]
-    big = LOOP_BIG_WEIGHTS if Cog * Cg * K > LOOP_WEIGHTS else 1.0
+    big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
     return CALL + big * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
 
 
