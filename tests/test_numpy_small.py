@@ -221,7 +221,7 @@ def test_non_finite_inputs_keep_the_exact_paths_values():
 
 
 def test_xconv_backends_names_the_small_call_loops(monkeypatch):
-    """`xconv backends` (native.describe) lists the small-call loops among the compiled paths, and says why they are
+    """`xconv backends` (status.describe) lists the small-call loops among the compiled paths, and says why they are
     off when XCONV_NUMPY_C=0 turns them off."""
     from xconv_numpy import status
 

@@ -34,7 +34,8 @@ class Record:
     """What one xconv call ran.
 
     - ``op``: "fprop", "dgrad", "wgrad" or "backward"; ``backend``: the backend's name.
-    - ``path``: what the backend ran (its own words: e.g. numpy "blas-grid strategy A", cuDNN
+    - ``path``: what the backend ran (its own words: e.g. numpy "grid-a: blas-grid strategy A (dy-columns)
+      [grad_input, grad_weight: cost: A cheaper]" (path: note [outputs: rule]), cuDNN
       "engine 3 (knobs ...)", aclnn "aclnnConvolutionBackward cubeMathType=1"); several distinct
       paths of one call (a legalized call runs several primitives) are joined by " + ".
     - ``math``: the math mode in effect (the backend's; the requested one if it did not say).

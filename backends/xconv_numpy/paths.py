@@ -225,34 +225,41 @@ def _state():
     return getattr(_forced, "value", ((), ()))
 
 
-#: What a forced path can compute (where it is not forced it serves by its rule above).
+#: What a forced path can compute, ``(p, op)`` (where it is not forced it serves by its rule above; a forced path
+#: is also only tried for the ops its rules name). grad_bias has no choice: "bias-sum" cannot be forced.
 _COMPUTES = {
-    "columns": lambda p, m: True,
-    "depthwise": lambda p, m: depthwise.serves(p),
-    "dense": lambda p, m: dense.computes(p) and dense.available(),
-    **{name: (lambda name: lambda p, m: small.computes(p) and _CAN[name](p))(name) for name, _ in _SMALL_VARIANTS},
-    "pointwise": lambda p, m: geom(p).pointwise,
-    "grid-a": lambda p, m: True,
-    "grid-b": lambda p, m: True,
-    "grid-forward": lambda p, m: True,
-    "colgemm": lambda p, m: small.compiled_available() and p.input_shape[0] > 0,
-    "small-c-blocks": lambda p, m: small.computes(p) and small.grid_compiled(p),
+    "columns": lambda p, op: True,
+    "depthwise": lambda p, op: depthwise.serves(p),
+    "dense": lambda p, op: dense.computes(p) and dense.available(),
+    **{name: (lambda name: lambda p, op: small.computes(p) and _CAN[name](p))(name) for name, _ in _SMALL_VARIANTS},
+    "pointwise": lambda p, op: geom(p).pointwise,
+    "grid-a": lambda p, op: True,
+    "grid-b": lambda p, op: True,
+    "grid-forward": lambda p, op: True,
+    "colgemm": lambda p, op: small.compiled_available() and colgemm.fits(p, True, True, op == "fprop"),
+    "small-c-blocks": lambda p, op: small.computes(p) and small.grid_compiled(p),
 }
 
 
 @contextlib.contextmanager
 def force(*names: str, off=()):
     """Within the block (this thread), the paths ``names`` are chosen first, in that order, wherever they can
-    compute the call (the workspace_limit rule still applies), and the paths ``off`` are never chosen. E.g.
+    compute the call (the workspace_limit rule still applies; a path that cannot compute the call is passed over,
+    and the trace record shows the rule that chose instead), and the paths ``off`` are never chosen. E.g.
     ``force("grid-b")``, ``force("small-paths")``, ``force(off=["small-paths"])`` (the grid, whatever the size);
-    :data:`GROUPS` names several paths at once."""
+    :data:`GROUPS` names several paths at once. Nested blocks combine: the inner block's names are tried before
+    the outer's, and ``off`` gathers both."""
+    if isinstance(off, str):
+        off = (off,)
     names = tuple(n for name in names for n in GROUPS.get(name, (name,)))
     off = tuple(n for name in off for n in GROUPS.get(name, (name,)))
-    unknown = [n for n in names + off if n not in PATHS]
+    unknown = [n for n in names + off if n not in _COMPUTES]
     if unknown:
-        raise ValueError(f"unknown path(s) {unknown}; paths are {sorted(PATHS)}")
+        raise ValueError(f"unknown path(s) {unknown}; paths that can be forced: {sorted(_COMPUTES)}; groups: "
+                         f"{sorted(GROUPS)} (grad_bias always runs bias-sum)")
     before = _state()
-    _forced.value = (names, off)
+    _forced.value = (names + tuple(n for n in before[0] if n not in names),
+                     before[1] + tuple(n for n in off if n not in before[1]))
     try:
         yield
     finally:
@@ -350,7 +357,8 @@ def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path
 
     for name in names:
         path = PATHS[name]
-        if may_run(path) and _COMPUTES[name](p, FULL) and any(r.path == name and r.op == op for r in RULES):
+        if name not in off and may_run(path) and any(r.path == name and r.op == op for r in RULES) \
+                and _COMPUTES[name](p, op):
             return path, "forced"
     for rule in RULES:
         if rule.op == op and output in rule.outputs:

@@ -31,6 +31,21 @@ KNOBS = {
 _overrides: dict = {}
 
 
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+_CHECKS = {"chunk_bytes": lambda v: isinstance(v, tuple) and len(v) == 2 and all(_count(b) and b > 0 for b in v)
+                                    and v[0] <= v[1],
+           "implicit_outer": lambda v: v is None or isinstance(v, bool),
+           "compact_inner": lambda v: v is None or isinstance(v, bool)}
+_CHECKS.update(dense_small_work=_count, depthwise_small_work=_count)
+_EXPECTED = {"chunk_bytes": "a tuple (at least, at most) of positive byte counts, at least <= at most",
+             "implicit_outer": "True, False or None", "compact_inner": "True, False or None",
+             "dense_small_work": "a count of multiply-adds (int >= 0)",
+             "depthwise_small_work": "a count of multiply-adds (int >= 0)"}
+
+
 def get(name: str):
     """The knob's value: an override of :func:`tuned`, else its default."""
     over = _overrides
@@ -44,6 +59,9 @@ def tuned(**knobs):
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
         raise ValueError(f"unknown tuning knob(s) {unknown}; knobs are {sorted(KNOBS)}")
+    for name, value in knobs.items():
+        if not _CHECKS[name](value):
+            raise ValueError(f"tuning knob {name}: expected {_EXPECTED[name]}, got {value!r}")
     global _overrides
     before = _overrides
     _overrides = {**before, **knobs}
