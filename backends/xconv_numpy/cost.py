@@ -15,7 +15,8 @@ The model (seconds on one core, then divided by the cores the path keeps busy, :
   positions: 81 ms against the dense loops' 58);
 - ``direct`` (the dense C loops, csrc/direct_conv.c): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
   per second, Q the output positions per sample (the loops vectorize and block along a sample's
-  positions: a 2x2 output runs them at a fifth of their rate);
+  positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
+  grids more: a larger Q0), times ``LOOP_BIG_WEIGHTS`` when one group's weights outgrow a core's L2;
 - ``grid`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
   small path's estimate over the cores; ``blas-grid`` (the grid engine's x-columns forward): colgemm's
   product model, columns only for kernels with several taps;
@@ -30,6 +31,26 @@ at a time (thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel):
 224 pixels, MobileNetV2 0.5 expansion and projection 1x1s, U-Net 3x3s and its 2x2 stride-2 transposed
 convolutions, the wav2vec 1-D encoder, a 3-D conv net. RMS error of log time: colgemm 0.19, direct 0.32,
 small 0.23 (forward), 0.47 (dx), 0.30 (dw) (a factor of about 1.2-1.6). benchmarks/models.py --breakdown shows each layer's path and rate.
+
+Refit of the dense loops (issue 25, second pass; AMD EPYC Zen 4, AVX-512 build, OpenBLAS SkylakeX; one
+thread, process CPU time, best of 5, machine load 1.5-3): per output, measured ms of one core against the
+estimate of two (colgemm came out at 1.8-2.1x its estimate on every shape, the dense loops at 1.4-1.6x
+where Q >= 16 with small weights: they were costed 25% too slow, so colgemm won shapes the loops run
+faster; 128x128x3x3x3, 2^18.8 weight elements, still runs them at 47-51). Rates of the loops (one core,
+GMAC/s): Q=4 (2-D) 10-17, Q=16 31-33, Q=64 36-48, Q>=256 45-51; 3-D Q=98 26-32, Q=784 47-51; weights of 2^19
+elements or more: 512x512x3x3 at 2x7x7 9, 256->512 3x3 s2 15, 1-D 512x512x2 s2 29.
+
+=========================================  =================  ==========  =========  =========
+shape (x; w; stride), ResNet-18 / 224 px   dx+dw ms, 1 core   colgemm     dense      pick now
+=========================================  =================  ==========  =========  =========
+8x128x8x8; 128x128x3x3                     dx / dw            2.13/2.34   1.58/1.80  dense
+8x64x16x16; 128x64x3x3; s2                 dx / dw            1.13/1.21   1.06/1.02  dense
+8x256x4x4; 256x256x3x3                     dx / dw            2.05/2.18   2.42/2.26  colgemm
+2x512x7x7; 512x512x3x3                     dx + dw            13.6        50.0       colgemm
+2x256x14x14; 512x256x3x3; s2               dx + dw            6.75        10.3       colgemm
+4x512x99; 512x512x2; s2 (1-D)              dx + dw            5.37        7.10       colgemm
+4x512x3199; 512x512x3; s2 (1-D)            dx + dw            225         231        colgemm
+=========================================  =================  ==========  =========  =========
 """
 
 from __future__ import annotations
@@ -44,8 +65,15 @@ COPY = 0.25e-9
 #: Per element of column matrices past COPY_CACHED elements (they leave the caches: the products slow down too).
 COPY_BIG = 1e-9
 COPY_CACHED = 1 << 20
-LOOP_MACS = 40e9
-LOOP_Q0 = 12
+LOOP_MACS = 50e9
+#: Q0 of the dense loops per number of spatial dims (3-D: short rows of few planes pad the grid more: a 2x7x7 output
+#: ran them at 29 GMAC/s against 47-51 at 4x14x14 and 8x28x28).
+LOOP_Q0 = {1: 10, 2: 10, 3: 70}
+#: The dense loops' time is multiplied by LOOP_BIG_WEIGHTS when one group's weights hold LOOP_WEIGHTS or more
+#: elements (past a core's 1 MB L2 every block of positions streams them again: 512x512x3x3 at 2x7x7 ran them at
+#: 9 GMAC/s, 50 ms against colgemm's 14).
+LOOP_WEIGHTS = 1 << 19
+LOOP_BIG_WEIGHTS = 1.5
 CALL = 20e-6
 SMALL_CALL = 3e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
@@ -84,7 +112,9 @@ def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     """The dense C loops (any output)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     macs = N * g * Cog * Cg * K * Q
-    return call + macs / (LOOP_MACS * Q / (Q + LOOP_Q0)) / cores
+    q0 = LOOP_Q0[len(p.kernel)]
+    big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
+    return call + big * macs / (LOOP_MACS * Q / (Q + q0)) / cores
 
 
 def small(p, output: str) -> float:
@@ -119,9 +149,21 @@ def blas_grid(p, output: str) -> float:
     return CALL + (products + copies) / CORES
 
 
+def dense_forward(p, output: str = "y") -> float:
+    """The forward through the dense loops' input gradient (:func:`dense.fprop`, stride 1): the loops' model over
+    the input positions per sample (the dual convolution's output). Not yet a candidate of the path table
+    (measured, one core, ms, against the small path's loops in sample blocks: 3-D 32->64 at 8x28x28 14.4 vs 15.6,
+    64->128 at 4x14x14 7.4 vs 8.5, 128->128 15.1 vs 16.8; 2-D 64 at 16x16 1.62 vs 1.74, 128 at 8x8 1.78 vs 1.80)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    S = math.prod(p.input_shape[2:])
+    q0 = LOOP_Q0[len(p.kernel)]
+    big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
+    return CALL + big * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
+
+
 #: path name -> estimate(p, output)
 ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": grid, "pointwise": pointwise,
-             "blas-grid": blas_grid}
+             "blas-grid": blas_grid, "dense-forward": dense_forward}
 
 
 def macs(p) -> int:

@@ -400,3 +400,42 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if finite is not None:
         _add_taps(dx, dy, w_given, ~finite, p)
     return (dx if need_dx else None), dw, db
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward through the input-gradient loops
+
+
+def dual(p: ConvParams) -> ConvParams:
+    """The convolution whose input gradient is ``p``'s forward (stride 1): input and output shapes swapped, each
+    group's weights transposed and flipped (``w'[g Cg + c, co, t] = w[g Cog + co, c, K-1-t]``), padding
+    ``d (k-1) - pad`` on each side."""
+    pad = tuple(((k - 1) * d - a, (k - 1) * d - b) for k, d, (a, b) in zip(p.kernel, p.dilation, p.padding))
+    Co, C = p.output_shape[1], p.input_shape[1]
+    return p.replace(input_shape=tuple(p.output_shape), output_shape=tuple(p.input_shape),
+                     weight_shape=(C, Co // p.groups) + tuple(p.kernel), padding=pad)
+
+
+def computes_fprop(p: ConvParams) -> bool:
+    """Whether :func:`fprop` computes ``p``'s forward: float32, stride 1, not transposed, padding at most the
+    kernel's reach on each side (the dual's padding is not negative), and :func:`computes` for the dual."""
+    if p.dtype != "float32" or p.transposed or any(s != 1 for s in p.stride) or min(p.output_shape) == 0:
+        return False
+    if any((k - 1) * d < max(a, b) for k, d, (a, b) in zip(p.kernel, p.dilation, p.padding)):
+        return False
+    return computes(dual(p))
+
+
+def fprop(x, w, bias, p: ConvParams, workers: int, budget: int, lease):
+    """y = conv(x, w) + bias for :func:`computes_fprop` calls: the input gradient of :func:`dual` with x as its dy
+    (each output element one fixed order of the dx loops, whatever the workers), then the bias added in float32.
+    ``budget``: the working-set bytes of the dual's backward (as for :func:`backward`)."""
+    g, nd = p.groups, len(p.kernel)
+    Co, Cg = w.shape[0], w.shape[1]
+    flip = (Ellipsis,) + (slice(None, None, -1),) * nd
+    wq = np.ascontiguousarray(w.reshape((g, Co // g, Cg) + w.shape[2:]).swapaxes(1, 2)[flip])
+    y, _, _ = backward(x, None, wq.reshape((g * Cg, Co // g) + w.shape[2:]), dual(p), True, False, False, workers,
+                       budget, lease)
+    if bias is not None:
+        y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * nd)
+    return y

@@ -16,13 +16,17 @@
  * column slot its run of columns (3 nRw) */
 
 #define T float
+#define TI int32_t
 #define SUF _f32
 #include "depthwise_impl.h"
 #undef T
+#undef TI
 #undef SUF
 
 #define T double
+#define TI int64_t
 #define SUF _f64
 #include "depthwise_impl.h"
 #undef T
+#undef TI
 #undef SUF

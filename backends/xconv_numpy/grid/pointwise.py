@@ -98,3 +98,44 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, w
         dw.reshape(g, Cog, Cg)[...] = slots.total()[0].transpose(0, 2, 1)
     db = np.ascontiguousarray(db_parts.sum(axis=0).astype(out_dt, copy=False)) if need_db else None
     return (dx if need_dx else None), dw, db
+
+
+def fprop(geo: Geom, x, w, bias, workers: int, lease: Lease):
+    """y = conv(x, w) + bias of a 1x1 kernel, stride 1, no padding: per group ``y[n] = W @ x[n]`` on the
+    (N, C, positions) layout as is (one BLAS product per sample and group, so the chunks of samples, fixed by the
+    shapes, never change a bit), the bias added after in the compute dtype. Nothing the definition does not
+    multiply is multiplied (no padding): non-finite values stay where the exact path has them."""
+    p = geo.p
+    cdt = compute_dtype(p)
+    g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
+    it = cdt.itemsize
+    out_dt = DTYPES[p.dtype]
+    copy_x = not _blasable(x.reshape(N, g, Cg, P), cdt) if x.flags.c_contiguous else True
+    conv = out_dt != cdt
+    sample_bytes = it * g * P * (Cg * copy_x + Cog * conv) + 1
+    budget = _budget(_io_bytes(geo, out_dt.itemsize, False, False, fprop=True), p)
+    nb = max(1, min(N, max(1, budget // 2) // sample_bytes, -(-N // MIN_CHUNKS)))
+    chunks = _split(N, nb)
+    nb = max(b - a for a, b in chunks)
+    workers = _cap_workers(workers, budget, nb * sample_bytes)
+    wm = lease.empty((g, Cog, Cg), cdt)
+    wm[...] = w.reshape(g, Cog, Cg)
+    b = None if bias is None else np.asarray(bias, cdt).reshape(1, g, Cog, 1)
+    y = np.empty(p.output_shape, out_dt)
+
+    def workspace():
+        return dict(x=lease.empty((nb * g * Cg * P,), cdt) if copy_x else None,
+                    y=lease.empty((nb, g, Cog, P), cdt) if conv else None)
+
+    def task(ws, i, n0, n1):
+        m = n1 - n0
+        xc = _samples(x, n0, n1, g, Cg, P, cdt, ws["x"])
+        out = y[n0:n1].reshape(m, g, Cog, P) if ws["y"] is None else ws["y"][:m]
+        np.matmul(wm, xc, out=out)
+        if b is not None:
+            out += b
+        if ws["y"] is not None:
+            y[n0:n1].reshape(m, g, Cog, P)[...] = out
+
+    _run_guarded(chunks, task, workspace, workers, None)
+    return y
