@@ -288,6 +288,8 @@ PATHS = {  # name: (x shape, w shape, kwargs, forced path and strategy A knobs)
     "blas-flat": ((1, 2, 7, 5), (3, 2, 2, 3), dict(padding=(1, 2)), ("grid-a", dict(compact_inner=False))),
     "pointwise": ((2, 4, 5, 5), (3, 4, 1, 1), {}, (None, {})),
     "compiled": ((1, 16, 6, 6), (16, 16, 3, 3), dict(padding=1), (None, {})),
+    "dense": ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1), ("dense", {})),         # forward: the dual's loops
+    "pointwise-forced": ((2, 4, 5, 5), (3, 4, 1, 1), {}, ("pointwise", {})),
     "depthwise": ((2, 3, 6, 6), (3, 1, 3, 3), dict(padding=1, groups=3), (None, {})),
     "columns": ((1, 2, 10, 10), (3, 2, 5, 5), dict(stride=5), (None, {})),
     "transposed": ((1, 3, 4, 4), (3, 2, 3, 3), dict(stride=2, padding=1, transposed=True), (None, {})),

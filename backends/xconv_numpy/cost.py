@@ -6,24 +6,26 @@ estimates read the shapes, strides and kernel only (never a clock, the thread co
 choice, and with it the bits, is a pure function of the configuration and the build. Each output is
 costed on its own, so which outputs a call asks for cannot change how one of them is computed.
 
-The model (seconds on one core, then divided by the cores the path keeps busy, :data:`CORES` assumed):
+The model, per path of the table (the names of ``paths.PATHS``; seconds on one core, then divided by the cores
+the path keeps busy, :data:`CORES` assumed):
 
 - ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
   runs at ``BLAS_MACS * e(m) e(n) e(k)`` multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
   products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
 - ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
   positions: 81 ms against the dense loops' 58);
-- ``direct`` (the dense C loops, csrc/direct_conv.c): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
+- ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
   per second, Q the output positions per sample (the loops vectorize and block along a sample's
   positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
   grids more: a larger Q0), times ``LOOP_BIG_WEIGHTS`` when one group's weights outgrow a core's L2;
-- ``grid`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
-  small path's estimate over the cores; ``blas-grid`` (the grid engine's x-columns forward): colgemm's
+- ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
+  small path's estimate over the cores; ``grid-forward`` (the grid engine's x-columns forward): colgemm's
   product model, columns only for kernels with several taps;
-- ``small`` (the small path: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
+- ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
   K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
   gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
   0.14), else colgemm's model on one core;
+- ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies;
 - every other path pays ``CALL`` per output.
 
 Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core
@@ -151,8 +153,7 @@ def blas_grid(p, output: str) -> float:
 
 def dense_forward(p, output: str = "y") -> float:
     """The forward through the dense loops' input gradient (:func:`dense.fprop`, stride 1): the loops' model over
-    the input positions per sample (the dual convolution's output). Not yet a candidate of the path table
-    (measured, one core, ms, against the small path's loops in sample blocks: 3-D 32->64 at 8x28x28 14.4 vs 15.6,
+    the input positions per sample (the dual convolution's output) (measured, one core, ms, against the small path's loops in sample blocks: 3-D 32->64 at 8x28x28 14.4 vs 15.6,
     64->128 at 4x14x14 7.4 vs 8.5, 128->128 15.1 vs 16.8; 2-D 64 at 16x16 1.62 vs 1.74, 128 at 8x8 1.78 vs 1.80)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     S = math.prod(p.input_shape[2:])
@@ -161,9 +162,14 @@ def dense_forward(p, output: str = "y") -> float:
     return CALL + big * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
 
 
-#: path name -> estimate(p, output)
-ESTIMATES = {"small": small, "colgemm": colgemm, "direct": loops, "grid": grid, "pointwise": pointwise,
-             "blas-grid": blas_grid, "dense-forward": dense_forward}
+def dense(p, output: str) -> float:
+    """The dense loops: their backward outputs, or the forward through the dual call's input gradient."""
+    return dense_forward(p) if output == "y" else loops(p, output)
+
+
+#: the path table's name (paths.PATHS) -> estimate(p, output)
+ESTIMATES = {"small-c": small, "small-cols": small, "colgemm": colgemm, "dense": dense, "small-c-blocks": grid,
+             "pointwise": pointwise, "grid-forward": blas_grid}
 
 
 def macs(p) -> int:

@@ -34,6 +34,8 @@ and (with BLAS thread control available) across BLAS thread counts.
 
 from __future__ import annotations
 
+import numpy as np
+
 from xconv import ConvParams, tracing
 
 from . import bias, colgemm, columns, dense, depthwise, grid_blocks, paths, small, small_c, small_numpy
@@ -173,6 +175,8 @@ def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
     path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     name = path.name
+    if name == "dense" and not np.isfinite(w).all():     # the dual's loops add a non-finite weight's terms after,
+        path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"     # never at the padding
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, _words(path, ["output"], rule))
         return columns.fprop(x, w, b, p)
@@ -183,6 +187,14 @@ def fprop(x, w, b, p: ConvParams):
         return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":
         return grid_blocks.fprop(x, w, b, p, blas_workers())
+    if name == "dense":                              # the dual call's input gradient, its working-set budget
+        q = dense.dual(p)
+        with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
+            return dense.fprop(x, w, b, p, workers, _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True),
+                                                             q), lease)
+    if name == "pointwise":
+        with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
+            return pointwise.fprop(geom(p), x, w, b, workers, lease)
     if name == "colgemm":
         with pinned_blas_workers() as workers:
             return colgemm.fprop(x, w, b, p, workers)

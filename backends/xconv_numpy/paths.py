@@ -67,8 +67,8 @@ PATHS = {p.name: p for p in (
     Path("depthwise", "fprop, backward (dx, dw and db in one pass): one input channel per group, 1-D/2-D",
          "depthwise.fprop / depthwise.backward (csrc/depthwise_impl.h)", "none", False, "keeps",
          "depthwise C loops", bounds.depthwise),
-    Path("dense", "backward (dx, dw and db in one pass): channels per group multiples of 16, AVX-512 build",
-         "dense.backward (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
+    Path("dense", "backward (dx, dw): channels per group multiples of 16, AVX-512 build; fprop (float32, stride "
+         "1): the input gradient of the dual call", "dense.backward / dense.fprop (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
     Path("small-c", "fprop, backward (dx, dw in one C call): small calls at stride 1, on zero-padded grids",
          "small_c.grid_fprop / small_c.grid_backward (csrc/small_grid.c)", "none", False, "self-check",
          "small-call C grid loops", bounds.small),
@@ -81,8 +81,8 @@ PATHS = {p.name: p for p in (
     Path("small-gather", "fprop, backward (dx, dw): small calls, any stride, without the compiled loops",
          "small_numpy.gather_fprop / small_numpy.gather_backward", "pinned", False, "detour",
          "small-call NumPy gathers", bounds.small),
-    Path("pointwise", "backward (dx, dw and db in one pass): 1x1 kernel, stride 1, no padding",
-         "grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
+    Path("pointwise", "fprop, backward (dx, dw): 1x1 kernel, stride 1, no padding: per-sample products",
+         "grid.pointwise.fprop / grid.pointwise.backward", "pinned", True, "keeps", "pointwise per-sample GEMM"),
     Path("grid-a", "backward (dx, dw): the polyphase grid, dy-columns", "grid.strategy_a.backward", "pinned", True,
          "detour", "blas-grid strategy A (dy-columns)"),
     Path("grid-b", "backward (dx, dw): the polyphase grid, x-columns", "grid.strategy_b.backward", "pinned", True,
@@ -156,29 +156,30 @@ def cost_pick(p, output: str):
     need_dx = output == "dx"
     served = small.serves(p, need_dx)                                # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
-    cands = ["small"] if served or (same and small.grid_compiled(p)) else []     # its stride-1 loops at any size
+    small_path = "small-c" if small.grid_compiled(p) else "small-cols"
+    cands = [small_path] if served or (same and small.grid_compiled(p)) else []  # its stride-1 loops at any size
     if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
-        return "small-c" if small.grid_compiled(p) else "small-cols"
+        return small_path
     if output == "y":
         if colgemm.fits(p, False, False, True) and len(colgemm.sample_chunks(p, False, False, True)) == 1 \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
             cands.append("colgemm")
         if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
-            cands.append("grid")
+            cands.append("small-c-blocks")
+        if geom(p).pointwise:
+            cands.append("pointwise")
+        if dense.available() and dense.computes_fprop(p) and dense.serves(dense.dual(p)):
+            cands.append("dense")                          # the dense loops' input gradient of the dual call
         if not served:
-            cands.append("blas-grid")                      # the grid engine's forward
+            cands.append("grid-forward")
     else:
         if colgemm.fits(p, True, True):
             cands.append("colgemm")
         if dense.serves(p):
-            cands.append("direct")
+            cands.append("dense")
         if geom(p).pointwise:
             cands.append("pointwise")
-    if not cands:
-        return None
-    pick = cost.cheapest(p, output, cands)
-    return {"small": "small-c" if small.grid_compiled(p) else "small-cols", "direct": "dense",
-            "grid": "small-c-blocks", "blas-grid": None}.get(pick, pick)
+    return cost.cheapest(p, output, cands) if cands else None
 
 
 def _cost(output: str, name: str):
@@ -194,7 +195,7 @@ RULES = (
     Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
          lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "fprop", ("output",), name, _cost("y", name))
-      for name in ("small-c", "small-cols", "colgemm", "small-c-blocks")),
+      for name in ("small-c", "small-cols", "colgemm", "small-c-blocks", "pointwise", "dense", "grid-forward")),
     *(Rule(f"small, {why} (small.serves)", "fprop", ("output",), name, _small_variant(name, lambda p, m: small.serves(p)))
       for name, why in _SMALL_VARIANTS),
     Rule("otherwise", "fprop", ("output",), "grid-forward", lambda p, m: True),
@@ -230,7 +231,7 @@ def _state():
 _COMPUTES = {
     "columns": lambda p, op: True,
     "depthwise": lambda p, op: depthwise.serves(p),
-    "dense": lambda p, op: dense.computes(p) and dense.available(),
+    "dense": lambda p, op: dense.available() and (dense.computes_fprop(p) if op == "fprop" else dense.computes(p)),
     **{name: (lambda name: lambda p, op: small.computes(p) and _CAN[name](p))(name) for name, _ in _SMALL_VARIANTS},
     "pointwise": lambda p, op: geom(p).pointwise,
     "grid-a": lambda p, op: True,
