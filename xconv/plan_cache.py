@@ -63,6 +63,8 @@ def _value_key(v):
     if t in _SCALARS:
         return t, v
     if t is tuple or t is list:
+        if all(type(e) is int for e in v):   # the common case (stride=(1, 1)): ints never equal a nested entry's key
+            return t, tuple(v)
         return t, tuple(_value_key(e) for e in v)
     raise _Uncacheable
 

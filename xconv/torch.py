@@ -70,16 +70,18 @@ class _XConvMixin:
     def _check_input(self, input, weight):
         """Refuse, in torch's words, an input of the wrong rank or channel count (the user's argument, not the
         module's weight, is the one to blame). Sizes are compared, not converted: symbolic sizes guard."""
-        nd, op = self._nd, f"conv{'_transpose' if self.transposed else ''}{self._nd}d"
-        if input.dim() not in (nd + 1, nd + 2):
+        nd = self._nd
+        dim = input.dim()
+        if dim != nd + 1 and dim != nd + 2:
+            op = f"conv{'_transpose' if self.transposed else ''}{nd}d"
             raise _torch_worded("input", f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to {op}, "
                                          f"but got input of size: {list(input.shape)}",
                                 expected=f"rank {nd + 1} or {nd + 2}", given=input.dim())
-        channels = input.shape[0 if input.dim() == nd + 1 else 1]
+        channels = input.shape[0 if dim == nd + 1 else 1]
         want = weight.shape[0] if self.transposed else weight.shape[1] * self.groups
         if channels != want:
             given = "transposed=1" if self.transposed else f"groups={self.groups}"
-            shape = list(input.shape) if input.dim() == nd + 2 else [1] + list(input.shape)
+            shape = list(input.shape) if dim == nd + 2 else [1] + list(input.shape)
             raise _torch_worded("input", f"Given {given}, weight of size {list(weight.shape)}, expected "
                                          f"input{shape} to have {want} channels, but got {channels} channels instead",
                                 expected=want, given=channels, dim="dim 1 (C_in)")
@@ -90,14 +92,36 @@ class _XConvMixin:
         if unbatched:
             input = input.unsqueeze(0)
         input, weight, bias = torch_functional.autocast(input, weight, bias)
-        if isinstance(padding, int):
+        conf = self._conf(padding, output_padding)
+        out = torch_fast.fprop(input, weight, bias, conf)       # the xconv::fprop operator, or its eager fast path
+        return out.squeeze(0) if unbatched else out
+
+    def _conf(self, padding, output_padding) -> torch_ops.Conf:
+        """The call's :class:`torch_ops.Conf`, from the module's attributes, ``padding`` (an int, (pre, post) pairs,
+        or None: the module's own, see :func:`_padding_pairs`) and ``output_padding``.
+
+        The last one made is kept on the module with the very objects it was made from and is reused only while
+        each of them is the same object (``is``: a reassigned attribute, even one equal in value, such as
+        ``deterministic=1`` for True, builds and checks a new one), so its checks run once per configuration."""
+        # torch keeps _reversed_padding_repeated_twice as a list: its values, not its identity, are compared
+        reversed_pads = tuple(self._reversed_padding_repeated_twice) if isinstance(self.padding, str) else None
+        sources = (self.stride, padding, self.padding, self.dilation, self.groups, self.transposed, output_padding,
+                   self.deterministic, self.math, self.backend)
+        cached = self.__dict__.get("_xconv_conf")
+        if (cached is not None and cached.reversed_pads == reversed_pads
+                and all(a is b for a, b in zip(cached.sources, sources))):
+            return cached.conf
+        nd = self._nd
+        if padding is None:
+            padding = _padding_pairs(self)
+        elif isinstance(padding, int):
             padding = ((padding, padding),) * nd
         conf = torch_ops.Conf(tuple(self.stride), tuple(padding), tuple(self.dilation), self.groups, self.transposed,
                               tuple(output_padding) if self.transposed else (0,) * nd,
                               check_deterministic(self.deterministic), check_math(self.math),
                               torch_ops.backend_token(self.backend))
-        out = torch_fast.fprop(input, weight, bias, conf)       # the xconv::fprop operator, or its eager fast path
-        return out.squeeze(0) if unbatched else out
+        self.__dict__["_xconv_conf"] = _ConfCache(sources, reversed_pads, conf)
+        return conf
 
     def extra_repr(self):
         s = super().extra_repr()
@@ -108,6 +132,23 @@ class _XConvMixin:
         if self.math != "keep_dtype":
             s += f", math={self.math!r}"
         return s
+
+
+class _ConfCache:
+    """A module's last :class:`torch_ops.Conf` and what it was made from (see ``_XConvMixin._conf``). Never copied
+    or pickled (a copy reads as None and makes its own): a backend object's token names one object in one process."""
+
+    __slots__ = ("sources", "reversed_pads", "conf")
+
+    def __init__(self, sources, reversed_pads, conf):
+        self.sources, self.reversed_pads, self.conf = sources, reversed_pads, conf
+
+    def __reduce__(self):
+        return _no_cache, ()
+
+
+def _no_cache():
+    return None
 
 
 def _torch_worded(argument: str, text: str, *, expected, given, dim=None) -> ShapeError:
@@ -126,7 +167,7 @@ class _XConvDirect(_XConvMixin):
                 return self._conv_forward(input.unsqueeze(0), weight, bias).squeeze(0)
             input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return self._xconv_apply(input, weight, bias, 0)
-        return self._xconv_apply(input, weight, bias, _padding_pairs(self))
+        return self._xconv_apply(input, weight, bias, None)
 
 
 class _XConvTransposed(_XConvMixin):
@@ -138,7 +179,7 @@ class _XConvTransposed(_XConvMixin):
         self._check_input(input, self.weight)
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
                                               self._nd, self.dilation)
-        return self._xconv_apply(input, self.weight, self.bias, _padding_pairs(self), output_padding)
+        return self._xconv_apply(input, self.weight, self.bias, None, output_padding)
 
 
 def _full_padding(base, args, kwargs):

@@ -22,7 +22,8 @@ from . import interop, torch_ops
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: dtypes whose CPU tensors ``Tensor.numpy()`` views (bfloat16 crosses through DLPack as its bit pattern instead)
-_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+_NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64))
+_STRIDED = torch.strided
 
 
 def usable(*tensors) -> bool:
@@ -30,7 +31,10 @@ def usable(*tensors) -> bool:
     if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
             or _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active()):
         return False
-    return all(t is None or (type(t) in _PLAIN and t.device.type == "cpu") for t in tensors)
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or not t.is_cpu):
+            return False
+    return True
 
 
 def fprop(input, weight, bias, conf: torch_ops.Conf):
@@ -47,14 +51,27 @@ def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
     through :mod:`.interop`, which resolves the bits or names the argument it cannot view). Else None."""
     if "torch" in interop._families_of(torch_ops._backend(conf.backend)):   # None: $XCONV_BACKEND, else none
         return None
-    if any(t is not None and (t.dtype not in _NUMPY_DTYPES or t.layout != torch.strided or t.is_conj() or t.is_neg())
-           for t in tensors):
-        return None
-    return [None if t is None else t.detach().numpy() for t in tensors]
+    views = []
+    for t in tensors:
+        if t is None:
+            views.append(None)
+        elif t.dtype not in _NUMPY_DTYPES or t.layout is not _STRIDED or t.is_conj() or t.is_neg():
+            return None
+        else:
+            views.append(t.detach().numpy())
+    return views
+
+
+def _memory_format(input, weight) -> torch.memory_format:
+    """:func:`torch_ops.memory_format` of two real tensors, at once when both are plainly contiguous (the usual case:
+    a contiguous tensor never suggests channels-last)."""
+    if input.is_contiguous() and weight.is_contiguous():
+        return torch.contiguous_format
+    return torch_ops.memory_format(input, weight)
 
 
 def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
-    fmt = torch_ops.memory_format(input, weight)
+    fmt = _memory_format(input, weight)
     views = _as_numpy(conf, input, weight, bias)
     if views is not None:
         return torch_ops._as(torch.from_numpy(torch_ops.xconv.conv_fprop(*views[:2], bias=views[2], **conf.kwargs())),
@@ -67,7 +84,7 @@ def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
 def _backward_kernel(grad_output, input, weight, mask, conf: torch_ops.Conf):
     c_out = weight.shape[1] * conf.groups if conf.transposed else weight.shape[0]
     kwargs = dict(bias_sizes=[c_out] if mask[2] else None, output_mask=tuple(mask), **conf.kwargs())
-    fmt = torch_ops.memory_format(input, weight)
+    fmt = _memory_format(input, weight)
     views = _as_numpy(conf, grad_output, input, weight)
     if views is not None:
         results = [None if r is None else torch.from_numpy(r)
