@@ -57,14 +57,28 @@ class _Uncacheable(Exception):
     pass
 
 
+#: id(tuple) -> (the tuple, its key) for tuples of scalars and such tuples: a call repeated with the very same
+#: parameter objects (a converted torch module's) skips the walk; the tuple is held, so its id is not reused.
+_tuple_keys: dict = {}
+_MAX_TUPLE_KEYS = 1024
+
+
 def _value_key(v):
     """``v`` as a hashable key that tells apart every value validation tells apart (type included)."""
     t = type(v)
     if t in _SCALARS:
         return t, v
-    if t is tuple or t is list:
-        if all(type(e) is int for e in v):   # the common case (stride=(1, 1)): ints never equal a nested entry's key
-            return t, tuple(v)
+    if t is tuple:
+        hit = _tuple_keys.get(id(v))
+        if hit is not None and hit[0] is v:
+            return hit[1]
+        key = t, tuple(_value_key(e) for e in v)
+        if all(type(e) in _SCALARS or (type(e) is tuple and id(e) in _tuple_keys) for e in v):   # immutable
+            if len(_tuple_keys) >= _MAX_TUPLE_KEYS:
+                _tuple_keys.clear()
+            _tuple_keys[id(v)] = (v, key)
+        return key
+    if t is list:
         return t, tuple(_value_key(e) for e in v)
     raise _Uncacheable
 
