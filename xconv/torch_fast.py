@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import interop, torch_ops
+from . import interop, registry, settings, torch_ops
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: dtypes whose CPU tensors ``Tensor.numpy()`` views (bfloat16 crosses through DLPack as its bit pattern instead)
@@ -44,12 +44,32 @@ def fprop(input, weight, bias, conf: torch_ops.Conf):
     return torch_ops.fprop(input, weight, bias, *conf.args())
 
 
+#: (backend name, registry generation) -> whether that backend takes torch tensors itself
+_TAKES_TORCH: dict = {}
+
+
+def _takes_torch(token) -> bool:
+    """Whether the call's backend (a name, a backend object's token, or None: ``$XCONV_BACKEND``, else none)
+    declares the torch family (see :func:`interop._families_of`); by name, kept per registry generation."""
+    name = token if token is not None else settings.current().backend
+    if type(name) is not str or name in torch_ops._OBJECTS:
+        return "torch" in interop._families_of(torch_ops._backend(token))
+    key = (name, registry.generation())
+    takes = _TAKES_TORCH.get(key)
+    if takes is None:
+        takes = "torch" in interop._families_of(name)
+        if len(_TAKES_TORCH) > 64:
+            _TAKES_TORCH.clear()
+        _TAKES_TORCH[key] = takes
+    return takes
+
+
 def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
     """The tensors (None entries kept) as NumPy views (``Tensor.numpy()``, no DLPack capsules) when the public
     functions would hand NumPy views of them to the backend anyway: the call's backend does not take torch tensors
     itself, and each is a plain strided tensor of a dtype NumPy has, without a conjugate or negative bit (those go
     through :mod:`.interop`, which resolves the bits or names the argument it cannot view). Else None."""
-    if "torch" in interop._families_of(torch_ops._backend(conf.backend)):   # None: $XCONV_BACKEND, else none
+    if _takes_torch(conf.backend):
         return None
     views = []
     for t in tensors:
@@ -83,15 +103,17 @@ def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
 
 def _backward_kernel(grad_output, input, weight, mask, conf: torch_ops.Conf):
     c_out = weight.shape[1] * conf.groups if conf.transposed else weight.shape[0]
-    kwargs = dict(bias_sizes=[c_out] if mask[2] else None, output_mask=tuple(mask), **conf.kwargs())
+    bias_sizes = [c_out] if mask[2] else None
     fmt = _memory_format(input, weight)
     views = _as_numpy(conf, grad_output, input, weight)
     if views is not None:
         results = [None if r is None else torch.from_numpy(r)
-                   for r in torch_ops.xconv.convolution_backward(*views, **kwargs)]
+                   for r in torch_ops.xconv.convolution_backward(*views, bias_sizes=bias_sizes,
+                                                                  output_mask=tuple(mask), **conf.kwargs())]
     else:
         with torch_ops._plain(input.device):
-            results = torch_ops.xconv.convolution_backward(grad_output, input, weight, **kwargs)
+            results = torch_ops.xconv.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes,
+                                                           output_mask=tuple(mask), **conf.kwargs())
     return tuple(None if r is None else (torch_ops._as(r, fmt) if i < 2 else r) for i, r in enumerate(results))
 
 
