@@ -120,7 +120,10 @@ class _XConvMixin:
                               tuple(output_padding) if self.transposed else (0,) * nd,
                               check_deterministic(self.deterministic), check_math(self.math),
                               torch_ops.backend_token(self.backend))
-        self.__dict__["_xconv_conf"] = _ConfCache(sources, reversed_pads, conf)
+        if all(_immutable(v) for v in sources[:7]):   # a list attribute may change in place: made anew each call
+            self.__dict__["_xconv_conf"] = _ConfCache(sources, reversed_pads, conf)
+        else:
+            self.__dict__.pop("_xconv_conf", None)
         return conf
 
     def extra_repr(self):
@@ -149,6 +152,15 @@ class _ConfCache:
 
 def _no_cache():
     return None
+
+
+def _immutable(value) -> bool:
+    """An int, bool, str or None, or a tuple of such values or of such tuples (what a module's attribute cannot change
+    in place)."""
+    t = type(value)
+    if t is tuple:
+        return all(_immutable(v) for v in value)
+    return t in (int, bool, str, type(None))
 
 
 def _torch_worded(argument: str, text: str, *, expected, given, dim=None) -> ShapeError:
