@@ -281,6 +281,8 @@ def common_dtype(arrays: dict) -> str:
 
 
 def check_output_mask(mask) -> tuple[bool, bool, bool]:
+    if type(mask) is tuple and len(mask) == 3 and all(type(b) is bool for b in mask):
+        return mask                                         # already what the checks below return
     if isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.ndim == 1:
         mask = mask.tolist()
     if (not isinstance(mask, Sequence) or isinstance(mask, str) or len(mask) != 3
