@@ -293,7 +293,7 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
     bits it gives alone, and none waits forever on another call's tasks."""
     import threading
 
-    with paths.tune(dense_small_work=0):     # these small calls would otherwise not use the pool
+    with paths.tune(dense_small_work=0, parallel_min_work=0):   # these small calls would otherwise not use the pool
 
         rng = np.random.default_rng(8)
         shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),

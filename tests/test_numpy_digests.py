@@ -7,7 +7,9 @@ ce77a11; issue 24 then changed bits on purpose and regenerated the manifest: gra
 (numpy: 519 of 1384 grad_bias outputs changed), and outputs whose path or chunks had depended on the mask, on a
 workspace limit that excluded an unleased path, or on a NaN/inf in an input they do not read now take the full
 call's (numpy: 264 of 2110 grad_weight, 138 of 1827 grad_input, 41 of 366 forward outputs, nearly all under a
-limit or a partial mask); numpy-exact's digests did not change. After an intended change, regenerate with
+limit or a partial mask); numpy-exact's digests did not change. Issue 25: calls of fewer than 2^24 multiply-adds
+run on one worker (fast._share), so two random calls under a 4096-byte limit that two workers could not fit now
+return results (whether such a call was refused had depended on the worker count). After an intended change, regenerate with
 ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
 entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
 """

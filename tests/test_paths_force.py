@@ -92,3 +92,17 @@ def test_tune_applies_to_calls_in_the_block_and_then_not():
     assert all(a.tobytes() == b.tobytes() for a, b in zip(base, again))
     for a, b in zip(base, tuned):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("forced, xs, ws, kw", [("pointwise", (4, 32, 9, 9), (16, 32, 1, 1), {}),
+                                                ("grid-a", (3, 8, 11, 10), (8, 8, 3, 3), dict(padding=1)),
+                                                ("colgemm", (4, 64, 6, 6), (64, 64, 3, 3), dict(padding=1))])
+def test_calls_below_parallel_min_work_run_alone_with_the_same_bits(forced, xs, ws, kw):
+    """fast._share: below the knob a call runs on the calling thread alone; its bits are those of the pool's run."""
+    x, w, dy = _arrays(xs, ws, **kw)
+    runs = []
+    for knob in (None, 0):
+        with paths.force(forced), paths.tune(**({} if knob is None else {"parallel_min_work": knob})):
+            runs.append((xconv.conv_fprop(x, w, **kw), *xconv.convolution_backward(dy, x, w, **kw)))
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()

@@ -22,6 +22,9 @@ KNOBS = {
                              "(False), or by its cost rule (None) (grid/strategy_a.py)"),
     "compact_inner": (None, "strategy A: gather only the valid positions of each grid line (True), whole lines "
                             "(False), or by channel count (None) (grid/strategy_a.py)"),
+    "parallel_min_work": (1 << 24, "multiply-adds (of the full call: forward, or dx and dw) below which every path "
+                                   "runs on the calling thread alone: a hand-off to the worker pool costs 120-250 us "
+                                   "of wall time (fast.py, _share)"),
     "dense_small_work": (1 << 21, "multiply-adds below which the dense loops run on the calling thread alone "
                                   "(dense.py)"),
     "depthwise_small_work": (1 << 20, "multiply-adds below which the depthwise loops run on the calling thread "
@@ -39,10 +42,11 @@ _CHECKS = {"chunk_bytes": lambda v: isinstance(v, tuple) and len(v) == 2 and all
                                     and v[0] <= v[1],
            "implicit_outer": lambda v: v is None or isinstance(v, bool),
            "compact_inner": lambda v: v is None or isinstance(v, bool)}
-_CHECKS.update(dense_small_work=_count, depthwise_small_work=_count)
+_CHECKS.update(dense_small_work=_count, depthwise_small_work=_count, parallel_min_work=_count)
 _EXPECTED = {"chunk_bytes": "a tuple (at least, at most) of positive byte counts, at least <= at most",
              "implicit_outer": "True, False or None", "compact_inner": "True, False or None",
              "dense_small_work": "a count of multiply-adds (int >= 0)",
+             "parallel_min_work": "a count of multiply-adds (int >= 0)",
              "depthwise_small_work": "a count of multiply-adds (int >= 0)"}
 
 
