@@ -148,7 +148,7 @@ def test_bias_sum_of_a_call_and_its_scratch(dtype, monkeypatch):
     """bias_sum (the numpy backend's path) gives grad_bias's bits in the call's dtype by the compiled route, and
     reports that route's scratch (no heap for float32/float64; the C float64 sums for the 2-byte dtypes); with
     the compiled part off (XCONV_NUMPY_C=0) the NumPy route serves and reports its rows and float64 copy
-    (scratch_bytes answers for the route bias_sum last took for the same array, else from the settings)."""
+    (scratch_bytes answers by the route the settings give; bias_sum notes its route's bytes in the trace)."""
     p = SimpleNamespace(dtype=dtype)
     rng = np.random.default_rng(1)
     dy = _values(rng, 2 * 3 * 5 * 7, dtype, 0.0).reshape(2, 3, 5, 7)
@@ -198,3 +198,19 @@ def test_each_build_sums_in_numpys_order(isa):
     run = subprocess.run([sys.executable, "-c", _ISA_CHECK, isa], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_a_bias_only_call_records_its_routes_scratch(compiled, monkeypatch):
+    """The trace record of a grad_bias-only call holds the bytes of the route bias_sum took."""
+    import xconv
+
+    monkeypatch.setenv("XCONV_NUMPY_C", compiled)
+    rng = np.random.default_rng(2)
+    dy = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    x = rng.standard_normal((2, 4, 5, 7)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 1, 1)).astype(np.float32)
+    with xconv.trace() as t:
+        xconv.convolution_backward(dy, x, w, output_mask=(False, False, True), backend="numpy")
+    want = 0 if compiled == "1" else bias.numpy_scratch_bytes(dy)
+    assert t.records[0].workspace_bytes == want == bias.scratch_bytes(dy), t.records[0]

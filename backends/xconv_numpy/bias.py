@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
-import weakref
 
 import numpy as np
 
+from xconv import tracing
 from xconv.dtypes import DTYPES
 
 from . import native
@@ -87,15 +86,13 @@ def grad_bias(dy: np.ndarray, out_dtype) -> np.ndarray:
 
 
 def scratch_bytes(dy: np.ndarray) -> int:
-    """Bytes of scratch :func:`bias_sum` takes for ``dy``: on the compiled route none on the heap (one row's block
-    of 128 doubles on the stack; float16 and bfloat16 add the C float64 sums before their rounding), else
-    :func:`numpy_scratch_bytes`. Asked right after :func:`bias_sum` of the same array on the same thread, the
-    route it took (no second read of the settings)."""
-    last = getattr(_LAST, "route", None)
-    if last is not None and last[0]() is dy:
-        compiled = last[1]
-    else:
-        compiled = _suffix(dy) is not None and dy.size > 0 and _compiled_on()
+    """Bytes of scratch :func:`bias_sum` takes for ``dy`` (by the route the settings give it)."""
+    return _route_bytes(dy, _suffix(dy) is not None and dy.size > 0 and _compiled_on())
+
+
+def _route_bytes(dy: np.ndarray, compiled: bool) -> int:
+    """On the compiled route none on the heap (one row's block of 128 doubles on the stack; float16 and bfloat16
+    add the C float64 sums before their rounding), else :func:`numpy_scratch_bytes`."""
     if compiled:
         return 0 if dy.dtype.itemsize > 2 else 8 * dy.shape[1]
     return numpy_scratch_bytes(dy)
@@ -119,18 +116,12 @@ def numpy_scratch_bytes(dy: np.ndarray) -> int:
 
 def bias_sum(dy, p) -> np.ndarray:
     """grad_bias of the call ``p`` (the path ``bias-sum`` of :mod:`.paths`) in p's dtype: the compiled sum where it
-    reads grad_y, else :func:`grad_bias`; the same bits either way."""
+    reads grad_y, else :func:`grad_bias`; the same bits either way. The route's scratch goes to the trace record."""
     out_dtype = DTYPES[p.dtype]
     db = compiled_grad_bias(dy, out_dtype)
-    try:
-        _LAST.route = (weakref.ref(dy), db is not None)
-    except TypeError:                                   # an object without weak references: scratch_bytes asks
-        _LAST.route = None
+    if tracing.active():
+        tracing.workspace(_route_bytes(dy, db is not None))
     return grad_bias(dy, out_dtype) if db is None else db
-
-
-#: per thread, (a weak reference to the grad_y :func:`bias_sum` last summed, whether the compiled route took it)
-_LAST = threading.local()
 
 
 # ---------------------------------------------------------------------------------------------
