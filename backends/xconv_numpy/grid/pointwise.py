@@ -18,6 +18,11 @@ def _blasable(a: np.ndarray, cdt) -> bool:
             and all(st >= 0 for st in a.strides))
 
 
+def _copied(t: np.ndarray, shape, cdt) -> bool:
+    """Whether ``t`` (viewed as ``shape``) is copied per chunk rather than handed to BLAS where it lies."""
+    return not (t.flags.c_contiguous and _blasable(t.reshape(shape), cdt))
+
+
 def _samples(t: np.ndarray, n0: int, n1: int, G: int, C: int, P: int, cdt, scratch: np.ndarray):
     """t[n0:n1] as (n, G, C, P) in the compute dtype: a view when BLAS can take it, else copied into scratch."""
     part = t[n0:n1]
@@ -43,8 +48,8 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, w
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
     it = cdt.itemsize
     out_dt = DTYPES[p.dtype]
-    copy_dy = not _blasable(dy.reshape(N, g, Cog, P), cdt) if dy.flags.c_contiguous else True
-    copy_x = need_dw and (not _blasable(x.reshape(N, g, Cg, P), cdt) if x.flags.c_contiguous else True)
+    copy_dy = _copied(dy, (N, g, Cog, P), cdt)
+    copy_x = need_dw and _copied(x, (N, g, Cg, P), cdt)
     # chunk sizes (dw's sum order) as the full call's on C-contiguous operands (copied only when 16-bit): the same
     # for any mask and layout (other layouts' copies take their buffers beyond that)
     conv = out_dt != cdt
@@ -110,7 +115,7 @@ def fprop(geo: Geom, x, w, bias, workers: int, lease: Lease):
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
     it = cdt.itemsize
     out_dt = DTYPES[p.dtype]
-    copy_x = not _blasable(x.reshape(N, g, Cg, P), cdt) if x.flags.c_contiguous else True
+    copy_x = _copied(x, (N, g, Cg, P), cdt)
     conv = out_dt != cdt
     sample_bytes = it * g * P * (Cg * copy_x + Cog * conv) + 1
     budget = _budget(_io_bytes(geo, out_dt.itemsize, False, False, fprop=True), p)
