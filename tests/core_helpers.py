@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
+import pytest
 
 import xconv
 from xconv_numpy import NumpyBackend
@@ -85,8 +88,6 @@ def fake_cann_build():
 
 def registered(backend):
     """Context manager registering ``backend`` for the duration of a test."""
-    import contextlib
-
     @contextlib.contextmanager
     def scope():
         xconv.register_backend(backend, replace=True)
@@ -96,6 +97,13 @@ def registered(backend):
             xconv.unregister_backend(backend.name)
 
     return scope()
+
+
+@pytest.fixture
+def register():
+    """A fixture: ``register(backend)`` registers it (replacing one of that name) until the test ends; its name."""
+    with contextlib.ExitStack() as stack:
+        yield lambda backend: stack.enter_context(registered(backend)).name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 import xconv
 from xconv.dtypes import DTYPES, UNIT_ROUNDOFF
+from core_helpers import register  # noqa: E402,F401  (a fixture)
 
 xcc = pytest.importorskip("xconv_conformance")
 from xconv_conformance import bundle as xbundle  # noqa: E402
@@ -72,20 +73,6 @@ class Wrapped(xconv.Backend):
         if self.tamper:
             out = self.tamper(out, p, mask)
         return tuple(out)
-
-
-@pytest.fixture
-def register():
-    names = []
-
-    def _register(backend):
-        xconv.register_backend(backend, replace=True)
-        names.append(backend.name)
-        return backend.name
-
-    yield _register
-    for name in names:
-        xconv.unregister_backend(name)
 
 
 def _f32_case():

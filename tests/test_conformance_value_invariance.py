@@ -15,6 +15,7 @@ import pytest
 
 import xconv
 import xconv_conformance as xcc
+from core_helpers import register  # noqa: F401  (a fixture)
 from xconv import Capabilities
 from xconv_conformance.cases import load_corpus
 from xconv_numpy import NumpyBackend
@@ -46,20 +47,6 @@ class Drifting(NumpyBackend):
         dx, dw, db = super().backward(dy, x, w, p, mask)
         drift = (not mask[0]) if self.on == "mask" else not dy.flags.c_contiguous
         return dx, (_flip_last_bit(dw) if dw is not None and drift else dw), db
-
-
-@pytest.fixture
-def register():
-    names = []
-
-    def _register(backend):
-        xconv.register_backend(backend, replace=True)
-        names.append(backend.name)
-        return backend.name
-
-    yield _register
-    for name in names:
-        xconv.unregister_backend(name)
 
 
 def test_the_numpy_backends_declare_and_keep_both():
