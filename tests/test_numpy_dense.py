@@ -107,26 +107,25 @@ def test_compiled_loops_run_for_what_they_compute(monkeypatch):
 
 
 def test_compiled_bitwise_independent_of_workers(monkeypatch):
-    with paths.tune(dense_small_work=0):     # this small call would otherwise run on one thread
-        rng = np.random.default_rng(5)
-        p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
-        x = rng.standard_normal(p.input_shape).astype(np.float32)
-        w = rng.standard_normal(p.weight_shape).astype(np.float32)
-        dy = rng.standard_normal(p.output_shape).astype(np.float32)
-        runs = {}
-        for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):      # budget 1: 1-sample blocks
-            with Lease() as lease:
-                runs[(workers, budget)] = dense.backward(dy, x, w, p, True, True, True, workers, budget, lease)
-        first = runs[(1, 1 << 30)]
-        for dx, _, db in runs.values():
-            assert dx.tobytes() == first[0].tobytes()
-            assert db.tobytes() == first[2].tobytes()
-        # the weight gradient adds its blocks of samples in order: the same blocks, the same bits
-        assert runs[(2, 1 << 30)][1].tobytes() == first[1].tobytes()
-        assert runs[(3, 1)][1].tobytes() == runs[(1, 1)][1].tobytes()
-        # one block of 3 samples or three of one: the same sums, grouped differently
-        np.testing.assert_allclose(runs[(1, 1)][1], first[1], rtol=1e-4, atol=1e-3)
-        np.testing.assert_allclose(runs[(1, 1)][2], first[2], rtol=1e-6, atol=1e-5)
+    rng = np.random.default_rng(5)
+    p = make_params((3, 32, 11, 13), (64, 16, 3, 2), padding=((1, 2), (0, 1)), dilation=(2, 3), groups=2)
+    x = rng.standard_normal(p.input_shape).astype(np.float32)
+    w = rng.standard_normal(p.weight_shape).astype(np.float32)
+    dy = rng.standard_normal(p.output_shape).astype(np.float32)
+    runs = {}
+    for workers, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):      # budget 1: 1-sample blocks
+        with Lease() as lease:
+            runs[(workers, budget)] = dense.backward(dy, x, w, p, True, True, True, workers, budget, lease)
+    first = runs[(1, 1 << 30)]
+    for dx, _, db in runs.values():
+        assert dx.tobytes() == first[0].tobytes()
+        assert db.tobytes() == first[2].tobytes()
+    # the weight gradient adds its blocks of samples in order: the same blocks, the same bits
+    assert runs[(2, 1 << 30)][1].tobytes() == first[1].tobytes()
+    assert runs[(3, 1)][1].tobytes() == runs[(1, 1)][1].tobytes()
+    # one block of 3 samples or three of one: the same sums, grouped differently
+    np.testing.assert_allclose(runs[(1, 1)][1], first[1], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(runs[(1, 1)][2], first[2], rtol=1e-6, atol=1e-5)
 
 
 def test_compiled_against_torch():
@@ -293,7 +292,7 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
     bits it gives alone, and none waits forever on another call's tasks."""
     import threading
 
-    with paths.tune(dense_small_work=0, parallel_min_work=0):   # these small calls would otherwise not use the pool
+    with paths.tune(parallel_min_work=0):   # these small calls would otherwise not use the pool
 
         rng = np.random.default_rng(8)
         shapes = [((3, 32, 10, 9), (32, 16, 3, 3), 2), ((2, 16, 12, 12), (32, 16, 3, 3), 1),

@@ -69,7 +69,7 @@ def test_nested_blocks_combine():
 
 
 @pytest.mark.parametrize("knobs", [dict(chunk_bytes=-5), dict(chunk_bytes=(10, 1)), dict(implicit_outer="yes"),
-                                   dict(dense_small_work=-1), dict(depthwise_small_work=1.5)])
+                                   dict(parallel_min_work=-1), dict(depthwise_small_work=1.5)])
 def test_tune_refuses_values_of_the_wrong_kind(knobs):
     (name,) = knobs
     with pytest.raises(ValueError, match=f"tuning knob {name}: expected"):

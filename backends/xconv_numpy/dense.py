@@ -38,7 +38,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
-from . import native, tuning
+from . import native
 from .grid.geometry import padded
 from .workers import even_ranges, run
 
@@ -259,12 +259,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
-    lib = native.library()
-    # calls of fewer multiply-adds than the knob dense_small_work (2^21) run on the calling thread alone: a hand-off
-    # to the pool costs about as much as this much work
-    if math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel) < \
-            tuning.get("dense_small_work"):
-        workers = 1
+    lib = native.library()            # small calls come with one worker (fast._share: the knob parallel_min_work)
     f = _plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
     if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:

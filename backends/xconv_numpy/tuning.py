@@ -25,10 +25,8 @@ KNOBS = {
     "parallel_min_work": (1 << 24, "multiply-adds (of the full call: forward, or dx and dw) below which every path "
                                    "runs on the calling thread alone: a hand-off to the worker pool costs 120-250 us "
                                    "of wall time (fast.py, _share)"),
-    "dense_small_work": (1 << 21, "multiply-adds below which the dense loops run on the calling thread alone "
-                                  "(dense.py)"),
-    "depthwise_small_work": (1 << 20, "multiply-adds below which the depthwise loops run on the calling thread "
-                                      "alone (depthwise.py)"),
+    "depthwise_small_work": (1 << 20, "multiply-adds of a block of samples below which the depthwise loops run it "
+                                      "as one part, on the calling thread (depthwise.py)"),
 }
 
 _overrides: dict = {}
@@ -42,10 +40,9 @@ _CHECKS = {"chunk_bytes": lambda v: isinstance(v, tuple) and len(v) == 2 and all
                                     and v[0] <= v[1],
            "implicit_outer": lambda v: v is None or isinstance(v, bool),
            "compact_inner": lambda v: v is None or isinstance(v, bool)}
-_CHECKS.update(dense_small_work=_count, depthwise_small_work=_count, parallel_min_work=_count)
+_CHECKS.update(depthwise_small_work=_count, parallel_min_work=_count)
 _EXPECTED = {"chunk_bytes": "a tuple (at least, at most) of positive byte counts, at least <= at most",
              "implicit_outer": "True, False or None", "compact_inner": "True, False or None",
-             "dense_small_work": "a count of multiply-adds (int >= 0)",
              "parallel_min_work": "a count of multiply-adds (int >= 0)",
              "depthwise_small_work": "a count of multiply-adds (int >= 0)"}
 
@@ -59,7 +56,7 @@ def get(name: str):
 @contextlib.contextmanager
 def tuned(**knobs):
     """Within the block (process-wide), the knobs given take these values; e.g. ``tuned(chunk_bytes=(1, 200))``
-    (chunks of a few lines), ``tuned(implicit_outer=True)``, ``tuned(dense_small_work=0)`` (share every call)."""
+    (chunks of a few lines), ``tuned(implicit_outer=True)``, ``tuned(parallel_min_work=0)`` (share every call)."""
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
         raise ValueError(f"unknown tuning knob(s) {unknown}; knobs are {sorted(KNOBS)}")
