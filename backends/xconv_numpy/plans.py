@@ -1,42 +1,90 @@
 """One cache of what the NumPy paths derive from a call's parameters (geometry, index tables, C plans).
 
 Each derived thing is a function of ``ConvParams`` decorated with :func:`per_params`; its value is kept in the
-entry of that ``ConvParams`` of one LRU cache (:data:`MAX_CONFIGS` configurations), so that all of a
-configuration's plans are kept, and dropped, together. Values are read only.
+entry of that ``ConvParams`` in one least-recently-used cache, so that all of a configuration's plans are kept,
+and dropped, together. The cache holds at most :data:`MAX_CONFIGS` configurations and :data:`MAX_BYTES` bytes of
+arrays (the small path's index tables take up to 8 bytes per column of a call); the least recently used
+configurations are dropped first. A model's step cycles through all of its layers' configurations, so the count
+must exceed a real model's (MobileNetV2: 36; with 32 kept, an LRU cache rebuilt 4-9 plans per step). Values
+are read only.
 """
 
 from __future__ import annotations
 
-import functools
+import collections
+import threading
 
-#: Configurations whose plans are kept (the small path's index tables take up to 8 bytes per column of a call:
-#: below 16 MiB each).
-MAX_CONFIGS = 32
+import numpy as np
+
+#: Configurations whose plans are kept.
+MAX_CONFIGS = 256
+#: Bytes of arrays (plans' index tables) kept, all configurations together.
+MAX_BYTES = 64 << 20
+
+_entries: "collections.OrderedDict[object, dict]" = collections.OrderedDict()
+_sizes: dict = {}
+_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0, "bytes": 0}
+CacheInfo = collections.namedtuple("CacheInfo", "hits misses maxsize currsize bytes")
 
 
-@functools.lru_cache(maxsize=MAX_CONFIGS)
+def _nbytes(value) -> int:
+    """Bytes of the arrays ``value`` holds (itself, or its attributes one level down)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    return sum(v.nbytes for v in getattr(value, "__dict__", {}).values() if isinstance(v, np.ndarray))
+
+
 def _entry(p) -> dict:
-    return {}
+    with _lock:
+        entry = _entries.get(p)
+        if entry is not None:
+            _entries.move_to_end(p)
+            _stats["hits"] += 1
+            return entry
+        _stats["misses"] += 1
+        entry = _entries[p] = {}
+        _sizes[p] = 0
+        _evict()
+        return entry
+
+
+def _evict() -> None:
+    """Drop the least recently used configurations beyond the limits (the newest one is always kept)."""
+    while len(_entries) > 1 and (len(_entries) > MAX_CONFIGS or _stats["bytes"] > MAX_BYTES):
+        old, _ = _entries.popitem(last=False)
+        _stats["bytes"] -= _sizes.pop(old)
 
 
 def per_params(fn):
     """``fn(p)`` computed once per configuration ``p`` (a ``ConvParams``) and kept in the one cache."""
-    @functools.wraps(fn)
     def cached(p):
         entry = _entry(p)
         try:
             return entry[fn]
         except KeyError:
-            value = entry[fn] = fn(p)           # two threads may both compute it: same value, one kept
-            return value
+            value = fn(p)                       # two threads may both compute it: same value, one kept
+            size = _nbytes(value)
+            with _lock:
+                if entry.setdefault(fn, value) is value and p in _sizes and _entries.get(p) is entry:
+                    _sizes[p] += size
+                    _stats["bytes"] += size
+                    _evict()
+            return entry[fn]
+    cached.__name__, cached.__qualname__, cached.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    cached.__wrapped__ = fn
     return cached
 
 
-def cache_info():
-    """The cache's statistics (configurations, not plans)."""
-    return _entry.cache_info()
+def cache_info() -> CacheInfo:
+    """The cache's statistics (configurations, not plans; bytes of arrays held)."""
+    with _lock:
+        return CacheInfo(_stats["hits"], _stats["misses"], MAX_CONFIGS, len(_entries), _stats["bytes"])
 
 
 def clear() -> None:
     """Drop every configuration's plans."""
-    _entry.cache_clear()
+    with _lock:
+        _entries.clear()
+        _sizes.clear()
+        _stats.update(hits=0, misses=0, bytes=0)
