@@ -32,7 +32,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import native, tuning
+from . import depthwise_cv, native, tuning
 from .layout import DEPTHWISE_GEO
 from .native import address
 from .workers import even_ranges, run
@@ -190,6 +190,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     block of samples at a time (so extra memory stays about BLOCK_BYTES), and so is dx when its dtype
     is not the compute dtype.
     """
+    if not need_db and depthwise_cv.serves(p):          # small planes: the loops across channels
+        return depthwise_cv.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
     lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_backward_{_suffix(cdt)}")
     out_dt = np.dtype(dy.dtype).newbyteorder("=")
@@ -247,6 +249,8 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks
     when it cannot be read in place."""
+    if depthwise_cv.serves(p):                          # small planes: the loops across channels
+        return depthwise_cv.fprop(x, w, bias, p, workers)
     lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_fprop_{_suffix(cdt)}")
     out_dt = np.dtype(x.dtype).newbyteorder("=")

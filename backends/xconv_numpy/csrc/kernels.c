@@ -7,6 +7,7 @@
  * including it (element types T/SUF, block shapes NR/NV); XCONV_CAT the only token paste. */
 #include "layout.h"
 #include "direct_conv.c"
+#include "depthwise_cv.c"
 #include "depthwise.c"
 #include "small_cols.c"
 #include "small_grid.c"
