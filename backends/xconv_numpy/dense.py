@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -40,7 +39,9 @@ from xconv.dtypes import DTYPES
 
 from . import native
 from .grid.geometry import padded
-from .workers import even_ranges, run
+from .jobs import Jobs
+from .native import address
+from .workers import even_ranges
 
 #: Tasks per worker and kind (dx rows, dw blocks) in each block of samples: more balance the workers, fewer cost less.
 TASKS_PER_WORKER = 2
@@ -138,29 +139,6 @@ def _phase_plan(S, X, Y, s, d, k, pre, gY):
     return plan
 
 
-class _Countdown:
-    """Wait until ``n`` tasks have called done_one() (or release() was called after a failure)."""
-
-    def __init__(self, n: int):
-        self.left = n
-        self.lock = threading.Lock()
-        self.event = threading.Event()
-        if n == 0:
-            self.event.set()
-
-    def done_one(self) -> None:
-        with self.lock:
-            self.left -= 1
-            if self.left == 0:
-                self.event.set()
-
-    def release(self) -> None:
-        self.event.set()
-
-    def wait(self) -> None:
-        self.event.wait()
-
-
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -235,6 +213,15 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     return f
 
 
+def _c32(a: np.ndarray, lease) -> np.ndarray:
+    """``a`` where the copy loops can read it (float32, C-contiguous, aligned), else a copy from ``lease``."""
+    if a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned:
+        return a
+    out = lease.empty(a.shape, np.float32)
+    out[...] = a
+    return out
+
+
 def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
     """dx += the terms dy[n, co, o] * w[co, c, t] of the weights where ``which`` is True, for the (o, t) pairs the
     convolution defines only (an infinite weight never meets the dy grid's zeros: as on the exact path)."""
@@ -259,7 +246,6 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order."""
-    lib = native.library()            # small calls come with one worker (fast._share: the knob parallel_min_work)
     f = _plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
     if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:
@@ -271,7 +257,6 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
     xG = lease.empty((nb, g, Xn, Cg), f32) if need_dw else None
-    w_jobs = []                                          # per dx phase, its taps' weights (g, T, Cog, Cg): a task
     if need_dx:
         dx = np.empty(p.input_shape, f.out_dt)
         dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
@@ -279,119 +264,59 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dw_part = lease.empty((g, K, Cog, Cg), f32)
         dw_acc = lease.empty((g, K, Cog, Cg), f32) if nb < N else None        # the sum of several blocks
 
-    def copy_in(_ws, _i, n, n0, part):
-        """Part ``part`` of sample n's copies: a range of dy grid rows and of x positions (the numpy copies of
-        other dtypes or layouts: all in part 0)."""
-        i = n - n0
-        dyn = dy[n]
-        nrows = len(f.dy_rows)
-        if dyn.dtype == f32 and dyn.flags.c_contiguous and dyn.flags.aligned:
-            r0, r1 = even_ranges(nrows, f.copy_parts)[part]
-            lib.xconv_dy_to_grid(dyn.ctypes.data, Co, math.prod(O), f.dy_rows.ctypes.data, nrows, f.Y[-1], O[-1],
-                                 M, ldy, r0, r1, dyG[i].ctypes.data, db_parts[n, part].ctypes.data if need_db else None)
-        elif part == 0:
-            dyG[i, :, :M] = 0
-            dyG[i, :, M + Yn:] = 0
-            grid = dyG[i, :, M:M + Yn].reshape((Co,) + f.Y)
-            for sl in f.dy_pad:
-                grid[sl] = 0
-            grid[(slice(None),) + tuple(slice(0, o) for o in O)] = dyn
-            if need_db:
-                db_parts[n, 0] = dyG[i, :, M:M + Yn].sum(axis=1, dtype=np.float64)    # padding adds zeros
-                db_parts[n, 1:] = 0
-        if need_dw:
-            xn = x[n]
-            if xn.dtype == f32 and xn.flags.c_contiguous and xn.flags.aligned:
-                u0, u1 = even_ranges(Sn, f.copy_parts)[part]
-                lib.xconv_x_to_grid(xn.ctypes.data, Sn, 0, C, Cg, Xn * Cg, f.x_pos.ctypes.data, u0, u1,
-                                    f.x_pad.ctypes.data, len(f.x_pad) if part == 0 else 0, xG[i].ctypes.data)
-            elif part == 0:
-                grid = xG[i].reshape((g,) + f.X + (Cg,))
-                for sl in f.x_pad_slices:
-                    grid[sl] = 0
-                grid[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(f.pre, S))] = \
-                    xn.reshape((g, Cg) + S).transpose((0,) + tuple(range(2, nd + 2)) + (1,))
-
-    def compute(_ws, _i, kind, j, a, b, n0, m):
-        """Items [a, b) of (group, row) pairs (dx, phase j) or (group, block) pairs (dw): one C call."""
-        if kind == "dx":
-            job = f.dx_jobs[j]
-            T = len(job.taps)
-            base = dxb.ctypes.data + 4 * ((n0 if dxb is dx else 0) * C * Sn)
-            lib.xconv_dx_rows(dyG.ctypes.data, ldy, Cog * ldy, w_jobs[j].ctypes.data, Cg, T * Cog * Cg,
-                              job.offs.ctypes.data, T, Cog, Cg, base, Sn, Cg * Sn, f.st[-1], job.rin.ctypes.data,
-                              job.rout.ctypes.data, m * job.rows, a, b, job.row_len)
-        else:
-            lib.xconv_dw_rows(dyG.ctypes.data, ldy, Cog * ldy, xG.ctypes.data, Cg, Xn * Cg, f.dw_step,
-                              f.off_w.ctypes.data, Cog, Cg, f.rdy.ctypes.data, f.rx.ctypes.data, m * f.dw_rows,
-                              f.dw_len, f.dw_seg, dw_part.ctypes.data, K * Cog * Cg, f.dw_blocks, a, b)
-
-    # bias gradient: per sample and copy part, sums in float64 made while copying dy (added in order at the end)
-    db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None
-    out = {"dw": None, "db": None}
-
-    def finish():
-        """dw (blocks added in order) in the weight's layout and dtype, and db: after the last block's dw tasks."""
-        if need_dw:
-            total = dw_part
-            if nb < N:
-                dw_acc[...] += dw_part                   # in place (a closure variable)
-                total = dw_acc
-            out["dw"] = np.ascontiguousarray(total.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(
-                f.out_dt, copy=False)
-        if need_db:
-            out["db"] = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt)
-
+    db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None    # per sample and copy part
+    w_addr = []                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
+    if need_dx:
+        wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)              # (g, K, Cog, Cg)
+        w_jobs = [np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
-        copies = [("copy", n, n0, part) for n in range(n0, n1) for part in range(f.copy_parts)]
-        if need_dx and n0 == 0:
-            copies.insert(1, ("weights",))
-        # a few tasks per worker and kind, each a range over all groups' items (one Python call each); the
-        # longest first (dw, then dx phases by number of taps), so that the workers finish together
-        tasks = [("dw", 0, a, b, n0, m) for a, b in even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers)] \
-            if need_dw else []
-        dw_done = _Countdown(len(tasks))
-        tasks += [("dx", j, a, b, n0, m) for j in f.dx_order
-                  for a, b in even_ranges(g * m * f.dx_jobs[j].rows, TASKS_PER_WORKER * workers)] if need_dx else []
-        if n1 == N:
-            tasks.append(("finish",))                    # last: alongside the other worker's last dx task
-        # one run per block: the copies (and the weights' layout, once), then the computations, which wait until
-        # they are all done (tasks start in order, so all have started by then; a failure releases the waiting)
-        barrier = _Countdown(len(copies))
-
-        def step(ws, i, kind, *args):
-            if kind == "copy":
-                copy_in(ws, i, *args)
-                barrier.done_one()
-            elif kind == "weights":
-                wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)           # (g, K, Cog, Cg)
-                w_jobs.extend(np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs)
-                barrier.done_one()
-            elif kind == "finish":
-                barrier.wait()
-                dw_done.wait()
-                finish()
-            else:
-                barrier.wait()
-                compute(ws, i, kind, *args)
-                if kind == "dw":
-                    dw_done.done_one()
-
-        def release():
-            barrier.release()
-            dw_done.release()
-
-        run(copies + tasks, step, lambda: None, workers, on_error=release)
+        dyb = _c32(dy[n0:n1], lease)                    # the block as the copy loops read it (a view if it is)
+        xb = _c32(x[n0:n1], lease) if need_dw else None
+        jobs = Jobs()
+        # one run per block: the copies (phase 0), then the sums, which wait for all of the copies; the longest
+        # sums first (dw, then dx phases by number of taps), so that the threads finish together
+        for i in range(m):
+            n = n0 + i
+            for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts)):
+                jobs.add("dy_to_grid", address(dyb[i]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows),
+                         f.Y[-1], O[-1], M, ldy, r0, r1, address(dyG[i]),
+                         address(db_parts[n, part]) if need_db else None, signal=0)
+            if need_dw:
+                for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts)):
+                    jobs.add("x_to_grid", address(xb[i]), Sn, 0, C, Cg, Xn * Cg, address(f.x_pos), u0, u1,
+                             address(f.x_pad), len(f.x_pad) if part == 0 else 0, address(xG[i]), signal=0)
+        copies = (0, len(jobs))
+        if need_dw:
+            jobs.split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), Cg, Xn * Cg, f.dw_step, address(f.off_w),
+                                   Cog, Cg, address(f.rdy), address(f.rx), m * f.dw_rows, f.dw_len, f.dw_seg,
+                                   address(dw_part), K * Cog * Cg, f.dw_blocks), 18,
+                       even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers), wait=copies)
+        if need_dx:
+            base = address(dxb) + 4 * ((n0 if dxb is dx else 0) * C * Sn)
+            for j in f.dx_order:
+                job = f.dx_jobs[j]
+                jobs.split("dx_rows", (address(dyG), ldy, Cog * ldy, address(w_jobs[j]), Cg,
+                                       len(job.taps) * Cog * Cg, address(job.offs), len(job.taps), Cog, Cg, base, Sn,
+                                       Cg * Sn, f.st[-1], address(job.rin), address(job.rout), m * job.rows, 0, 0,
+                                       job.row_len), 17,
+                           even_ranges(g * m * job.rows, TASKS_PER_WORKER * workers), wait=copies)
+        jobs.run(workers)
         if need_dx and dxb is not dx:
             dx[n0:n1] = dxb[:m]
-        if need_dw and n1 < N:                           # blocks added in order (the last one in finish())
-            if n0 == 0:
-                dw_acc[...] = dw_part
-            else:
-                dw_acc += dw_part
-    dw, db = out["dw"], out["db"]
+        if need_dw:                                      # blocks added in order
+            if nb < N:
+                if n0 == 0:
+                    dw_acc[...] = dw_part
+                else:
+                    dw_acc += dw_part
+    if need_dw:
+        total = dw_acc if nb < N else dw_part
+        dw = np.ascontiguousarray(total.transpose(0, 2, 3, 1)).reshape(p.weight_shape).astype(f.out_dt, copy=False)
+    else:
+        dw = None
+    db = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt) if need_db else None
     if finite is not None:
         _add_taps(dx, dy, w_given, ~finite, p)
     return (dx if need_dx else None), dw, db

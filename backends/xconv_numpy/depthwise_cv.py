@@ -23,9 +23,10 @@ import numpy as np
 from xconv import ConvParams, tracing
 
 from . import native
+from .jobs import Jobs
 from .native import address
 from .plans import per_params
-from .workers import even_ranges, run
+from .workers import even_ranges
 
 #: Planes at most this wide take these loops (the plane loops vectorize wider rows well: 48-wide planes ran as
 #: fast there, measured on MobileNetV2's layers).
@@ -118,24 +119,19 @@ def _f32(a: np.ndarray, shape) -> np.ndarray:
 
 
 def _items(t: _Tables, N: int, workers: int):
-    """Ranges of (sample, 16-channel block) items: about 4 per worker."""
+    """Ranges of (sample, 16-channel block) items: one, or 4 per worker (taken in turn: they balance the workers)."""
     n = N * (t.C // 16)
-    return even_ranges(n, max(1, min(n, 4 * workers)))
+    return even_ranges(n, 1 if workers == 1 else min(n, 4 * workers))
 
 
-def _gather(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers):
-    lib = native.library()
+def _gather(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> int:
+    """dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx) as jobs; returns the scratch bytes."""
     (Hi, Wi), (Ho, Wo) = shape_in, shape_out
-    size = (Hi * Wi + Ho * Wo) * 16
-
-    def task(ws, _i, a, b):
-        lib.xconv_dwcv_gather(address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]),
-                              address(rows[1]), address(cols[0]), address(cols[1]), address(reg), step, a, b,
-                              address(ws))
-
-    chunks = _items(t, src.shape[0], workers)
-    run(chunks, task, lambda: np.empty(size, np.float32), workers)
-    return min(workers, len(chunks)) * size * 4
+    jobs = Jobs()
+    jobs.split("dwcv_gather", (address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]),
+                               address(rows[1]), address(cols[0]), address(cols[1]), address(reg), step), 15,
+               _items(t, src.shape[0], workers))
+    return jobs.run(workers, (Hi * Wi + Ho * Wo) * 16)
 
 
 def _weights(w, t: _Tables) -> np.ndarray:
@@ -159,7 +155,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
     """(dx, dw), None where not needed."""
-    t, lib = _tables(p), native.library()
+    t = _tables(p)
     N = p.input_shape[0]
     dys = _f32(dy, (N, t.C, t.Ho, t.Wo))
     dx = dw = None
@@ -172,16 +168,11 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     if need_dw:
         xs = _f32(x, (N, t.C, t.H, t.W))
         dwp = np.empty((N, t.C, t.K), np.float32)
-        size = (t.H * t.W + t.Ho * t.Wo + t.K) * 16
-
-        def task(ws, _i, a, b):
-            lib.xconv_dwcv_wgrad(address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo),
-                                 address(t.alo), address(t.ahi), address(t.blo), address(t.bhi), address(dwp), a, b,
-                                 address(ws))
-
-        chunks = _items(t, N, workers)
-        run(chunks, task, lambda: np.empty(size, np.float32), workers)
-        scratch = max(scratch, min(workers, len(chunks)) * size * 4 + dwp.nbytes)
+        jobs = Jobs()
+        jobs.split("dwcv_wgrad", (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo),
+                                  address(t.alo), address(t.ahi), address(t.blo), address(t.bhi), address(dwp)), 15,
+                   _items(t, N, workers))
+        scratch = max(scratch, jobs.run(workers, (t.H * t.W + t.Ho * t.Wo + t.K) * 16) + dwp.nbytes)
         dw = dwp.sum(axis=0).reshape(p.weight_shape)              # per-sample partials in sample order
     tracing.workspace(scratch)
     return dx, dw

@@ -38,7 +38,8 @@ import numpy as np
 
 from xconv import ConvParams, tracing
 
-from . import bias, colgemm, columns, cost, dense, depthwise, grid_blocks, paths, small, small_c, small_numpy, tuning
+from . import (bias, colgemm, columns, cost, dense, depthwise, depthwise_cv, grid_blocks, omp_team, paths, small,
+               small_c, small_numpy, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .grid import forward, pointwise, strategy_a, strategy_b
@@ -81,14 +82,17 @@ def _columns(dy, x, w, p, need_dx, need_dw, rule):
     return columns.backward(dy, x, w, p, need_dx, need_dw)
 
 
-def _share(p: ConvParams, workers: int, op: str) -> int:
+def _share(p: ConvParams, workers: int, op: str, jobs: bool = False) -> int:
     """The workers a call of ``p`` gets: all of them, or the calling thread alone when the full call's work (the
     forward's multiply-adds, or dx's and dw's together, whatever the mask) is below the knob ``parallel_min_work``
     (2^24): a hand-off to the worker pool costs 120-250 us of wall time (measured on a 2-core Zen 4: a 1x1 forward
     of 7M multiply-adds took 190 us on one worker and 310 on two; a 42M-multiply-add backward 2.2 ms and 1.3 ms).
-    No path's bits depend on its worker count."""
+    A path that runs as C jobs (``jobs``: :mod:`.jobs`) on torch's OpenMP team has the knob ``team_min_work`` (2^18)
+    instead (measured, torch's team hot as in a model step: a 0.3M-multiply-add depthwise forward 112 us on one
+    thread, 99 on two). No path's bits depend on its worker count."""
     work = cost.macs(p) * (1 if op == "fprop" else 2)
-    return workers if workers <= 1 or work >= tuning.get("parallel_min_work") else 1
+    least = tuning.get("team_min_work") if jobs and omp_team.available() else tuning.get("parallel_min_work")
+    return workers if workers <= 1 or work >= least else 1
 
 
 def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
@@ -96,7 +100,8 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
     working-set budget is the full call's whatever the mask (their dW chunking, so its bits, must not depend on it)."""
     name = path.name
     if name == "depthwise":
-        return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, _share(p, blas_workers(), "backward"))
+        workers = _share(p, blas_workers(), "backward", depthwise_cv.serves(p))
+        return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
     if name in _SMALL:
         _small_scratch(p, need_dx, need_dw)
         with pinned_blas_workers():
@@ -105,7 +110,7 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
         with pinned_blas_workers() as workers:
             return colgemm.backward(dy, x, w, p, need_dx, need_dw, _share(p, workers, "backward")) + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
-        workers = _share(p, workers, "backward")
+        workers = _share(p, workers, "backward", name == "dense")
         if name == "dense":
             budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)     # the full call's: any mask
             return dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
@@ -192,7 +197,7 @@ def fprop(x, w, b, p: ConvParams):
         return columns.fprop(x, w, b, p)
     _note(path, ["output"], rule)
     if name == "depthwise":
-        return depthwise.fprop(x, w, b, p, _share(p, blas_workers(), "fprop"))
+        return depthwise.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", depthwise_cv.serves(p)))
     if name == "small-c":
         return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":
@@ -201,7 +206,7 @@ def fprop(x, w, b, p: ConvParams):
         q = dense.dual(p)
         budget = _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), q)
         with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
-            return dense.fprop(x, w, b, p, _share(p, workers, "fprop"), budget, lease)
+            return dense.fprop(x, w, b, p, _share(p, workers, "fprop", True), budget, lease)
     if name == "pointwise":
         with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
             return pointwise.fprop(geom(p), x, w, b, _share(p, workers, "fprop"), lease)

@@ -50,6 +50,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "xconv_dy_to_grid": [p, i, i, p, i, i, i, i, i, i, i, p, p],
         "xconv_dwcv_gather": [p, i, i, i, p, i, i, p, i, p, p, p, p, p, i, i, i, p],
         "xconv_dwcv_wgrad": [p, p, i, i, i, i, i, i, i, p, p, p, p, p, p, i, i, p],
+        "xconv_jobs_work": [p, i, p],
+        "xconv_jobs_parallel": [p, i, p, i, p],
     }
     for suf in ("f32", "f64"):
         sigs[f"xconv_depthwise_backward_{suf}"] = [p] * 12 + [i, i]
@@ -64,6 +66,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, (ctypes.c_int if name.startswith("xconv_small_s1_") else None)
     lib.xconv_build_isa.argtypes, lib.xconv_build_isa.restype = [], ctypes.c_char_p
+    lib.xconv_jobs_layout.argtypes, lib.xconv_jobs_layout.restype = [ctypes.c_int], ctypes.c_int64
     lib.xconv_cpu_level.argtypes, lib.xconv_cpu_level.restype = [], ctypes.c_int
 
 
@@ -86,6 +89,8 @@ def load() -> ctypes.CDLL:
             _declare(lib)
             break
     layout.check(lib)
+    from .jobs import check as check_jobs        # (jobs imports this module)
+    check_jobs(lib)
     return lib
 
 

@@ -86,6 +86,15 @@ def _load():
     return lib
 
 
+def gomp_parallel_address() -> int | None:
+    """The address of torch's ``GOMP_parallel`` when :func:`parallel` would run here (for C code that starts its own
+    regions: :mod:`.jobs`), else None."""
+    lib = _library()
+    if lib is None or lib.omp_in_parallel():
+        return None
+    return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+
+
 def available() -> bool:
     """Whether :func:`parallel` would run on torch's OpenMP threads from this thread."""
     lib = _library()

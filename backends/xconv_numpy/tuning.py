@@ -25,6 +25,9 @@ KNOBS = {
     "parallel_min_work": (1 << 24, "multiply-adds (of the full call: forward, or dx and dw) below which every path "
                                    "runs on the calling thread alone: a hand-off to the worker pool costs 120-250 us "
                                    "of wall time (fast.py, _share)"),
+    "team_min_work": (1 << 18, "multiply-adds (as parallel_min_work) below which a path that runs its work as C jobs "
+                               "(jobs.py) keeps it on the calling thread, when torch's OpenMP team runs them: a "
+                               "region there costs a few microseconds (fast.py, _share)"),
     "depthwise_small_work": (1 << 20, "multiply-adds of a block of samples below which the depthwise loops run it "
                                       "as one part, on the calling thread (depthwise.py)"),
 }
@@ -40,10 +43,11 @@ _CHECKS = {"chunk_bytes": lambda v: isinstance(v, tuple) and len(v) == 2 and all
                                     and v[0] <= v[1],
            "implicit_outer": lambda v: v is None or isinstance(v, bool),
            "compact_inner": lambda v: v is None or isinstance(v, bool)}
-_CHECKS.update(depthwise_small_work=_count, parallel_min_work=_count)
+_CHECKS.update(depthwise_small_work=_count, parallel_min_work=_count, team_min_work=_count)
 _EXPECTED = {"chunk_bytes": "a tuple (at least, at most) of positive byte counts, at least <= at most",
              "implicit_outer": "True, False or None", "compact_inner": "True, False or None",
              "parallel_min_work": "a count of multiply-adds (int >= 0)",
+             "team_min_work": "a count of multiply-adds (int >= 0)",
              "depthwise_small_work": "a count of multiply-adds (int >= 0)"}
 
 

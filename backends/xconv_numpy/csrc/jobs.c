@@ -1,0 +1,86 @@
+/* A list of jobs (calls of this library's loops) run by several threads without Python (see ../jobs.py).
+ *
+ * A job is XJ_LEN int64: kind, the phase it waits for (-1: none) and the count of that phase's jobs that must be
+ * done first, the phase it counts in when done (-1: none), then its call's arguments (pointers as integers). The
+ * threads take jobs in list order (an atomic counter), so a job waits only for jobs a running thread has taken:
+ * no deadlock whatever the number of threads. Each thread takes a slot, and its scratch (state[XS_SCRATCH] +
+ * slot * state[XS_STRIDE] floats) for the jobs that need one. What a job computes never depends on the thread
+ * that runs it. xconv_jobs_parallel runs the list on an OpenMP team through the GOMP_parallel given (torch's
+ * libgomp, found by ../omp_team.py): the whole region runs in C, the caller's GIL released by ctypes. */
+
+#define XJ_LEN 24
+enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6 };
+/* state: next job, next slot, done counts of phases 0..3, scratch base, scratch floats per slot */
+enum { XS_NEXT = 0, XS_SLOT = 1, XS_DONE = 2, XS_PHASES = 4, XS_SCRATCH = 6, XS_STRIDE = 7, XS_LEN = 8 };
+
+#define P(k) ((void *)(intptr_t)a[k])
+
+static void xj_dispatch(const int64_t *j, float *scratch) {
+    const int64_t *a = j + 4;
+    switch (j[0]) {
+    case XJ_DWCV_GATHER:
+        xconv_dwcv_gather(P(0), a[1], a[2], a[3], P(4), a[5], a[6], P(7), a[8], P(9), P(10), P(11), P(12), P(13),
+                          a[14], a[15], a[16], scratch);
+        break;
+    case XJ_DWCV_WGRAD:
+        xconv_dwcv_wgrad(P(0), P(1), a[2], a[3], a[4], a[5], a[6], a[7], a[8], P(9), P(10), P(11), P(12), P(13),
+                         P(14), a[15], a[16], scratch);
+        break;
+    case XJ_DY_TO_GRID:
+        xconv_dy_to_grid(P(0), a[1], a[2], P(3), a[4], a[5], a[6], a[7], a[8], a[9], a[10], P(11), P(12));
+        break;
+    case XJ_X_TO_GRID:
+        xconv_x_to_grid(P(0), a[1], a[2], a[3], a[4], a[5], P(6), a[7], a[8], P(9), a[10], P(11));
+        break;
+    case XJ_DX_ROWS:
+        xconv_dx_rows(P(0), a[1], a[2], P(3), a[4], a[5], P(6), a[7], a[8], a[9], P(10), a[11], a[12], a[13], P(14),
+                      P(15), a[16], a[17], a[18], a[19]);
+        break;
+    case XJ_DW_ROWS:
+        xconv_dw_rows(P(0), a[1], a[2], P(3), a[4], a[5], a[6], P(7), a[8], a[9], P(10), P(11), a[12], a[13], a[14],
+                      P(15), a[16], a[17], a[18], a[19]);
+        break;
+    default:
+        break;
+    }
+}
+#undef P
+
+static inline void xj_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* One thread's share of the list: jobs taken in order until none is left. */
+void xconv_jobs_work(const int64_t *jobs, int64_t n, int64_t *state) {
+    const int64_t slot = __atomic_fetch_add(&state[XS_SLOT], 1, __ATOMIC_RELAXED);
+    float *scratch = (float *)(intptr_t)state[XS_SCRATCH] + slot * state[XS_STRIDE];
+    for (;;) {
+        const int64_t i = __atomic_fetch_add(&state[XS_NEXT], 1, __ATOMIC_ACQ_REL);
+        if (i >= n) return;
+        const int64_t *j = jobs + i * XJ_LEN;
+        if (j[1] >= 0 && j[1] < XS_PHASES)
+            while (__atomic_load_n(&state[XS_DONE + j[1]], __ATOMIC_ACQUIRE) < j[2]) xj_pause();
+        xj_dispatch(j, scratch);
+        if (j[3] >= 0 && j[3] < XS_PHASES) __atomic_fetch_add(&state[XS_DONE + j[3]], 1, __ATOMIC_RELEASE);
+    }
+}
+
+struct xj_run { const int64_t *jobs; int64_t n; int64_t *state; };
+
+static void xj_body(void *p) {
+    struct xj_run *r = p;
+    xconv_jobs_work(r->jobs, r->n, r->state);
+}
+
+typedef void (*xj_gomp_parallel)(void (*)(void *), void *, unsigned, unsigned);
+
+/* The list on `threads` threads of an OpenMP team (the caller among them), through `gomp_parallel`. */
+void xconv_jobs_parallel(const int64_t *jobs, int64_t n, int64_t *state, int64_t threads, void *gomp_parallel) {
+    struct xj_run r = {jobs, n, state};
+    ((xj_gomp_parallel)gomp_parallel)(xj_body, &r, (unsigned)threads, 0);
+}
+
+/* The job record's length and the state's (checked against ../jobs.py at load). */
+int64_t xconv_jobs_layout(int which) { return which == 0 ? XJ_LEN : which == 1 ? XS_LEN : -1; }

@@ -1,0 +1,99 @@
+"""C job lists (backends/xconv_numpy/jobs.py, csrc/jobs.c): the dense loops and the depthwise loops across channels
+run their work as jobs, on torch's OpenMP team or on the Python workers; the bits never depend on which."""
+
+import numpy as np
+import pytest
+
+import xconv
+
+from xconv.params import make_params
+from xconv_numpy import dense, depthwise_cv, jobs, native, omp_team, paths
+from xconv_numpy.grid.scratch import Lease
+
+pytestmark = pytest.mark.skipif(native.library() is None or native.isa(native.library()) != "avx512",
+                                reason="the dense loops and the channel-vector loops run on the AVX-512 build only "
+                                       "(this CPU or install has none)")
+
+CASES = [  # (x shape, w shape, stride, padding, groups): dense 3x3, dense strided, depthwise small planes
+    ((5, 32, 9, 8), (48, 32, 3, 3), 1, 1, 1),
+    ((3, 64, 7, 7), (32, 64, 3, 3), 2, 1, 1),
+    ((4, 96, 6, 6), (96, 1, 3, 3), 1, 1, 96),
+    ((3, 48, 12, 12), (48, 1, 3, 3), 2, 1, 48),
+]
+
+
+def _run(xs, ws, s, pad, g):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    y = xconv.conv_fprop(x, w, stride=s, padding=pad, groups=g, backend="numpy")
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx, dw, _ = xconv.convolution_backward(dy, x, w, stride=s, padding=pad, groups=g, backend="numpy",
+                                           output_mask=(True, True, False))
+    return y, dx, dw
+
+
+def _bits(arrays):
+    return [a.tobytes() for a in arrays]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bits_are_the_same_on_one_thread_the_python_workers_and_the_openmp_team(case, monkeypatch):
+    with paths.tune(parallel_min_work=1 << 62, team_min_work=1 << 62):
+        one = _bits(_run(*case))
+    with paths.tune(parallel_min_work=0, team_min_work=0):
+        monkeypatch.setenv("XCONV_NUMPY_OPENMP", "0")           # Python workers, each one C call taking jobs
+        assert omp_team.gomp_parallel_address() is None
+        python_workers = _bits(_run(*case))
+        monkeypatch.delenv("XCONV_NUMPY_OPENMP")
+        torch = pytest.importorskip("torch", reason="torch's OpenMP team needs torch in the process")
+        torch.set_num_threads(max(2, torch.get_num_threads()))
+        if omp_team.gomp_parallel_address() is None:
+            pytest.skip("torch's libgomp is not mapped in this process (a torch build without GNU OpenMP)")
+        team = _bits(_run(*case))
+    assert python_workers == one
+    assert team == one
+
+
+def test_the_depthwise_cases_run_the_channel_vector_loops(monkeypatch):
+    calls = []
+    real = depthwise_cv._gather
+    monkeypatch.setattr(depthwise_cv, "_gather", lambda *a, **k: calls.append(1) or real(*a, **k))   # a spy
+    for case in CASES[2:]:
+        _run(*case)
+    assert len(calls) == 4                                     # per case: the forward and dx
+
+
+def test_phases_wait_across_many_jobs_and_threads():
+    """16 samples in blocks of one: per block copy jobs, then the sums that wait for them; 1 to 4 threads (more
+    than the CPUs) give the same bits."""
+    rng = np.random.default_rng(1)
+    p = make_params((16, 32, 6, 6), (32, 32, 3, 3), padding=((1, 1), (1, 1)))
+    x = rng.standard_normal(p.input_shape).astype(np.float32)
+    w = rng.standard_normal(p.weight_shape).astype(np.float32)
+    dy = rng.standard_normal(p.output_shape).astype(np.float32)
+    results = []
+    for threads in (1, 2, 3, 4):
+        for budget in (1 << 30, 1):
+            with Lease() as lease:
+                results.append(_bits(dense.backward(dy, x, w, p, True, True, True, threads, budget, lease)))
+    assert all(r == results[0] for r in results[0::2]) and all(r == results[1] for r in results[1::2])
+
+
+def test_a_job_with_too_many_arguments_is_refused():
+    with pytest.raises(ValueError, match="at most 20 arguments, given 21"):
+        jobs.Jobs().add("dx_rows", *range(21))
+
+
+def test_a_library_with_another_job_layout_is_refused():
+    class Lib:
+        @staticmethod
+        def xconv_jobs_layout(which):
+            return 16 if which == 0 else 8
+
+    with pytest.raises(RuntimeError, match="job record is 16 values and its state 8, expected 24 and 8"):
+        jobs.check(Lib())
+
+
+def test_an_empty_list_runs_nothing():
+    assert jobs.Jobs().run(2) == 0
