@@ -9,7 +9,8 @@ workspace limit that excluded an unleased path, or on a NaN/inf in an input they
 call's (numpy: 264 of 2110 grad_weight, 138 of 1827 grad_input, 41 of 366 forward outputs, nearly all under a
 limit or a partial mask); numpy-exact's digests did not change. Issue 25: calls of fewer than 2^24 multiply-adds
 run on one worker (fast._share), so two random calls under a 4096-byte limit that two workers could not fit now
-return results (whether such a call was refused had depended on the worker count). After an intended change, regenerate with
+return results (whether such a call was refused had depended on the worker count); float32 depthwise calls with planes up to 32 wide
+and channels a multiple of 16 run the loops across channels (depthwise_cv.py: 9 calls changed). After an intended change, regenerate with
 ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
 entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
 """

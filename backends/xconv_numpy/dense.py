@@ -213,13 +213,33 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     return f
 
 
-def _c32(a: np.ndarray, lease) -> np.ndarray:
-    """``a`` where the copy loops can read it (float32, C-contiguous, aligned), else a copy from ``lease``."""
-    if a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned:
-        return a
-    out = lease.empty(a.shape, np.float32)
-    out[...] = a
-    return out
+def _readable(a: np.ndarray) -> bool:
+    """Whether the copy loops read ``a`` (one sample) where it lies: float32, C-contiguous, aligned."""
+    return a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned
+
+
+def _dy_to_grid(dyn, grid_n, f, db_n) -> None:
+    """One sample of dy (another dtype or layout) into its zero-padded channel-major grid by NumPy; its db partial
+    (float64) in part 0, zeros in the others."""
+    M, Yn = f.M, f.Yn
+    grid_n[:, :M] = 0
+    grid_n[:, M + Yn:] = 0
+    grid = grid_n[:, M:M + Yn].reshape((f.Co,) + f.Y)
+    for sl in f.dy_pad:
+        grid[sl] = 0
+    grid[(slice(None),) + tuple(slice(0, o) for o in f.O)] = dyn
+    if db_n is not None:
+        db_n[0] = grid_n[:, M:M + Yn].sum(axis=1, dtype=np.float64)    # padding adds zeros
+        db_n[1:] = 0
+
+
+def _x_to_grid(xn, grid_n, f) -> None:
+    """One sample of x (another dtype or layout) into its zero-padded channels-last grids by NumPy."""
+    grid = grid_n.reshape((f.g,) + f.X + (f.Cg,))
+    for sl in f.x_pad_slices:
+        grid[sl] = 0
+    grid[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(f.pre, f.S))] = \
+        xn.reshape((f.g, f.Cg) + f.S).transpose((0,) + tuple(range(2, f.nd + 2)) + (1,))
 
 
 def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
@@ -272,21 +292,25 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     for n0 in range(0, N, nb):
         n1 = min(n0 + nb, N)
         m = n1 - n0
-        dyb = _c32(dy[n0:n1], lease)                    # the block as the copy loops read it (a view if it is)
-        xb = _c32(x[n0:n1], lease) if need_dw else None
         jobs = Jobs()
         # one run per block: the copies (phase 0), then the sums, which wait for all of the copies; the longest
-        # sums first (dw, then dx phases by number of taps), so that the threads finish together
+        # sums first (dw, then dx phases by number of taps), so that the threads finish together. A sample of
+        # another dtype or layout is copied here by NumPy instead (no converted copy: the same scratch)
         for i in range(m):
             n = n0 + i
-            for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts)):
-                jobs.add("dy_to_grid", address(dyb[i]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows),
-                         f.Y[-1], O[-1], M, ldy, r0, r1, address(dyG[i]),
-                         address(db_parts[n, part]) if need_db else None, signal=0)
-            if need_dw:
+            if _readable(dy[n]):
+                for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts)):
+                    jobs.add("dy_to_grid", address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows),
+                             f.Y[-1], O[-1], M, ldy, r0, r1, address(dyG[i]),
+                             address(db_parts[n, part]) if need_db else None, signal=0)
+            else:
+                _dy_to_grid(dy[n], dyG[i], f, db_parts[n] if need_db else None)
+            if need_dw and _readable(x[n]):
                 for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts)):
-                    jobs.add("x_to_grid", address(xb[i]), Sn, 0, C, Cg, Xn * Cg, address(f.x_pos), u0, u1,
+                    jobs.add("x_to_grid", address(x[n]), Sn, 0, C, Cg, Xn * Cg, address(f.x_pos), u0, u1,
                              address(f.x_pad), len(f.x_pad) if part == 0 else 0, address(xG[i]), signal=0)
+            elif need_dw:
+                _x_to_grid(x[n], xG[i], f)
         copies = (0, len(jobs))
         if need_dw:
             jobs.split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), Cg, Xn * Cg, f.dw_step, address(f.off_w),
