@@ -131,3 +131,29 @@ def test_tensors_numpy_cannot_view_take_dlpack(monkeypatch):
     monkeypatch.setenv("XCONV_BACKEND", "torch-cpu")
     torch.testing.assert_close(xmod(x).detach(), module(x).detach(), rtol=1e-5, atol=1e-5)
     assert seen == [False, False, False]
+
+
+@pytest.mark.parametrize("index", range(len(MODULES)))
+def test_a_forward_that_records_no_graph_skips_the_function_and_gives_its_bits(index, monkeypatch):
+    """Under no_grad, inference_mode, or with nothing requiring grad, the forward runs the kernel without the
+    autograd Function (no graph to record): the same bits, no grad_fn; with a weight requiring grad it records one."""
+    module, shape = MODULES[index]
+    conv = xt.convert(copy.deepcopy(module), backend="numpy")
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(index))
+    applied = []
+    real = torch_fast._Fprop.apply
+    monkeypatch.setattr(torch_fast._Fprop, "apply", lambda *a: applied.append(1) or real(*a))     # a spy
+    recorded = conv(x)
+    assert recorded.grad_fn is not None and applied == [1]
+    with torch.no_grad():
+        plain = conv(x)
+    with torch.inference_mode():
+        inference = conv(x)
+    for p in conv.parameters():
+        p.requires_grad_(False)
+    frozen = conv(x)
+    assert applied == [1]
+    for y in (plain, inference, frozen):
+        assert y.grad_fn is None and not y.requires_grad
+        assert torch.equal(y, recorded.detach())
+        assert y.shape == recorded.shape and y.stride() == recorded.stride()

@@ -40,6 +40,9 @@ def usable(*tensors) -> bool:
 def fprop(input, weight, bias, conf: torch_ops.Conf):
     """``xconv::fprop(input, weight, bias, *conf.args())``: by the fast path when :func:`usable`, else the operator."""
     if usable(input, weight, bias):
+        if not torch.is_grad_enabled() or not (input.requires_grad or weight.requires_grad
+                                               or (bias is not None and bias.requires_grad)):
+            return _fprop_kernel(input, weight, bias, conf)      # no graph to record (no_grad, inference): no Function
         return _Fprop.apply(input, weight, bias, conf)
     return torch_ops.fprop(input, weight, bias, *conf.args())
 
