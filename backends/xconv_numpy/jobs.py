@@ -15,11 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native, omp_team, workers
-
-#: int64 values per job: kind, wait phase, wait count, signal phase, then up to 20 arguments (csrc/jobs.c).
-LEN = 24
-#: int64 values of a run's state (csrc/jobs.c: next job, next slot, four phase counts, scratch base and stride).
-STATE = 8
+from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the library at load (layout.check)
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6}
 
 
@@ -76,12 +72,3 @@ class Jobs:
             else:
                 workers.run([()] * threads, lambda _ws, _i: lib.xconv_jobs_work(at, n, st), lambda: None, threads)
         return int(state[1]) * scratch_floats * 4
-
-
-def check(lib) -> None:
-    """Raise unless ``lib``'s job record and state have this module's lengths."""
-    fn = lib.xconv_jobs_layout
-    if (fn(0), fn(1)) != (LEN, STATE):
-        raise RuntimeError(f"the compiled library's job record is {fn(0)} values and its state {fn(1)}, expected "
-                           f"{LEN} and {STATE}; rebuild it from these sources")
-

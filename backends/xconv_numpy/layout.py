@@ -93,6 +93,11 @@ BIAS_GEO = Vector("bias-sum geo", 5, "B_", (
 VECTORS = (DEPTHWISE_GEO, SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES, BIAS_GEO)
 
 
+#: The job lists of csrc/jobs.c (see jobs.py): int64 values per job (kind, wait phase, wait count, signal phase,
+#: up to 20 arguments) and per run's state (next job, next slot, four phase counts, scratch base and stride).
+JOB_LEN, JOB_STATE = 24, 8
+
+
 def check(lib) -> None:
     """Raise :class:`LayoutError` unless ``lib`` (a loaded build, or any object with the two functions) reports
     this module's version and vectors."""
@@ -114,3 +119,11 @@ def check(lib) -> None:
         if length != v.length or text != v.text():
             raise LayoutError(f"the compiled library's {v.label} is {length} values ({text!r}), expected "
                               f"{v.length} ({v.text()!r}); rebuild it from these sources")
+    jobs = getattr(lib, "xconv_jobs_layout", None)
+    if jobs is None:
+        raise LayoutError("the compiled library has no job lists (built from older sources); rebuild it")
+    if isinstance(jobs, ctypes._CFuncPtr):
+        jobs.argtypes, jobs.restype = [ctypes.c_int], ctypes.c_int64
+    if (int(jobs(0)), int(jobs(1))) != (JOB_LEN, JOB_STATE):
+        raise LayoutError(f"the compiled library's job record is {int(jobs(0))} values and its state {int(jobs(1))}, "
+                          f"expected {JOB_LEN} and {JOB_STATE}; rebuild it from these sources")

@@ -89,8 +89,6 @@ def load() -> ctypes.CDLL:
             _declare(lib)
             break
     layout.check(lib)
-    from .jobs import check as check_jobs        # (jobs imports this module)
-    check_jobs(lib)
     return lib
 
 
