@@ -85,25 +85,5 @@ def test_a_job_with_too_many_arguments_is_refused():
         jobs.Jobs().add("dx_rows", *range(21))
 
 
-def test_a_library_with_another_job_layout_is_refused():
-    from xconv_numpy import layout
-
-    real = native.library()
-
-    class Lib:
-        xconv_layout = staticmethod(lambda which: real.xconv_layout(which))
-        xconv_layout_slots = staticmethod(lambda which: real.xconv_layout_slots(which))
-
-        @staticmethod
-        def xconv_jobs_layout(which):
-            return 16 if which == 0 else 8
-
-    with pytest.raises(layout.LayoutError, match="job record is 16 values and its state 8, expected 24 and 8"):
-        layout.check(Lib())
-    del Lib.xconv_jobs_layout
-    with pytest.raises(layout.LayoutError, match="no job lists"):
-        layout.check(Lib())
-
-
 def test_an_empty_list_runs_nothing():
     assert jobs.Jobs().run(2) == 0

@@ -22,8 +22,8 @@ def _builds():
 class _Reported:
     """A library object reporting what a real build reports, except for the overrides given."""
 
-    def __init__(self, lib, version=None, slots=None):
-        self._lib, self._version, self._slots = lib, version, slots or {}
+    def __init__(self, lib, version=None, slots=None, jobs=None):
+        self._lib, self._version, self._slots, self._jobs = lib, version, slots or {}, jobs
 
     def xconv_layout(self, which):
         if which == 0 and self._version is not None:
@@ -34,6 +34,9 @@ class _Reported:
 
     def xconv_layout_slots(self, which):
         return self._slots[which].encode() if which in self._slots else self._lib.xconv_layout_slots(which)
+
+    def xconv_jobs_layout(self, which):
+        return self._jobs[which] if self._jobs is not None else self._lib.xconv_jobs_layout(which)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +86,17 @@ def test_a_library_with_reordered_or_shorter_slots_is_refused(lib):
         layout.check(_Reported(lib, slots={v.which: " ".join(names) + " "}))
     with pytest.raises(layout.LayoutError, match=r"depthwise geo is 24 values .* expected 25"):
         layout.check(_Reported(lib, slots={layout.DEPTHWISE_GEO.which: layout.DEPTHWISE_GEO.text()[5:]}))
+
+
+def test_a_library_with_another_job_record_is_refused(lib):
+    with pytest.raises(layout.LayoutError, match="job record is 16 values and its state 8, expected 24 and 8"):
+        layout.check(_Reported(lib, jobs=(16, 8)))
+
+    class NoJobs(_Reported):
+        xconv_jobs_layout = None
+
+    with pytest.raises(layout.LayoutError, match="no job lists"):
+        layout.check(NoJobs(lib))
 
 
 def test_a_library_without_a_layout_report_is_refused():
