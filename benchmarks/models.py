@@ -494,6 +494,7 @@ def _replay(c, reps):
 
 def header(threads) -> None:
     print(f"CPU: {cpu_model()}")
+    print(f"xconv from {Path(xconv.__file__).resolve().parent.parent} (this checkout's, put first on sys.path)")
     print(f"xconv compiled loops: {compiled_loops_info()}")
     print(f"BLAS: {blas_info()}")
     env = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
