@@ -125,13 +125,19 @@ def _items(t: _Tables, N: int, workers: int):
 
 
 def _gather(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> int:
-    """dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx) as jobs; returns the scratch bytes."""
+    """dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx); returns the scratch bytes. One worker: one C
+    call (no job list)."""
     (Hi, Wi), (Ho, Wo) = shape_in, shape_out
+    args = (address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]), address(rows[1]),
+            address(cols[0]), address(cols[1]), address(reg), step)
+    size = (Hi * Wi + Ho * Wo) * 16
+    if workers == 1:
+        scratch = np.empty(size, np.float32)
+        native.library().xconv_dwcv_gather(*args, 0, src.shape[0] * (t.C // 16), address(scratch))
+        return scratch.nbytes
     jobs = Jobs()
-    jobs.split("dwcv_gather", (address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]),
-                               address(rows[1]), address(cols[0]), address(cols[1]), address(reg), step), 15,
-               _items(t, src.shape[0], workers))
-    return jobs.run(workers, (Hi * Wi + Ho * Wo) * 16)
+    jobs.split("dwcv_gather", args, 15, _items(t, src.shape[0], workers))
+    return jobs.run(workers, size)
 
 
 def _weights(w, t: _Tables) -> np.ndarray:
@@ -168,11 +174,18 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     if need_dw:
         xs = _f32(x, (N, t.C, t.H, t.W))
         dwp = np.empty((N, t.C, t.K), np.float32)
-        jobs = Jobs()
-        jobs.split("dwcv_wgrad", (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo),
-                                  address(t.alo), address(t.ahi), address(t.blo), address(t.bhi), address(dwp)), 15,
-                   _items(t, N, workers))
-        scratch = max(scratch, jobs.run(workers, (t.H * t.W + t.Ho * t.Wo + t.K) * 16) + dwp.nbytes)
+        args = (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo), address(t.alo),
+                address(t.ahi), address(t.blo), address(t.bhi), address(dwp))
+        size = (t.H * t.W + t.Ho * t.Wo + t.K) * 16
+        if workers == 1:
+            ws = np.empty(size, np.float32)
+            native.library().xconv_dwcv_wgrad(*args, 0, N * (t.C // 16), address(ws))
+            used = ws.nbytes
+        else:
+            jobs = Jobs()
+            jobs.split("dwcv_wgrad", args, 15, _items(t, N, workers))
+            used = jobs.run(workers, size)
+        scratch = max(scratch, used + dwp.nbytes)
         dw = dwp.sum(axis=0).reshape(p.weight_shape)              # per-sample partials in sample order
     tracing.workspace(scratch)
     return dx, dw
