@@ -87,3 +87,46 @@ def test_a_job_with_too_many_arguments_is_refused():
 
 def test_an_empty_list_runs_nothing():
     assert jobs.Jobs().run(2) == 0
+
+
+COLGEMM = [((8, 64, 4, 4), (64, 64, 3, 3), 1, 1), ((2, 32, 2, 5, 5), (48, 32, 3, 3, 3), 1, 1),
+           ((8, 3, 32, 32), (16, 3, 7, 7), 2, 3), ((4, 80, 3, 3), (96, 80, 1, 1), 1, 0), ((2, 16, 1, 1), (32, 16, 1, 1), 1, 0)]
+
+
+@pytest.mark.parametrize("case", COLGEMM)
+def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatch):
+    """The colgemm path's blocks run as jobs calling the cblas_sgemm numpy.matmul calls, with numpy's arguments:
+    the bits of numpy.matmul, on one worker or two."""
+    from xconv_numpy import blas, colgemm
+
+    if blas.sgemm64_address() is None:
+        pytest.skip("NumPy's BLAS here is not an ILP64 OpenBLAS with cblas_sgemm64_ (the jobs are not used)")
+    xs, ws, s, pad = case
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    runs = {}
+    with paths.force("colgemm"):
+        for label in ("jobs", "numpy"):
+            if label == "numpy":
+                monkeypatch.setattr(colgemm, "sgemm64_address", lambda: None)      # numpy.matmul per block
+            for least in (1 << 62, 0):
+                with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
+                    y = xconv.conv_fprop(x, w, stride=s, padding=pad, backend="numpy")
+                    dy = np.linspace(-1, 1, y.size, dtype=np.float32).reshape(y.shape)
+                    dx, dw, _ = xconv.convolution_backward(dy, x, w, stride=s, padding=pad, backend="numpy",
+                                                           output_mask=(True, True, False))
+                assert all(r.path.startswith("colgemm") for r in tr.records), [r.path for r in tr.records]
+                runs[(label, least)] = _bits((y, dx, dw))
+    first = runs[("numpy", 1 << 62)]
+    assert all(v == first for v in runs.values())
+
+
+def test_the_blas_form_of_an_operand_is_numpys():
+    from xconv_numpy import colgemm
+
+    a = np.zeros((6, 10), np.float32)
+    assert colgemm._form(a) == (colgemm._NO_TRANS, 10)
+    assert colgemm._form(a.T) == (colgemm._TRANS, 10)
+    assert colgemm._form(a[:, 2:7]) == (colgemm._NO_TRANS, 10)
+    assert colgemm._form(a[::2]) == (colgemm._NO_TRANS, 20)
+    assert colgemm._form(a[:, ::2]) is None                       # no unit stride: numpy would copy

@@ -41,8 +41,9 @@ _AFFIXES = (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_
 class _Lib:
     """One BLAS library: its thread-count getter and setter, whether it is NumPy's, and how it threads."""
 
-    def __init__(self, name, get, set_, is_numpy, threading_layer):
+    def __init__(self, name, get, set_, is_numpy, threading_layer, sgemm64=None):
         self.name, self.get, self.set, self.is_numpy, self.threading = name, get, set_, is_numpy, threading_layer
+        self.sgemm64 = sgemm64          # the address of its ILP64 cblas_sgemm, when it has one
 
     def count(self) -> int:
         try:
@@ -69,7 +70,10 @@ def _openblas(path: str, is_numpy: bool) -> _Lib | None:
         if parallel is not None:
             parallel.restype, parallel.argtypes = ctypes.c_int, []
             layer = {0: "sequential", 1: "pthreads", 2: "openmp"}.get(int(parallel()), "pthreads")
-        return _Lib(f"OpenBLAS ({os.path.basename(path)})", get, (lambda n, f=set_: f(int(n))), is_numpy, layer)
+        sgemm = getattr(lib, f"{'scipy_' if prefix.startswith('scipy') else ''}cblas_sgemm64_", None) \
+            if suffix == "64_" else None
+        return _Lib(f"OpenBLAS ({os.path.basename(path)})", get, (lambda n, f=set_: f(int(n))), is_numpy, layer,
+                    None if sgemm is None else ctypes.cast(sgemm, ctypes.c_void_p).value)
     return None
 
 
@@ -216,6 +220,20 @@ def blas_workers() -> int:
     """The number of Python workers a call gets (NumPy's BLAS thread count, at most MAX_WORKERS and the CPU count),
     BLAS left as it is: for paths that call no BLAS."""
     return _BLAS.worker_count()
+
+
+def sgemm64_address() -> int | None:
+    """The address of NumPy's own ILP64 ``cblas_sgemm`` (the function numpy.matmul calls for float32 matrices: the
+    scipy-openblas64 of NumPy's wheels), for compiled code that runs the same products; None when NumPy's BLAS is
+    another library or was not found."""
+    libs = _BLAS.libs
+    if libs is None:
+        with _BLAS.lock:
+            if _BLAS.libs is None:
+                _BLAS.libs = _find()
+            libs = _BLAS.libs
+    found = [lib.sgemm64 for lib in libs if lib.is_numpy and lib.sgemm64]
+    return found[0] if len(found) == 1 else None
 
 
 def control() -> str:

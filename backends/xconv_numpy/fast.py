@@ -108,7 +108,8 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
             return _SMALL[name][1](dy, x, w, p, need_dx, need_dw) + (None,)
     if name == "colgemm":
         with pinned_blas_workers() as workers:
-            return colgemm.backward(dy, x, w, p, need_dx, need_dw, _share(p, workers, "backward")) + (None,)
+            workers = _share(p, workers, "backward", colgemm.runs_as_jobs(p))
+            return colgemm.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         workers = _share(p, workers, "backward", name == "dense")
         if name == "dense":
@@ -212,7 +213,7 @@ def fprop(x, w, b, p: ConvParams):
             return pointwise.fprop(geom(p), x, w, b, _share(p, workers, "fprop"), lease)
     if name == "colgemm":
         with pinned_blas_workers() as workers:
-            return colgemm.fprop(x, w, b, p, _share(p, workers, "fprop"))
+            return colgemm.fprop(x, w, b, p, _share(p, workers, "fprop", colgemm.runs_as_jobs(p)))
     if name in _SMALL:
         _small_scratch(p, False, False, fprop=True)
         with pinned_blas_workers():

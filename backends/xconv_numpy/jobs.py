@@ -16,7 +16,8 @@ import numpy as np
 
 from . import native, omp_team, workers
 from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the library at load (layout.check)
-KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6}
+KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
+         "sgemm": 7}
 
 
 class Jobs:

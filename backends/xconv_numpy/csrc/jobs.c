@@ -9,7 +9,11 @@
  * libgomp, found by ../omp_team.py): the whole region runs in C, the caller's GIL released by ctypes. */
 
 #define XJ_LEN 24
-enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6 };
+enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6,
+       XJ_SGEMM = 7 };
+/* NumPy's own ILP64 cblas_sgemm (its address a job's first argument): C = A @ B, row-major, as numpy.matmul calls it */
+typedef void (*xj_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                           int64_t, float, float *, int64_t);
 /* state: next job, next slot, done counts of phases 0..3, scratch base, scratch floats per slot */
 enum { XS_NEXT = 0, XS_SLOT = 1, XS_DONE = 2, XS_PHASES = 4, XS_SCRATCH = 6, XS_STRIDE = 7, XS_LEN = 8 };
 
@@ -39,6 +43,10 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
     case XJ_DW_ROWS:
         xconv_dw_rows(P(0), a[1], a[2], P(3), a[4], a[5], a[6], P(7), a[8], a[9], P(10), P(11), a[12], a[13], a[14],
                       P(15), a[16], a[17], a[18], a[19]);
+        break;
+    case XJ_SGEMM:      /* fn, transA, transB, M, N, K, A, lda, B, ldb, C, ldc */
+        ((xj_sgemm64)P(0))(101, (int)a[1], (int)a[2], a[3], a[4], a[5], 1.0f, P(6), a[7], P(8), a[9], 0.0f, P(10),
+                           a[11]);
         break;
     default:
         break;
