@@ -130,3 +130,27 @@ def test_the_blas_form_of_an_operand_is_numpys():
     assert colgemm._form(a[:, 2:7]) == (colgemm._NO_TRANS, 10)
     assert colgemm._form(a[::2]) == (colgemm._NO_TRANS, 20)
     assert colgemm._form(a[:, ::2]) is None                       # no unit stride: numpy would copy
+
+
+@pytest.mark.parametrize("where", ["w", "dy", "x"])
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+def test_channel_vector_loops_put_nan_and_inf_where_the_exact_path_does(where, value):
+    """Padding terms are w * 0 (forward) and dy * 0 (weight gradient): NaN for an infinite or NaN factor on the exact
+    path, so a non-finite weight next to padding makes the forward NaN there, and a non-finite dy makes dw NaN."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 32, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 32, 5, 6)).astype(np.float32)
+    if where == "w":
+        w[3, 0, 0, 0] = value                  # the top-left tap: it meets padding on the first row and column
+    else:
+        {"dy": dy, "x": x}[where][1, 3, 0, 0] = value       # a corner position
+    got, want = [], []
+    for backend, out in (("numpy", got), ("numpy-exact", want)):
+        out.append(xconv.conv_fprop(x, w, padding=1, groups=32, backend=backend))
+        out.extend(xconv.convolution_backward(dy, x, w, padding=1, groups=32, backend=backend,
+                                              output_mask=(True, True, False))[:2])
+    for g, e in zip(got, want):
+        assert np.array_equal(np.isnan(g), np.isnan(e)) and np.array_equal(np.isinf(g), np.isinf(e))
+        finite = np.isfinite(e)
+        np.testing.assert_allclose(g[finite], e[finite], rtol=1e-4, atol=1e-4)

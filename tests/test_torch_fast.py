@@ -157,3 +157,18 @@ def test_a_forward_that_records_no_graph_skips_the_function_and_gives_its_bits(i
         assert y.grad_fn is None and not y.requires_grad
         assert torch.equal(y, recorded.detach())
         assert y.shape == recorded.shape and y.stride() == recorded.stride()
+
+
+def test_forward_mode_ad_is_not_dropped_by_the_no_graph_forward():
+    """A dual tensor (forward-mode AD) with frozen weights: the forward must not run without the Function (it would
+    drop the tangent silently); the Function refuses forward AD by name, as before."""
+    import torch.autograd.forward_ad as fwAD
+
+    conv = xt.convert(nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), backend="numpy")
+    for p in conv.parameters():
+        p.requires_grad_(False)
+    x, t = torch.randn(2, 16, 8, 8), torch.randn(2, 16, 8, 8)
+    with fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match="jvp"):
+            conv(fwAD.make_dual(x, t))
+    assert conv(x).grad_fn is None                       # after the level closes: the no-graph forward again

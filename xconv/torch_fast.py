@@ -16,6 +16,7 @@ bits). Whenever the operators' machinery matters the operators run instead:
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import interop, registry, settings, torch_ops
@@ -40,11 +41,19 @@ def usable(*tensors) -> bool:
 def fprop(input, weight, bias, conf: torch_ops.Conf):
     """``xconv::fprop(input, weight, bias, *conf.args())``: by the fast path when :func:`usable`, else the operator."""
     if usable(input, weight, bias):
-        if not torch.is_grad_enabled() or not (input.requires_grad or weight.requires_grad
-                                               or (bias is not None and bias.requires_grad)):
+        if _records_nothing(input, weight, bias):
             return _fprop_kernel(input, weight, bias, conf)      # no graph to record (no_grad, inference): no Function
         return _Fprop.apply(input, weight, bias, conf)
     return torch_ops.fprop(input, weight, bias, *conf.args())
+
+
+def _records_nothing(input, weight, bias) -> bool:
+    """Whether a forward has nothing for autograd to record: no forward-mode AD level is open (a dual tensor's tangent
+    needs the Function, which refuses it by name) and grad mode is off or no tensor requires grad."""
+    if getattr(_forward_ad, "_current_level", 0) >= 0:
+        return False
+    return not torch.is_grad_enabled() or not (input.requires_grad or weight.requires_grad
+                                               or (bias is not None and bias.requires_grad))
 
 
 #: (backend name, registry generation) -> whether that backend takes torch tensors itself

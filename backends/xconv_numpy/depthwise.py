@@ -249,7 +249,7 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias for a depthwise convolution ``p`` (see :func:`serves`), x converted by sample blocks
     when it cannot be read in place."""
-    if depthwise_cv.serves(p):                          # small planes: the loops across channels
+    if depthwise_cv.fprop_serves(p, w):                 # small planes: the loops across channels
         return depthwise_cv.fprop(x, w, bias, p, workers)
     lib, plan, cdt = native.library(), _plan(p), accumulation_dtype(p.dtype)
     fn = getattr(lib, f"xconv_depthwise_fprop_{_suffix(cdt)}")

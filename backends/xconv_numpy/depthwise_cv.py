@@ -10,7 +10,9 @@ one sample are transposed to position-major order and every sum runs on 16-chann
 - ``dw[t]`` per sample: the sum of ``dy[a, b] * x[a*s + kh*d - pad, b*s + kw*d - pad]`` over the dy positions that
   read the input, four partial sums (``b mod 4``); the per-sample partials are added in sample order.
 
-Only the terms the convolution defines are multiplied (no padding zero meets an infinity), taps in ascending
+The sums skip the terms that multiply a padding zero; where such a term is NaN on the exact path (an infinite or
+NaN weight in the forward, an infinite or NaN dy in the weight gradient: 0 * inf) the forward runs the plane loops
+instead, and the weight gradient adds the skipped terms of the blocks whose dy is not finite. Taps in ascending
 order; tasks are ranges of (sample, 16-channel block) items and never split a sum, so results depend on the
 shapes and values only, never on the workers. Used for float32, 1-D and 2-D, one output channel per input
 channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide, on the AVX-512 build (:func:`serves`).
@@ -36,10 +38,17 @@ ISAS = ("avx512",)
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether these loops compute ``p`` (called for calls the depthwise path computes)."""
+    """Whether these loops compute ``p`` (called for calls the depthwise path computes); the forward also needs finite
+    weights (:func:`fprop_serves`)."""
     C = p.input_shape[1]
     return (p.dtype == "float32" and p.nd in (1, 2) and p.output_shape[1] == C and C % 16 == 0
             and p.input_shape[-1] <= MAX_WIDTH and native.isa(native.library()) in ISAS)
+
+
+def fprop_serves(p: ConvParams, w: np.ndarray) -> bool:
+    """Whether the forward of ``p`` with weights ``w`` runs here: the forward skips the padding terms, which are
+    ``w * 0``: NaN for an infinite or NaN weight (as on the exact path), so such weights take the plane loops."""
+    return serves(p) and bool(np.isfinite(w).all())
 
 
 def _pairs(n_out: int, n_in: int, k: int, s: int, d: int, pre: int, dgrad: bool):

@@ -28,11 +28,14 @@ _stats = {"hits": 0, "misses": 0, "bytes": 0}
 CacheInfo = collections.namedtuple("CacheInfo", "hits misses maxsize currsize bytes")
 
 
-def _nbytes(value) -> int:
-    """Bytes of the arrays ``value`` holds (itself, or its attributes one level down)."""
+def _nbytes(value, depth: int = 2) -> int:
+    """Bytes of the arrays ``value`` holds: itself, its attributes, tuple and list items (two levels down)."""
     if isinstance(value, np.ndarray):
         return value.nbytes
-    return sum(v.nbytes for v in getattr(value, "__dict__", {}).values() if isinstance(v, np.ndarray))
+    if depth == 0:
+        return 0
+    items = value if isinstance(value, (tuple, list)) else getattr(value, "__dict__", {}).values()
+    return sum(_nbytes(v, depth - 1) for v in items)
 
 
 def _entry(p) -> dict:

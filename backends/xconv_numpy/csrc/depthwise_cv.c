@@ -94,7 +94,8 @@ void xconv_dwcv_gather(const float *in, int64_t C, int64_t Hi, int64_t Wi, float
 
 /* dwp[n, c, t] = sum over dy positions (a, b) whose tap t reads the input (rows a in [alo[kh], ahi[kh]), columns b
  * in [blo[kw], bhi[kw])) of dy[n, c, a, b] * x[n, c, a * sh + kh * dh - ph, b * sw + kw * dw - pw], for the items
- * [i0, i1) of (sample, 16-channel block); four partial sums over b mod 4, added as (s0 + s1) + (s2 + s3). x: (N, C,
+ * [i0, i1) of (sample, 16-channel block); four partial sums over b mod 4, added as (s0 + s1) + (s2 + s3); in a block
+ * whose dy holds an infinity or NaN, then plus the skipped terms dy * 0 (NaN where dy is not finite). x: (N, C,
  * H, W), dy: (N, C, Ho, Wo), C-contiguous; dwp: (N, C, KH * KW). scratch: (H * W + Ho * Wo) * 16 + KH * KW * 16
  * floats. */
 void xconv_dwcv_wgrad(const float *x, const float *dy, int64_t C, int64_t H, int64_t W, int64_t Ho, int64_t Wo,
@@ -107,6 +108,12 @@ void xconv_dwcv_wgrad(const float *x, const float *dy, int64_t C, int64_t H, int
         const int64_t n = it / CB, c0 = it % CB * 16;
         cv_planes_in(x + (n * C + c0) * P, P, P, SX);
         cv_planes_in(dy + (n * C + c0) * Po, Po, Po, SY);
+        /* an infinity or NaN in dy: the terms dy * (padding zero) that the sums above skip are NaN (0 * inf), as
+         * on the exact path; added after the sum, for such blocks only */
+        v16 bad = {0};
+        for (int64_t u = 0; u < Po; u++) bad += load16(SY + u * 16) * 0.0f;
+        int nonfinite = 0;
+        for (int l = 0; l < 16; l++) nonfinite |= bad[l] != bad[l];
         for (int64_t kh = 0; kh < KH; kh++)
             for (int64_t kw = 0; kw < KW; kw++) {
                 v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
@@ -123,7 +130,16 @@ void xconv_dwcv_wgrad(const float *x, const float *dy, int64_t C, int64_t H, int
                     }
                     for (; b < b1; b++) s0 += load16(yr + b * 16) * load16(SX + (xrow + b * sw) * 16);
                 }
-                store16(acc + (kh * KW + kw) * 16, (s0 + s1) + (s2 + s3));
+                v16 sum = (s0 + s1) + (s2 + s3);
+                if (nonfinite) {
+                    v16 pad = {0};
+                    for (int64_t a = 0; a < Ho; a++)
+                        for (int64_t b = 0; b < Wo; b++)
+                            if (a < alo[kh] || a >= ahi[kh] || b < b0 || b >= b1)
+                                pad += load16(SY + (a * Wo + b) * 16) * 0.0f;
+                    sum += pad;
+                }
+                store16(acc + (kh * KW + kw) * 16, sum);
             }
         float *dst = dwp + (n * C + c0) * K;
         for (int l = 0; l < 16; l++)
