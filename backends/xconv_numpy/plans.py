@@ -39,11 +39,17 @@ def _nbytes(value, depth: int = 2) -> int:
 
 
 def _entry(p) -> dict:
+    entry = _entries.get(p)             # a hit takes no lock: each OrderedDict call is atomic under the GIL
+    if entry is not None:
+        try:
+            _entries.move_to_end(p)
+        except KeyError:                # dropped by another thread meanwhile: still a valid entry to use
+            pass
+        _stats["hits"] += 1
+        return entry
     with _lock:
         entry = _entries.get(p)
         if entry is not None:
-            _entries.move_to_end(p)
-            _stats["hits"] += 1
             return entry
         _stats["misses"] += 1
         entry = _entries[p] = {}
