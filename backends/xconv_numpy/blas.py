@@ -177,16 +177,20 @@ class _Blas:
                 out.append(f"{lib.name}: {how.get(lib.threading, 'pinned to 1 thread per call')}")
             return "; ".join(out)
 
-    def pinned(self) -> bool:
-        """Whether every BLAS library found runs one thread inside xconv's calls: pinned, sequential, or an OpenMP
-        build whose thread count (this thread's OpenMP setting, e.g. ``OMP_NUM_THREADS=1``) is one."""
+    def found(self) -> list:
+        """The BLAS libraries found (looked up once, on first use)."""
         libs = self.libs
         if libs is None:
             with self.lock:
                 if self.libs is None:
                     self.libs = _find()
                 libs = self.libs
-        for lib in libs:                                 # (a loop, not all(): this runs on every call)
+        return libs
+
+    def pinned(self) -> bool:
+        """Whether every BLAS library found runs one thread inside xconv's calls: pinned, sequential, or an OpenMP
+        build whose thread count (this thread's OpenMP setting, e.g. ``OMP_NUM_THREADS=1``) is one."""
+        for lib in self.found():                                 # (a loop, not all(): this runs on every call)
             if lib.threading == "openmp" and lib.count() != 1:
                 return False
         return True
@@ -226,13 +230,7 @@ def sgemm64_address() -> int | None:
     """The address of NumPy's own ILP64 ``cblas_sgemm`` (the function numpy.matmul calls for float32 matrices: the
     scipy-openblas64 of NumPy's wheels), for compiled code that runs the same products; None when NumPy's BLAS is
     another library or was not found."""
-    libs = _BLAS.libs
-    if libs is None:
-        with _BLAS.lock:
-            if _BLAS.libs is None:
-                _BLAS.libs = _find()
-            libs = _BLAS.libs
-    found = [lib.sgemm64 for lib in libs if lib.is_numpy and lib.sgemm64]
+    found = [lib.sgemm64 for lib in _BLAS.found() if lib.is_numpy and lib.sgemm64]
     return found[0] if len(found) == 1 else None
 
 
