@@ -109,6 +109,7 @@ def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatc
         for label in ("jobs", "numpy"):
             if label == "numpy":
                 monkeypatch.setattr(colgemm, "sgemm64_address", lambda: None)      # numpy.matmul per block
+                monkeypatch.setattr(jobs, "sgemm64_address", lambda: None)
             for least in (1 << 62, 0):
                 with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
                     y = xconv.conv_fprop(x, w, stride=s, padding=pad, backend="numpy")
@@ -122,14 +123,38 @@ def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatc
 
 
 def test_the_blas_form_of_an_operand_is_numpys():
-    from xconv_numpy import colgemm
-
     a = np.zeros((6, 10), np.float32)
-    assert colgemm._form(a) == (colgemm._NO_TRANS, 10)
-    assert colgemm._form(a.T) == (colgemm._TRANS, 10)
-    assert colgemm._form(a[:, 2:7]) == (colgemm._NO_TRANS, 10)
-    assert colgemm._form(a[::2]) == (colgemm._NO_TRANS, 20)
-    assert colgemm._form(a[:, ::2]) is None                       # no unit stride: numpy would copy
+    assert jobs._form(a) == (jobs._NO_TRANS, 10)
+    assert jobs._form(a.T) == (jobs._TRANS, 10)
+    assert jobs._form(a[:, 2:7]) == (jobs._NO_TRANS, 10)
+    assert jobs._form(a[::2]) == (jobs._NO_TRANS, 20)
+    assert jobs._form(a[:, ::2]) is None                       # no unit stride: numpy would copy
+
+
+POINTWISE = [((8, 96, 12, 12), (16, 96, 1, 1), 1), ((4, 32, 7, 5), (64, 16, 1, 1), 2), ((3, 16, 1, 9), (48, 16, 1, 1), 1)]
+
+
+@pytest.mark.parametrize("case", POINTWISE)
+def test_pointwise_forward_as_sgemm_jobs_gives_numpy_matmuls_bits(case, monkeypatch):
+    from xconv_numpy import blas
+
+    if blas.sgemm64_address() is None:
+        pytest.skip("NumPy's BLAS here is not an ILP64 OpenBLAS with cblas_sgemm64_ (the jobs are not used)")
+    xs, ws, g = case
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    runs = {}
+    with paths.force("pointwise"):
+        for label in ("jobs", "numpy"):
+            if label == "numpy":
+                monkeypatch.setattr(jobs, "sgemm64_address", lambda: None)
+            for least in (1 << 62, 0):
+                with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
+                    y = xconv.conv_fprop(x, w, bias=b, groups=g, backend="numpy")
+                assert tr.records[0].path.startswith("pointwise")
+                runs[(label, least)] = y.tobytes()
+    assert len(set(runs.values())) == 1
 
 
 @pytest.mark.parametrize("where", ["w", "dy", "x"])

@@ -28,9 +28,8 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import native, small, small_c
+from . import jobs, native, small, small_c
 from .blas import sgemm64_address
-from .jobs import Jobs
 from .workers import run
 
 #: Multiply-adds per block: big enough that a block's BLAS call runs near its peak rate (each block packs
@@ -66,56 +65,13 @@ def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -
     else:
         parts = [(i, lo, hi) for i in range(g) for lo, hi in blocks(m, n * k)]
         views = [(a[i][lo:hi], b[i], out[i][lo:hi]) for i, lo, hi in parts]
-    calls = _sgemm_calls(views)
-    if calls is not None:
-        jobs = Jobs()
-        for args in calls:
-            jobs.add("sgemm", *args)
-        jobs.run(workers)
+    if jobs.sgemm(views, workers):
         return
 
     def task(_, __, j):
         x, y, o = views[j]
         np.matmul(x, y, out=o)
     run([(j,) for j in range(len(views))], task, lambda: None, workers)
-
-
-#: cblas enums (row-major; no transpose, transpose)
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-
-
-def _sgemm_calls(views):
-    """Per block (x, y, out), the arguments of the ``cblas_sgemm`` call numpy.matmul makes for ``x @ y`` into out
-    (numpy's matmul loop: a matrix operand with unit stride along its rows is not transposed, one with unit stride
-    down its columns is; lda from the other stride; the output row-major), or None when some block is one numpy
-    would run otherwise (not float32, a dimension of 1, an operand or output BLAS cannot take, x and y one buffer),
-    or the C jobs or NumPy's ILP64 sgemm are not there."""
-    fn = sgemm64_address() if native.library() is not None else None
-    if fn is None:
-        return None
-    calls = []
-    for x, y, o in views:
-        if not (x.dtype == y.dtype == o.dtype == np.float32):
-            return None
-        (M, K), (_, N) = x.shape, y.shape
-        if min(M, N, K) <= 1 or x.ctypes.data == y.ctypes.data:
-            return None
-        fa, fb, fo = _form(x), _form(y), _form(o)
-        if fa is None or fb is None or fo is None or fo[0] != _NO_TRANS:
-            return None
-        calls.append((fn, fa[0], fb[0], M, N, K, x.ctypes.data, fa[1], y.ctypes.data, fb[1], o.ctypes.data, fo[1]))
-    return calls
-
-
-def _form(v: np.ndarray):
-    """(trans, leading dimension) of a float32 matrix as numpy's matmul hands it to cblas, or None (not BLAS-able)."""
-    s0, s1 = v.strides
-    r, c = v.shape
-    if s1 == 4 and s0 % 4 == 0 and s0 // 4 >= c:
-        return _NO_TRANS, s0 // 4
-    if s0 == 4 and s1 % 4 == 0 and s1 // 4 >= r:
-        return _TRANS, s1 // 4
-    return None
 
 
 def runs_as_jobs(p: ConvParams) -> bool:

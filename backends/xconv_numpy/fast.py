@@ -210,7 +210,8 @@ def fprop(x, w, b, p: ConvParams):
             return dense.fprop(x, w, b, p, _share(p, workers, "fprop", True), budget, lease)
     if name == "pointwise":
         with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
-            return pointwise.fprop(geom(p), x, w, b, _share(p, workers, "fprop"), lease)
+            workers = _share(p, workers, "fprop", p.dtype == "float32" and colgemm.runs_as_jobs(p))   # sgemm jobs
+            return pointwise.fprop(geom(p), x, w, b, workers, lease)
     if name == "colgemm":
         with pinned_blas_workers() as workers:
             return colgemm.fprop(x, w, b, p, _share(p, workers, "fprop", colgemm.runs_as_jobs(p)))

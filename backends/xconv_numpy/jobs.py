@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native, omp_team, workers
+from .blas import sgemm64_address
 from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the library at load (layout.check)
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
          "sgemm": 7}
@@ -73,3 +74,55 @@ class Jobs:
             else:
                 workers.run([()] * threads, lambda _ws, _i: lib.xconv_jobs_work(at, n, st), lambda: None, threads)
         return int(state[1]) * scratch_floats * 4
+
+
+def sgemm(views, workers: int) -> bool:
+    """out = x @ y for every (x, y, out) of ``views`` as jobs calling numpy.matmul's own sgemm (see
+    :func:`_sgemm_calls`): the bits of ``numpy.matmul(x, y, out=out)``; False, nothing run, when some product is one
+    numpy would run otherwise."""
+    calls = _sgemm_calls(views)
+    if calls is None:
+        return False
+    jobs = Jobs()
+    for args in calls:
+        jobs.add("sgemm", *args)
+    jobs.run(workers)
+    return True
+
+
+#: cblas enums (row-major; no transpose, transpose)
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _sgemm_calls(views):
+    """Per block (x, y, out), the arguments of the ``cblas_sgemm`` call numpy.matmul makes for ``x @ y`` into out
+    (numpy's matmul loop: a matrix operand with unit stride along its rows is not transposed, one with unit stride
+    down its columns is; lda from the other stride; the output row-major), or None when some block is one numpy
+    would run otherwise (not float32, a dimension of 1, an operand or output BLAS cannot take, x and y one buffer),
+    or the C jobs or NumPy's ILP64 sgemm are not there."""
+    fn = sgemm64_address() if native.library() is not None else None
+    if fn is None:
+        return None
+    calls = []
+    for x, y, o in views:
+        if not (x.dtype == y.dtype == o.dtype == np.float32):
+            return None
+        (M, K), (_, N) = x.shape, y.shape
+        if min(M, N, K) <= 1 or x.ctypes.data == y.ctypes.data:
+            return None
+        fa, fb, fo = _form(x), _form(y), _form(o)
+        if fa is None or fb is None or fo is None or fo[0] != _NO_TRANS:
+            return None
+        calls.append((fn, fa[0], fb[0], M, N, K, x.ctypes.data, fa[1], y.ctypes.data, fb[1], o.ctypes.data, fo[1]))
+    return calls
+
+
+def _form(v: np.ndarray):
+    """(trans, leading dimension) of a float32 matrix as numpy's matmul hands it to cblas, or None (not BLAS-able)."""
+    s0, s1 = v.strides
+    r, c = v.shape
+    if s1 == 4 and s0 % 4 == 0 and s0 // 4 >= c:
+        return _NO_TRANS, s0 // 4
+    if s0 == 4 and s1 % 4 == 0 and s1 // 4 >= r:
+        return _TRANS, s1 // 4
+    return None

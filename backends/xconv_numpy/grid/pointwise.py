@@ -6,6 +6,7 @@ import numpy as np
 
 from xconv.dtypes import DTYPES
 
+from .. import jobs
 from ..workers import cap_workers as _cap_workers
 from .chunks import MIN_CHUNKS, budget as _budget, split as _split
 from .geometry import Geom, compute_dtype, io_bytes as _io_bytes
@@ -37,6 +38,15 @@ def _samples(t: np.ndarray, n0: int, n1: int, G: int, C: int, P: int, cdt, scrat
     out = scratch[:(n1 - n0) * G * C * P].reshape(n1 - n0, G, C, P)
     out.reshape(part.shape)[...] = part
     return out
+
+
+def _sgemm_jobs(x, wm, y, g: int, Cg: int, Cog: int, P: int, N: int, workers: int) -> bool:
+    """y[n, g] = wm[g] @ x[n, g] for every sample and group as C jobs, each the ``cblas_sgemm`` call numpy.matmul
+    makes for that matrix (jobs.sgemm: the same bits), when float32 operands BLAS takes as they lie and
+    NumPy's ILP64 sgemm is there; False (nothing run) otherwise."""
+    xv = x.reshape(N, g, Cg, P)
+    yv = y.reshape(N, g, Cog, P)
+    return jobs.sgemm([(wm[j], xv[n, j], yv[n, j]) for n in range(N) for j in range(g)], workers)
 
 
 def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, workers: int,
@@ -127,6 +137,10 @@ def fprop(geo: Geom, x, w, bias, workers: int, lease: Lease):
     wm[...] = w.reshape(g, Cog, Cg)
     b = None if bias is None else np.asarray(bias, cdt).reshape(1, g, Cog, 1)
     y = np.empty(p.output_shape, out_dt)
+    if not copy_x and not conv and _sgemm_jobs(x, wm, y, g, Cg, Cog, P, N, workers):
+        if b is not None:
+            y.reshape(N, g, Cog, P)[...] += b
+        return y
 
     def workspace():
         return dict(x=lease.empty((nb * g * Cg * P,), cdt) if copy_x else None,
