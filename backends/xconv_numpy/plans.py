@@ -1,18 +1,19 @@
 """One cache of what the NumPy paths derive from a call's parameters (geometry, index tables, C plans).
 
 Each derived thing is a function of ``ConvParams`` decorated with :func:`per_params`; its value is kept in the
-entry of that ``ConvParams`` in one least-recently-used cache, so that all of a configuration's plans are kept,
-and dropped, together. The cache holds at most :data:`MAX_CONFIGS` configurations and :data:`MAX_BYTES` bytes of
-arrays (the small path's index tables take up to 8 bytes per column of a call); the least recently used
-configurations are dropped first. A model's step cycles through all of its layers' configurations, so the count
-must exceed a real model's (MobileNetV2: 36; with 32 kept, an LRU cache rebuilt 4-9 plans per step). Values
-are read only.
+entry of that ``ConvParams`` in one least-recently-used cache (``functools.lru_cache``: a hit costs what a dict
+lookup does), so that all of a configuration's plans are kept, and dropped, together. The cache holds
+:data:`MAX_CONFIGS` configurations: a model's step cycles through all of its layers' configurations, so the count must
+exceed a real model's (MobileNetV2: 36; with 32 kept, the cache rebuilt 4-9 plans per step). Arrays are bounded too
+(the small path's index tables take up to 8 bytes per column of a call): when the live configurations' arrays pass
+:data:`MAX_BYTES`, every configuration but the one being planned is dropped. Values are read only.
 """
 
 from __future__ import annotations
 
-import collections
+import functools
 import threading
+import weakref
 
 import numpy as np
 
@@ -21,11 +22,15 @@ MAX_CONFIGS = 256
 #: Bytes of arrays (plans' index tables) kept, all configurations together.
 MAX_BYTES = 64 << 20
 
-_entries: "collections.OrderedDict[object, dict]" = collections.OrderedDict()
-_sizes: dict = {}
 _lock = threading.Lock()
-_stats = {"hits": 0, "misses": 0, "bytes": 0}
-CacheInfo = collections.namedtuple("CacheInfo", "hits misses maxsize currsize bytes")
+_live: "weakref.WeakValueDictionary[int, _Entry]" = weakref.WeakValueDictionary()    # the cached entries, by id
+#                                                                       (an evicted entry is collected and leaves)
+
+
+class _Entry(dict):
+    """One configuration's plans {function: value} and the bytes of their arrays."""
+
+    __slots__ = ("__weakref__", "bytes")
 
 
 def _nbytes(value, depth: int = 2) -> int:
@@ -38,35 +43,18 @@ def _nbytes(value, depth: int = 2) -> int:
     return sum(_nbytes(v, depth - 1) for v in items)
 
 
-def _entry(p) -> dict:
-    entry = _entries.get(p)             # a hit takes no lock: each OrderedDict call is atomic under the GIL
-    if entry is not None:
-        try:
-            _entries.move_to_end(p)
-        except KeyError:                # dropped by another thread meanwhile: still a valid entry to use
-            pass
-        _stats["hits"] += 1
-        return entry
+@functools.lru_cache(maxsize=MAX_CONFIGS)
+def _entry(p) -> _Entry:
+    entry = _Entry()
+    entry.bytes = 0
     with _lock:
-        entry = _entries.get(p)
-        if entry is not None:
-            return entry
-        _stats["misses"] += 1
-        entry = _entries[p] = {}
-        _sizes[p] = 0
-        _evict()
-        return entry
-
-
-def _evict() -> None:
-    """Drop the least recently used configurations beyond the limits (the newest one is always kept)."""
-    while len(_entries) > 1 and (len(_entries) > MAX_CONFIGS or _stats["bytes"] > MAX_BYTES):
-        old, _ = _entries.popitem(last=False)
-        _stats["bytes"] -= _sizes.pop(old)
+        _live[id(entry)] = entry
+    return entry
 
 
 def per_params(fn):
     """``fn(p)`` computed once per configuration ``p`` (a ``ConvParams``) and kept in the one cache."""
+    @functools.wraps(fn)
     def cached(p):
         entry = _entry(p)
         try:
@@ -75,25 +63,29 @@ def per_params(fn):
             value = fn(p)                       # two threads may both compute it: same value, one kept
             size = _nbytes(value)
             with _lock:
-                if entry.setdefault(fn, value) is value and p in _sizes and _entries.get(p) is entry:
-                    _sizes[p] += size
-                    _stats["bytes"] += size
-                    _evict()
-            return entry[fn]
-    cached.__name__, cached.__qualname__, cached.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    cached.__wrapped__ = fn
+                value = entry.setdefault(fn, value)
+                entry.bytes += size
+                over = size and sum(e.bytes for e in list(_live.values())) > MAX_BYTES
+            if over:                            # the arrays' bound: drop the others, keep this configuration's
+                _entry.cache_clear()
+                kept = _entry(p)
+                kept.update(entry)
+                kept.bytes = entry.bytes
+            return value
     return cached
 
 
-def cache_info() -> CacheInfo:
-    """The cache's statistics (configurations, not plans; bytes of arrays held)."""
+def cache_info():
+    """The cache's statistics (configurations, not plans)."""
+    return _entry.cache_info()
+
+
+def live_bytes() -> int:
+    """Bytes of arrays held by the cached configurations' plans."""
     with _lock:
-        return CacheInfo(_stats["hits"], _stats["misses"], MAX_CONFIGS, len(_entries), _stats["bytes"])
+        return sum(e.bytes for e in list(_live.values()))
 
 
 def clear() -> None:
     """Drop every configuration's plans."""
-    with _lock:
-        _entries.clear()
-        _sizes.clear()
-        _stats.update(hits=0, misses=0, bytes=0)
+    _entry.cache_clear()
