@@ -20,6 +20,8 @@ channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide, on the AVX-512
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from xconv import ConvParams, tracing
@@ -33,6 +35,9 @@ from .workers import even_ranges
 #: Planes at most this wide take these loops (the plane loops vectorize wider rows well: 48-wide planes ran as
 #: fast there, measured on MobileNetV2's layers).
 MAX_WIDTH = 32
+#: Planes (input or output, e.g. behind a large padding) of more positions take the plane loops: the pair tables are
+#: built per row and column in Python, and a plane's transposed copies are per-worker scratch.
+MAX_POSITIONS = 1 << 16
 #: Builds these loops run on (their 16-float vectors are one AVX-512 register; other builds emulate them).
 ISAS = ("avx512",)
 
@@ -42,7 +47,8 @@ def serves(p: ConvParams) -> bool:
     weights (:func:`fprop_serves`)."""
     C = p.input_shape[1]
     return (p.dtype == "float32" and p.nd in (1, 2) and p.output_shape[1] == C and C % 16 == 0
-            and p.input_shape[-1] <= MAX_WIDTH and native.isa(native.library()) in ISAS)
+            and p.input_shape[-1] <= MAX_WIDTH and math.prod(p.input_shape[2:]) <= MAX_POSITIONS
+            and math.prod(p.output_shape[2:]) <= MAX_POSITIONS and native.isa(native.library()) in ISAS)
 
 
 def fprop_serves(p: ConvParams, w: np.ndarray) -> bool:
