@@ -97,7 +97,7 @@ COLGEMM = [((8, 64, 4, 4), (64, 64, 3, 3), 1, 1), ((2, 32, 2, 5, 5), (48, 32, 3,
 def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatch):
     """The colgemm path's blocks run as jobs calling the cblas_sgemm numpy.matmul calls, with numpy's arguments:
     the bits of numpy.matmul, on one worker or two."""
-    from xconv_numpy import blas, colgemm
+    from xconv_numpy import blas
 
     if blas.sgemm64_address() is None:
         pytest.skip("NumPy's BLAS here is not an ILP64 OpenBLAS with cblas_sgemm64_ (the jobs are not used)")
@@ -108,8 +108,7 @@ def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatc
     with paths.force("colgemm"):
         for label in ("jobs", "numpy"):
             if label == "numpy":
-                monkeypatch.setattr(colgemm, "sgemm64_address", lambda: None)      # numpy.matmul per block
-                monkeypatch.setattr(jobs, "sgemm64_address", lambda: None)
+                monkeypatch.setattr(jobs, "sgemm64_address", lambda: None)      # numpy.matmul per block
             for least in (1 << 62, 0):
                 with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
                     y = xconv.conv_fprop(x, w, stride=s, padding=pad, backend="numpy")

@@ -28,8 +28,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import jobs, native, small, small_c
-from .blas import sgemm64_address
+from . import jobs, small, small_c
 from .workers import run
 
 #: Multiply-adds per block: big enough that a block's BLAS call runs near its peak rate (each block packs
@@ -76,7 +75,7 @@ def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -
 
 def runs_as_jobs(p: ConvParams) -> bool:
     """Whether ``p``'s products run as C jobs (float32 compute, NumPy's ILP64 sgemm found): see :func:`_split_matmul`."""
-    return p.dtype != "float64" and native.library() is not None and sgemm64_address() is not None
+    return p.dtype != "float64" and jobs.sgemm_available()
 
 
 def _sub(p: ConvParams, n0: int, n1: int) -> ConvParams:

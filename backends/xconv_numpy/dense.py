@@ -271,8 +271,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if need_dx and not np.isfinite(w).all():             # the loops multiply the dy grid's zeros by every weight:
         finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
         w = np.where(finite, w, 0).astype(w.dtype)       # are added after (see _add_taps)
-    g, nd, N, C, Co, Cg, Cog, K, S, O = f.g, f.nd, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S, f.O
-    M, ldy, Yn, Xn, Sn, nb = f.M, f.ldy, f.Yn, f.Xn, f.Sn, f.nb
+    g, N, C, Co, Cg, Cog, K, S, O = f.g, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S, f.O
+    M, ldy, Xn, Sn, nb = f.M, f.ldy, f.Xn, f.Sn, f.nb
     f32 = np.dtype(np.float32)
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
@@ -285,8 +285,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dw_acc = lease.empty((g, K, Cog, Cg), f32) if nb < N else None        # the sum of several blocks
 
     db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None    # per sample and copy part
-    w_addr = []                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
-    if need_dx:
+    if need_dx:                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
         wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)              # (g, K, Cog, Cg)
         w_jobs = [np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
     for n0 in range(0, N, nb):
@@ -296,21 +295,24 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         # one run per block: the copies (phase 0), then the sums, which wait for all of the copies; the longest
         # sums first (dw, then dx phases by number of taps), so that the threads finish together. A sample of
         # another dtype or layout is copied here by NumPy instead (no converted copy: the same scratch)
+        dy_copies, x_copies = [], []                     # one row of arguments per copy job
         for i in range(m):
             n = n0 + i
             if _readable(dy[n]):
-                for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts)):
-                    jobs.add("dy_to_grid", address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows),
-                             f.Y[-1], O[-1], M, ldy, r0, r1, address(dyG[i]),
-                             address(db_parts[n, part]) if need_db else None, signal=0)
+                dy_copies += [[address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1], O[-1],
+                               M, ldy, r0, r1, address(dyG[i]), address(db_parts[n, part]) if need_db else 0]
+                              for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts))]
             else:
                 _dy_to_grid(dy[n], dyG[i], f, db_parts[n] if need_db else None)
             if need_dw and _readable(x[n]):
-                for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts)):
-                    jobs.add("x_to_grid", address(x[n]), Sn, 0, C, Cg, Xn * Cg, address(f.x_pos), u0, u1,
-                             address(f.x_pad), len(f.x_pad) if part == 0 else 0, address(xG[i]), signal=0)
+                x_copies += [[address(x[n]), Sn, 0, C, Cg, Xn * Cg, address(f.x_pos), u0, u1, address(f.x_pad),
+                              len(f.x_pad) if part == 0 else 0, address(xG[i])]
+                             for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts))]
             elif need_dw:
                 _x_to_grid(x[n], xG[i], f)
+        for kind, rows in (("dy_to_grid", dy_copies), ("x_to_grid", x_copies)):
+            if rows:
+                jobs.rows(kind, rows, signal=0)
         copies = (0, len(jobs))
         if need_dw:
             jobs.split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), Cg, Xn * Cg, f.dw_step, address(f.off_w),

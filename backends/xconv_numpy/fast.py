@@ -38,8 +38,8 @@ import numpy as np
 
 from xconv import ConvParams, tracing
 
-from . import (bias, colgemm, columns, cost, dense, depthwise, depthwise_cv, grid_blocks, omp_team, paths, small,
-               small_c, small_numpy, tuning)
+from . import (bias, colgemm, columns, cost, dense, depthwise, depthwise_cv, grid_blocks, jobs, omp_team, paths,
+               small, small_c, small_numpy, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .grid import forward, pointwise, strategy_a, strategy_b
@@ -82,16 +82,16 @@ def _columns(dy, x, w, p, need_dx, need_dw, rule):
     return columns.backward(dy, x, w, p, need_dx, need_dw)
 
 
-def _share(p: ConvParams, workers: int, op: str, jobs: bool = False) -> int:
+def _share(p: ConvParams, workers: int, op: str, as_jobs: bool = False) -> int:
     """The workers a call of ``p`` gets: all of them, or the calling thread alone when the full call's work (the
     forward's multiply-adds, or dx's and dw's together, whatever the mask) is below the knob ``parallel_min_work``
     (2^24): a hand-off to the worker pool costs 120-250 us of wall time (measured on a 2-core Zen 4: a 1x1 forward
     of 7M multiply-adds took 190 us on one worker and 310 on two; a 42M-multiply-add backward 2.2 ms and 1.3 ms).
-    A path that runs as C jobs (``jobs``: :mod:`.jobs`) on torch's OpenMP team has the knob ``team_min_work`` (2^18)
+    A path that runs as C jobs (``as_jobs``: :mod:`.jobs`) on torch's OpenMP team has the knob ``team_min_work`` (2^18)
     instead (measured, torch's team hot as in a model step: a 0.3M-multiply-add depthwise forward 112 us on one
     thread, 99 on two). No path's bits depend on its worker count."""
     work = cost.macs(p) * (1 if op == "fprop" else 2)
-    least = tuning.get("team_min_work") if jobs and omp_team.available() else tuning.get("parallel_min_work")
+    least = tuning.get("team_min_work") if as_jobs and omp_team.available() else tuning.get("parallel_min_work")
     return workers if workers <= 1 or work >= least else 1
 
 
@@ -210,7 +210,7 @@ def fprop(x, w, b, p: ConvParams):
             return dense.fprop(x, w, b, p, _share(p, workers, "fprop", True), budget, lease)
     if name == "pointwise":
         with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
-            workers = _share(p, workers, "fprop", p.dtype == "float32" and colgemm.runs_as_jobs(p))   # sgemm jobs
+            workers = _share(p, workers, "fprop", p.dtype == "float32" and jobs.sgemm_available())    # sgemm jobs
             return pointwise.fprop(geom(p), x, w, b, workers, lease)
     if name == "colgemm":
         with pinned_blas_workers() as workers:

@@ -17,6 +17,7 @@ import numpy as np
 from . import native, omp_team, workers
 from .blas import sgemm64_address
 from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the library at load (layout.check)
+
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
          "sgemm": 7}
 
@@ -31,23 +32,26 @@ class Jobs:
     def add(self, kind: str, *args, wait: tuple | None = None, signal: int | None = None) -> None:
         """Job ``kind`` with ``args`` (None: a NULL pointer); it starts when ``wait`` = (phase, count) jobs of that
         phase are done, and counts in phase ``signal`` when done."""
-        self.split(kind, args, None, [(0, 0)], wait=wait, signal=signal)
+        self.rows(kind, [[0 if a is None else a for a in args]], wait=wait, signal=signal)
 
-    def split(self, kind: str, args, at: int | None, ranges, wait: tuple | None = None,
-              signal: int | None = None) -> None:
-        """One job of ``kind`` per [a, b) range of ``ranges``: ``args`` with a and b as arguments ``at`` and ``at + 1``
-        (the table is made with NumPy: a job costs no Python call)."""
-        if len(args) > LEN - 4:
-            raise ValueError(f"a job takes at most {LEN - 4} arguments, given {len(args)}")
+    def split(self, kind: str, args, at: int, ranges, wait: tuple | None = None, signal: int | None = None) -> None:
+        """One job of ``kind`` per [a, b) range of ``ranges``: ``args`` with a and b as arguments ``at`` and ``at + 1``."""
+        table = np.repeat(np.array([list(args) + [0] * max(0, at + 2 - len(args))], np.int64), len(ranges), axis=0)
+        table[:, at:at + 2] = ranges
+        self.rows(kind, table, wait=wait, signal=signal)
+
+    def rows(self, kind: str, args, wait: tuple | None = None, signal: int | None = None) -> None:
+        """One job of ``kind`` per row of ``args`` (rows of ints or addresses, all of one length: one NumPy table,
+        no Python call per job)."""
+        args = np.asarray(args, np.int64)
+        if args.shape[1] > LEN - 4:
+            raise ValueError(f"a job takes at most {LEN - 4} arguments, given {args.shape[1]}")
         phase, count = wait if wait is not None else (-1, 0)
-        row = np.zeros(LEN, np.int64)
-        row[:4] = KINDS[kind], phase, count, -1 if signal is None else signal
-        row[4:4 + len(args)] = [0 if a is None else a for a in args]
-        block = np.repeat(row[None], len(ranges), axis=0)
-        if at is not None:
-            block[:, 4 + at:6 + at] = ranges
+        block = np.zeros((len(args), LEN), np.int64)
+        block[:, :4] = KINDS[kind], phase, count, -1 if signal is None else signal
+        block[:, 4:4 + args.shape[1]] = args
         self.blocks.append(block)
-        self.count += len(ranges)
+        self.count += len(args)
 
     def __len__(self) -> int:
         return self.count
@@ -76,6 +80,11 @@ class Jobs:
         return int(state[1]) * scratch_floats * 4
 
 
+def sgemm_available() -> bool:
+    """Whether products can run as sgemm jobs: the compiled loops loaded and NumPy's ILP64 ``cblas_sgemm`` found."""
+    return native.library() is not None and sgemm64_address() is not None
+
+
 def sgemm(views, workers: int) -> bool:
     """out = x @ y for every (x, y, out) of ``views`` as jobs calling numpy.matmul's own sgemm (see
     :func:`_sgemm_calls`): the bits of ``numpy.matmul(x, y, out=out)``; False, nothing run, when some product is one
@@ -84,14 +93,13 @@ def sgemm(views, workers: int) -> bool:
     if calls is None:
         return False
     jobs = Jobs()
-    for args in calls:
-        jobs.add("sgemm", *args)
+    jobs.rows("sgemm", calls)
     jobs.run(workers)
     return True
 
 
-#: cblas enums (row-major; no transpose, transpose)
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+#: cblas enums (no transpose, transpose; the layout, row-major, is csrc/jobs.c's)
+_NO_TRANS, _TRANS = 111, 112
 
 
 def _sgemm_calls(views):
@@ -100,9 +108,9 @@ def _sgemm_calls(views):
     down its columns is; lda from the other stride; the output row-major), or None when some block is one numpy
     would run otherwise (not float32, a dimension of 1, an operand or output BLAS cannot take, x and y one buffer),
     or the C jobs or NumPy's ILP64 sgemm are not there."""
-    fn = sgemm64_address() if native.library() is not None else None
-    if fn is None:
+    if not sgemm_available():
         return None
+    fn = sgemm64_address()
     calls = []
     for x, y, o in views:
         if not (x.dtype == y.dtype == o.dtype == np.float32):
