@@ -130,6 +130,39 @@ def test_the_blas_form_of_an_operand_is_numpys():
     assert jobs._form(a[:, ::2]) is None                       # no unit stride: numpy would copy
 
 
+def test_sgemm_stack_gives_numpy_matmuls_bits_on_batches_of_any_strides():
+    """A stack of products as batch jobs (a broadcast operand, a transposed one, two batch dimensions, more items than
+    one job each): numpy.matmul's bits on 1 and 2 workers; refused, nothing written, where numpy would not call
+    sgemm per matrix (a dimension of 1, float64, x @ x^T of one buffer) or the batches differ."""
+    from xconv_numpy import blas
+
+    if blas.sgemm64_address() is None:
+        pytest.skip("NumPy's BLAS here is not an ILP64 OpenBLAS with cblas_sgemm64_ (the jobs are not used)")
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((3, 24, 40)).astype(np.float32)
+    x = rng.standard_normal((70, 3, 17, 40)).astype(np.float32)            # (n, g, P, K): b = x^T, transposed
+    stacks = [
+        (np.broadcast_to(w, (70, 3, 24, 40)), x.transpose(0, 1, 3, 2)),        # 70 items: ranges of items per job
+        (x[:5, 0], w[0].T[None].repeat(5, 0)),                                    # one batch dimension
+        (x[::-2, :, :, 1:], np.ascontiguousarray(x[::-2, :, :, :39].transpose(0, 1, 3, 2))),  # negative item stride
+    ]
+    with blas.single_threaded_blas():
+        for a, b in stacks:
+            want = np.matmul(a, b)
+            for workers in (1, 2):
+                got = np.full_like(want, np.nan)
+                assert jobs.sgemm_stack(a, b, got, workers)
+                assert got.tobytes() == want.tobytes()
+        out = np.zeros((4, 17, 17), np.float32)
+        refused = [(x[:4, 0], x[:4, 0].transpose(0, 2, 1), out),                  # x @ x^T: numpy's syrk
+                   (x[:4, 0, :, :1], x[:4, 0, :1, :], out),                        # inner dimension 1
+                   (x[:4, 0].astype(np.float64), x[:4, 0].transpose(0, 2, 1).copy(), out),
+                   (x[:3, 0], x[:4, 0].transpose(0, 2, 1).copy(), out)]            # batches differ
+        for a, b, o in refused:
+            assert not jobs.sgemm_stack(a, b, o, 2)
+        assert not out.any()
+
+
 POINTWISE = [((8, 96, 12, 12), (16, 96, 1, 1), 1), ((4, 32, 7, 5), (64, 16, 1, 1), 2), ((3, 16, 1, 9), (48, 16, 1, 1), 1)]
 
 

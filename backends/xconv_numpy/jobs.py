@@ -12,6 +12,8 @@ thread runs it: results never depend on the number of threads. A region costs a 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from . import native, omp_team, workers
@@ -19,7 +21,7 @@ from .blas import sgemm64_address
 from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the library at load (layout.check)
 
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
-         "sgemm": 7}
+         "sgemm": 7, "sgemm_batch": 8}
 
 
 class Jobs:
@@ -67,8 +69,8 @@ class Jobs:
         threads = max(1, min(threads, n))
         scratch = np.empty(max(1, threads * scratch_floats), np.float32)
         state = np.zeros(STATE, np.int64)
-        state[6], state[7] = scratch.ctypes.data, scratch_floats
-        at, st = table.ctypes.data, state.ctypes.data
+        state[6], state[7] = native.address(scratch), scratch_floats
+        at, st = native.address(table), native.address(state)
         if threads == 1:
             lib.xconv_jobs_work(at, n, st)
         else:
@@ -98,6 +100,45 @@ def sgemm(views, workers: int) -> bool:
     return True
 
 
+def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> bool:
+    """out[i] = a[i] @ b[i] for every index i of the three arrays' leading (batch) dimensions (a or b may be
+    broadcast: stride 0), as :func:`sgemm` (each product the ``cblas_sgemm`` call numpy.matmul makes for it: the bits
+    of ``numpy.matmul(a, b, out=out)``), the first batch dimension's items taken one job each (csrc/jobs.c's batch
+    job: no Python per product); False, nothing run, where :func:`sgemm` would refuse."""
+    batch = out.shape[:-2]
+    if not (a.shape[:-2] == b.shape[:-2] == batch and len(batch) >= 1) or 0 in out.shape[:-2]:
+        return False
+    rest = list(itertools.product(*map(range, batch[1:])))
+    calls = _sgemm_calls([(a[(0,) + r], b[(0,) + r], out[(0,) + r]) for r in rest])
+    n = batch[0]
+    steps = (a.strides[0], b.strides[0], out.strides[0])
+    if calls is None or any(_same_buffer(c[6], c[8], steps[0], steps[1], n) for c in calls):
+        return False
+    lo = np.arange(n, dtype=np.int64) if n <= 64 else np.array([r[0] for r in _even(n, 8 * workers)], np.int64)
+    table = np.empty((len(calls), len(lo), 17), np.int64)
+    table[:, :, :15] = np.array([c + steps for c in calls], np.int64)[:, None, :]
+    table[:, :, 15] = lo
+    table[:, :, 16] = np.append(lo[1:], n)
+    jobs = Jobs()
+    jobs.rows("sgemm_batch", table.reshape(-1, 17))
+    jobs.run(workers)
+    return True
+
+
+def _even(n: int, parts: int) -> list:
+    """[lo, hi) ranges splitting n items into at most ``parts`` nearly equal ones."""
+    parts = max(1, min(n, parts))
+    return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+
+
+def _same_buffer(a0: int, b0: int, sa: int, sb: int, n: int) -> bool:
+    """Whether a + i * sa == b + i * sb for some item i < n (numpy.matmul runs x @ x^T of one buffer otherwise)."""
+    if sa == sb:
+        return a0 == b0
+    i, r = divmod(b0 - a0, sa - sb)
+    return r == 0 and 0 <= i < n
+
+
 #: cblas enums (no transpose, transpose; the layout, row-major, is csrc/jobs.c's)
 _NO_TRANS, _TRANS = 111, 112
 
@@ -116,13 +157,19 @@ def _sgemm_calls(views):
         if not (x.dtype == y.dtype == o.dtype == np.float32):
             return None
         (M, K), (_, N) = x.shape, y.shape
-        if min(M, N, K) <= 1 or x.ctypes.data == y.ctypes.data:
+        xa, ya = _at(x), _at(y)
+        if min(M, N, K) <= 1 or xa == ya:
             return None
         fa, fb, fo = _form(x), _form(y), _form(o)
         if fa is None or fb is None or fo is None or fo[0] != _NO_TRANS:
             return None
-        calls.append((fn, fa[0], fb[0], M, N, K, x.ctypes.data, fa[1], y.ctypes.data, fb[1], o.ctypes.data, fo[1]))
+        calls.append((fn, fa[0], fb[0], M, N, K, xa, fa[1], ya, fb[1], _at(o), fo[1]))
     return calls
+
+
+def _at(v: np.ndarray) -> int:
+    """The address of ``v``'s first element."""
+    return native.address(v) if v.flags.c_contiguous else v.ctypes.data
 
 
 def _form(v: np.ndarray):

@@ -10,7 +10,7 @@
 
 #define XJ_LEN 24
 enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6,
-       XJ_SGEMM = 7 };
+       XJ_SGEMM = 7, XJ_SGEMM_BATCH = 8 };
 /* NumPy's own ILP64 cblas_sgemm (its address a job's first argument): C = A @ B, row-major, as numpy.matmul calls it */
 typedef void (*xj_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                            int64_t, float, float *, int64_t);
@@ -48,6 +48,14 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
         ((xj_sgemm64)P(0))(101, (int)a[1], (int)a[2], a[3], a[4], a[5], 1.0f, P(6), a[7], P(8), a[9], 0.0f, P(10),
                            a[11]);
         break;
+    case XJ_SGEMM_BATCH: {  /* as XJ_SGEMM for items [a[15], a[16]), item i's A, B, C at i * (a[12], a[13], a[14]) bytes */
+        const char *A = P(6), *B = P(8);
+        char *C = P(10);
+        for (int64_t i = a[15]; i < a[16]; i++)
+            ((xj_sgemm64)P(0))(101, (int)a[1], (int)a[2], a[3], a[4], a[5], 1.0f, (const float *)(A + i * a[12]), a[7],
+                               (const float *)(B + i * a[13]), a[9], 0.0f, (float *)(C + i * a[14]), a[11]);
+        break;
+    }
     default:
         break;
     }

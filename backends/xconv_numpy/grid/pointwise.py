@@ -44,9 +44,8 @@ def _sgemm_jobs(x, wm, y, g: int, Cg: int, Cog: int, P: int, N: int, workers: in
     """y[n, g] = wm[g] @ x[n, g] for every sample and group as C jobs, each the ``cblas_sgemm`` call numpy.matmul
     makes for that matrix (jobs.sgemm: the same bits), when float32 operands BLAS takes as they lie and
     NumPy's ILP64 sgemm is there; False (nothing run) otherwise."""
-    xv = x.reshape(N, g, Cg, P)
-    yv = y.reshape(N, g, Cog, P)
-    return jobs.sgemm([(wm[j], xv[n, j], yv[n, j]) for n in range(N) for j in range(g)], workers)
+    return jobs.sgemm_stack(np.broadcast_to(wm, (N, g, Cog, Cg)), x.reshape(N, g, Cg, P), y.reshape(N, g, Cog, P),
+                            workers)
 
 
 def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, workers: int,
