@@ -90,34 +90,42 @@ def test_an_empty_list_runs_nothing():
 
 
 COLGEMM = [((8, 64, 4, 4), (64, 64, 3, 3), 1, 1), ((2, 32, 2, 5, 5), (48, 32, 3, 3, 3), 1, 1),
-           ((8, 3, 32, 32), (16, 3, 7, 7), 2, 3), ((4, 80, 3, 3), (96, 80, 1, 1), 1, 0), ((2, 16, 1, 1), (32, 16, 1, 1), 1, 0)]
+           ((8, 3, 32, 32), (16, 3, 7, 7), 2, 3), ((4, 80, 3, 3), (96, 80, 1, 1), 1, 0), ((2, 16, 1, 1), (32, 16, 1, 1), 1, 0),
+           ((3, 32, 6, 5), (48, 8, 3, 3), 1, 1, 4)]                   # groups: channel ranges across groups
 
 
 @pytest.mark.parametrize("case", COLGEMM)
 def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatch):
-    """The colgemm path's blocks run as jobs calling the cblas_sgemm numpy.matmul calls, with numpy's arguments:
-    the bits of numpy.matmul, on one worker or two."""
+    """The colgemm path runs its column copies (by channel ranges) and its blocks (the cblas_sgemm calls numpy.matmul
+    makes, with numpy's arguments) as one job list, then col2im by channel ranges after dx's blocks: the bits of the
+    C loops and numpy.matmul one after the other, on one worker or two, for x in another layout, and for each
+    output asked alone."""
     from xconv_numpy import blas
 
     if blas.sgemm64_address() is None:
         pytest.skip("NumPy's BLAS here is not an ILP64 OpenBLAS with cblas_sgemm64_ (the jobs are not used)")
-    xs, ws, s, pad = case
+    xs, ws, s, pad, g = case + (1,) * (5 - len(case))
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    x_last = np.moveaxis(np.moveaxis(x, 1, -1).copy(), -1, 1)                # channels-last strides, same values
+    kw = dict(stride=s, padding=pad, groups=g, backend="numpy")
     runs = {}
     with paths.force("colgemm"):
         for label in ("jobs", "numpy"):
             if label == "numpy":
                 monkeypatch.setattr(jobs, "sgemm64_address", lambda: None)      # numpy.matmul per block
             for least in (1 << 62, 0):
-                with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
-                    y = xconv.conv_fprop(x, w, stride=s, padding=pad, backend="numpy")
-                    dy = np.linspace(-1, 1, y.size, dtype=np.float32).reshape(y.shape)
-                    dx, dw, _ = xconv.convolution_backward(dy, x, w, stride=s, padding=pad, backend="numpy",
-                                                           output_mask=(True, True, False))
-                assert all(r.path.startswith("colgemm") for r in tr.records), [r.path for r in tr.records]
-                runs[(label, least)] = _bits((y, dx, dw))
-    first = runs[("numpy", 1 << 62)]
+                for xx in (x, x_last):
+                    with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
+                        y = xconv.conv_fprop(xx, w, **kw)
+                        dy = np.linspace(-1, 1, y.size, dtype=np.float32).reshape(y.shape)
+                        dx, dw, _ = xconv.convolution_backward(dy, xx, w, output_mask=(True, True, False), **kw)
+                        dx1 = xconv.convolution_backward(dy, xx, w, output_mask=(True, False, False), **kw)[0]
+                        dw1 = xconv.convolution_backward(dy, xx, w, output_mask=(False, True, False), **kw)[1]
+                    assert all(r.path.startswith("colgemm") for r in tr.records), [r.path for r in tr.records]
+                    assert _bits((dx1, dw1)) == _bits((dx, dw))
+                    runs[(label, least, xx is x)] = _bits((y, dx, dw))
+    first = runs[("numpy", 1 << 62, True)]
     assert all(v == first for v in runs.values())
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import jobs, small, small_c
+from . import jobs, native, small, small_c
 from .workers import run
 
 #: Multiply-adds per block: big enough that a block's BLAS call runs near its peak rate (each block packs
@@ -50,20 +50,24 @@ def blocks(total: int, macs_per_unit: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, total)) for a in range(0, total, step)]
 
 
-def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> None:
-    """out[i] = a[i] @ b[i] for each group i, split into blocks of out's columns (when out has more columns than
-    rows: each block packs its slice of b and all of a again) or rows (each block packs all of b again). The
-    inner dimension is never split: every element is one BLAS dot order, whatever the blocks. Each block is one
-    ``numpy.matmul``, or (float32, NumPy's ILP64 OpenBLAS found) the very ``cblas_sgemm`` call numpy.matmul makes
-    for it, run as a C job list (:mod:`.jobs`: no Python between the blocks): the same bits either way."""
+def _block_views(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list:
+    """(a block, b block, out block) of out[i] = a[i] @ b[i] for each group i: blocks of out's columns (when out has
+    more columns than rows: each block packs its slice of b and all of a again) or rows (each block packs all of b
+    again). The inner dimension is never split: every element is one BLAS dot order, whatever the blocks."""
     g, m, k = a.shape
     n = b.shape[2]
     if m <= n:
         parts = [(i, lo, hi) for i in range(g) for lo, hi in blocks(n, m * k)]
-        views = [(a[i], b[i][:, lo:hi], out[i][:, lo:hi]) for i, lo, hi in parts]
-    else:
-        parts = [(i, lo, hi) for i in range(g) for lo, hi in blocks(m, n * k)]
-        views = [(a[i][lo:hi], b[i], out[i][lo:hi]) for i, lo, hi in parts]
+        return [(a[i], b[i][:, lo:hi], out[i][:, lo:hi]) for i, lo, hi in parts]
+    parts = [(i, lo, hi) for i in range(g) for lo, hi in blocks(m, n * k)]
+    return [(a[i][lo:hi], b[i], out[i][lo:hi]) for i, lo, hi in parts]
+
+
+def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> None:
+    """out[i] = a[i] @ b[i] for each group i by the blocks of :func:`_block_views`, each one ``numpy.matmul``, or
+    (float32, NumPy's ILP64 OpenBLAS found) the very ``cblas_sgemm`` call numpy.matmul makes for it, run as a C job
+    list (:mod:`.jobs`: no Python between the blocks): the same bits either way."""
+    views = _block_views(a, b, out)
     if jobs.sgemm(views, workers):
         return
 
@@ -98,10 +102,10 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 def _fprop(x, w, bias, p: ConvParams, workers: int):
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
-    cols = small_c.im2col(x, p, f, cdt)                                   # (g, Cg*K, N*Q)
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     y = np.empty((f.g, f.Cog, f.N * f.Q), cdt)
-    _split_matmul(wm, cols, y, workers)
+    if not _columns_then_products(x, p, f, cdt, lambda cols: (wm, cols, y), workers):
+        _split_matmul(wm, small_c.im2col(x, p, f, cdt), y, workers)          # cols: (g, Cg*K, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
     return small.from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
@@ -138,17 +142,63 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
     dyc = small.dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
     dx = dw = None
     if need_dw:
-        cols_t = small_c.im2col(x, p, f, cdt).transpose(0, 2, 1)          # (g, N*Q, Cg*K)
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
-        _split_matmul(dyc, cols_t, dwm, workers)
-        dw = dwm.reshape(p.weight_shape)
-        del cols_t                                  # freed before dx's columns: one of the two at a time
+        if not _columns_then_products(x, p, f, cdt, lambda cols: (dyc, cols.transpose(0, 2, 1), dwm), workers):
+            _split_matmul(dyc, small_c.im2col(x, p, f, cdt).transpose(0, 2, 1), dwm, workers)    # (g, N*Q, Cg*K)
+        dw = dwm.reshape(p.weight_shape)            # the columns freed before dx's: one of the two at a time
     if need_dx:
         wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
-        _split_matmul(wt, dyc, dcols, workers)
-        dx = small_c.col2im(dcols, p, f, cdt)
+        dx = _products_then_col2im(wt, dyc, dcols, p, f, cdt, workers)
+        if dx is None:
+            _split_matmul(wt, dyc, dcols, workers)
+            dx = small_c.col2im(dcols, p, f, cdt)
     return dx, dw
+
+
+def _channel_ranges(C: int, workers: int) -> list:
+    """Channel ranges of the column copies run as jobs: two per worker (one on a single worker)."""
+    return jobs.ranges(C, 2 * workers) if workers > 1 else [(0, C)]
+
+
+def _columns_then_products(x, p: ConvParams, f, cdt, operands, workers: int) -> bool:
+    """x's columns, then the products ``operands(cols)`` = (a, b, out), as one C job list (float32 where
+    :func:`runs_as_jobs`): the column copies by channel ranges, the blocks of :func:`_block_views` once they are
+    done (numpy.matmul's calls: the bits of the NumPy route); False, nothing run, where the jobs do not serve."""
+    if cdt != np.float32 or not runs_as_jobs(p):
+        return False
+    xr, geo = small_c.im2col_input(x, p, cdt)
+    cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
+    calls = jobs.sgemm_calls(_block_views(*operands(cols.reshape(f.g, f.Cg * f.K, f.N * f.Q))))
+    if calls is None:
+        return False
+    ranges = _channel_ranges(f.C, workers)
+    run = jobs.Jobs()
+    run.split("im2col", (native.address(xr) if xr.flags.c_contiguous else xr.ctypes.data, native.address(cols),
+                         native.address(geo)), 3, ranges, signal=0)
+    run.rows("sgemm", calls, wait=(0, len(ranges)))
+    run.run(workers)
+    return True
+
+
+def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int):
+    """dx: the products ``dcols = wt @ dyc`` (blocks of :func:`_block_views`), then col2im by channel ranges once they
+    are done, as one C job list (float32 where :func:`runs_as_jobs`; the bits of the NumPy route); None, nothing
+    run, where the jobs do not serve."""
+    if cdt != np.float32 or not runs_as_jobs(p):
+        return None
+    calls = jobs.sgemm_calls(_block_views(wt, dyc, dcols))
+    if calls is None:
+        return None
+    dx = np.empty(p.input_shape, cdt)
+    geo = small_c.col2im_geometry(p)
+    ranges = _channel_ranges(f.C, workers)
+    run = jobs.Jobs()
+    run.rows("sgemm", calls, signal=1)
+    run.split("col2im", (native.address(dcols), native.address(dx), geo.ctypes.data), 3, ranges,
+              wait=(1, len(calls)))
+    run.run(workers)
+    return dx
 
 
 def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:

@@ -21,7 +21,7 @@ from .blas import sgemm64_address
 from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the library at load (layout.check)
 
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
-         "sgemm": 7, "sgemm_batch": 8}
+         "sgemm": 7, "sgemm_batch": 8, "im2col": 9, "col2im": 10}
 
 
 class Jobs:
@@ -89,9 +89,9 @@ def sgemm_available() -> bool:
 
 def sgemm(views, workers: int) -> bool:
     """out = x @ y for every (x, y, out) of ``views`` as jobs calling numpy.matmul's own sgemm (see
-    :func:`_sgemm_calls`): the bits of ``numpy.matmul(x, y, out=out)``; False, nothing run, when some product is one
+    :func:`sgemm_calls`): the bits of ``numpy.matmul(x, y, out=out)``; False, nothing run, when some product is one
     numpy would run otherwise."""
-    calls = _sgemm_calls(views)
+    calls = sgemm_calls(views)
     if calls is None:
         return False
     jobs = Jobs()
@@ -109,12 +109,12 @@ def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> 
     if not (a.shape[:-2] == b.shape[:-2] == batch and len(batch) >= 1) or 0 in out.shape[:-2]:
         return False
     rest = list(itertools.product(*map(range, batch[1:])))
-    calls = _sgemm_calls([(a[(0,) + r], b[(0,) + r], out[(0,) + r]) for r in rest])
+    calls = sgemm_calls([(a[(0,) + r], b[(0,) + r], out[(0,) + r]) for r in rest])
     n = batch[0]
     steps = (a.strides[0], b.strides[0], out.strides[0])
     if calls is None or any(_same_buffer(c[6], c[8], steps[0], steps[1], n) for c in calls):
         return False
-    lo = np.arange(n, dtype=np.int64) if n <= 64 else np.array([r[0] for r in _even(n, 8 * workers)], np.int64)
+    lo = np.arange(n, dtype=np.int64) if n <= 64 else np.array([r[0] for r in ranges(n, 8 * workers)], np.int64)
     table = np.empty((len(calls), len(lo), 17), np.int64)
     table[:, :, :15] = np.array([c + steps for c in calls], np.int64)[:, None, :]
     table[:, :, 15] = lo
@@ -125,7 +125,7 @@ def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> 
     return True
 
 
-def _even(n: int, parts: int) -> list:
+def ranges(n: int, parts: int) -> list:
     """[lo, hi) ranges splitting n items into at most ``parts`` nearly equal ones."""
     parts = max(1, min(n, parts))
     return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
@@ -143,7 +143,7 @@ def _same_buffer(a0: int, b0: int, sa: int, sb: int, n: int) -> bool:
 _NO_TRANS, _TRANS = 111, 112
 
 
-def _sgemm_calls(views):
+def sgemm_calls(views):
     """Per block (x, y, out), the arguments of the ``cblas_sgemm`` call numpy.matmul makes for ``x @ y`` into out
     (numpy's matmul loop: a matrix operand with unit stride along its rows is not transposed, one with unit stride
     down its columns is; lda from the other stride; the output row-major), or None when some block is one numpy

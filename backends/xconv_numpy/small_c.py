@@ -44,22 +44,34 @@ def _readable(t: np.ndarray, cdt) -> np.ndarray:
 
 def im2col(t: np.ndarray, p: ConvParams, f: Plan, cdt) -> np.ndarray:
     """x's columns (g, C/g * K, N * Q), channel-major then tap; zeros where a tap reads padding."""
-    t = _readable(t, cdt)
-    geo = _geo(p).copy()
-    xs = SMALL_COLS_GEO.index("xs")
-    geo[xs:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
-    geo[xs:] //= t.itemsize
+    t, geo = im2col_input(t, p, cdt)
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
     getattr(native.library(), f"xconv_small_im2col_{_suffix(cdt)}")(_address(t), _address(cols), _address(geo))
     return cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
 
 
+def im2col_input(t: np.ndarray, p: ConvParams, cdt) -> tuple:
+    """(x as the im2col loop reads it: where it lies or a copy, its geometry with x's strides): what a caller of
+    the loop (here, or a job: csrc/jobs.c) keeps alive while it runs."""
+    t = _readable(t, cdt)
+    geo = _geo(p).copy()
+    xs = SMALL_COLS_GEO.index("xs")
+    geo[xs:] = (t.strides[0], t.strides[1], *(0,) * (3 - p.nd), *t.strides[2:])
+    geo[xs:] //= t.itemsize
+    return t, geo
+
+
 def col2im(dcols: np.ndarray, p: ConvParams, f: Plan, cdt) -> np.ndarray:
     """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
     dx = np.empty(p.input_shape, cdt)
-    geo = _geo(p)                                  # held here: the cache may drop it meanwhile
+    geo = col2im_geometry(p)                       # held here: the cache may drop it meanwhile
     getattr(native.library(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
     return dx
+
+
+def col2im_geometry(p: ConvParams) -> np.ndarray:
+    """The col2im loop's geometry of ``p`` (read-only; keep it while the loop runs)."""
+    return _geo(p)
 
 
 def _suffix(cdt) -> str:

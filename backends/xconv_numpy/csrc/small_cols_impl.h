@@ -1,14 +1,16 @@
 /* The column copies of small_cols.c for one element type T (suffix SUF). */
 
-void XCONV_T(xconv_small_im2col)(const T *x, T *cols, const int64_t *g) {
+/* The rows of channels [c0, c1) (all their taps) of x's columns. */
+void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, int64_t c0, int64_t c1) {
     const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W];
     const int64_t OD = g[S_OD], OH = g[S_OH], OW = g[S_OW], KD = g[S_KD], KH = g[S_KH], KW = g[S_KW];
     const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
     const int64_t pd = g[S_PD], ph = g[S_PH], pw = g[S_PW];
     const int64_t xn = g[S_XS], xc = g[S_XS + 1], xd = g[S_XS + 2], xh = g[S_XS + 3], xw = g[S_XS + 4];
     const int64_t Q = OD * OH * OW, NQ = N * Q;
-    T *row = cols;
-    for (int64_t c = 0; c < C; c++)
+    T *row = cols + c0 * KD * KH * KW * NQ;
+    (void)C;
+    for (int64_t c = c0; c < c1; c++)
         for (int64_t kd = 0; kd < KD; kd++)
             for (int64_t kh = 0; kh < KH; kh++)
                 for (int64_t kw = 0; kw < KW; kw++, row += NQ) {
@@ -38,16 +40,21 @@ void XCONV_T(xconv_small_im2col)(const T *x, T *cols, const int64_t *g) {
                 }
 }
 
-void XCONV_T(xconv_small_col2im)(const T *dcols, T *dx, const int64_t *g) {
+void XCONV_T(xconv_small_im2col)(const T *x, T *cols, const int64_t *g) {
+    XCONV_T(xconv_small_im2col_range)(x, cols, g, 0, g[S_C]);
+}
+
+/* dx's planes of channels [c0, c1) (every sample) from the columns. */
+void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, int64_t c0, int64_t c1) {
     const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W];
     const int64_t OD = g[S_OD], OH = g[S_OH], OW = g[S_OW], KD = g[S_KD], KH = g[S_KH], KW = g[S_KW];
     const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
     const int64_t pd = g[S_PD], ph = g[S_PH], pw = g[S_PW];
     const int64_t K = KD * KH * KW, Q = OD * OH * OW, NQ = N * Q, P = D * H * W;
-    memset(dx, 0, (size_t)(N * C * P) * sizeof(T));
-    for (int64_t c = 0; c < C; c++)
+    for (int64_t c = c0; c < c1; c++)
         for (int64_t n = 0; n < N; n++) {
             T *plane = dx + (n * C + c) * P;
+            memset(plane, 0, (size_t)P * sizeof(T));
             const T *row = dcols + c * K * NQ + n * Q;
             for (int64_t kd = 0; kd < KD; kd++)
                 for (int64_t kh = 0; kh < KH; kh++)
@@ -72,3 +79,7 @@ void XCONV_T(xconv_small_col2im)(const T *dcols, T *dx, const int64_t *g) {
         }
 }
 
+
+void XCONV_T(xconv_small_col2im)(const T *dcols, T *dx, const int64_t *g) {
+    XCONV_T(xconv_small_col2im_range)(dcols, dx, g, 0, g[S_C]);
+}
