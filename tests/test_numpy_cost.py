@@ -121,3 +121,32 @@ def test_estimates_are_positive_and_rank_thin_products_slower():
             assert all(f(p, o) > 0 for f in cost.ESTIMATES.values())
     # the dense loops at 2x2 outputs run at a fraction of their rate: the model must prefer the BLAS products there
     assert cost.colgemm(p_thin, "dw") < cost.loops(p_thin, "dw")
+
+
+@pytest.mark.parametrize("xs, ws, stride, groups, want", [
+    ((8, 64, 56, 56), (64, 64, 3, 3), 1, 1, "grid-a"),          # large stride-1 planes: the grid strategies
+    ((8, 256, 28, 28), (256, 32, 3, 3), 1, 8, "grid-a"),
+    ((2, 32, 8, 28, 28), (32, 32, 3, 3, 3), 1, 1, "grid-a"),
+    ((4, 16, 64, 64), (64, 16, 3, 3), 1, 1, "grid-b"),          # Cog > 2 Cg: strategy B
+    ((8, 16, 24, 24), (16, 16, 3, 3), 1, 1, None),              # below GRID_MACS: the model decides
+    ((8, 256, 28, 28), (128, 256, 1, 1), 1, 1, None),           # a 1x1: the pointwise path stays
+    ((8, 256, 28, 28), (256, 256, 3, 3), 2, 1, None),           # stride 2
+    ((8, 128, 8, 8), (128, 128, 3, 3), 1, 1, None),             # 64 positions per sample
+])
+def test_builds_without_dense_loops_run_large_stride_1_backward_calls_on_the_grid(xs, ws, stride, groups, want,
+                                                                                  monkeypatch):
+    """Where the build has no dense loops (AVX2, baseline), large stride-1 backward calls take the grid strategies
+    (paths.GRID_MACS, GRID_POSITIONS); other calls, and every call of a build with the loops, keep their rules."""
+    from xconv.params import make_params
+    from xconv_numpy import dense, paths
+
+    p = make_params(xs, ws, stride=stride, padding=1 if ws[-1] == 3 else 0, groups=groups)
+    picked = {o: paths.choose(p, "backward", o)[0].name for o in ("grad_input", "grad_weight")}
+    if dense.available():                                        # the AVX-512 build: the loops or the model
+        assert not set(picked.values()) & {"grid-a", "grid-b"}
+    monkeypatch.setattr(dense, "DENSE_ISAS", ())                 # a build without the loops (part of the cache key)
+    without = {o: paths.choose(p, "backward", o)[0].name for o in ("grad_input", "grad_weight")}
+    if want is None:
+        assert not set(without.values()) & {"grid-a", "grid-b"}
+    else:
+        assert set(without.values()) == {want}

@@ -142,6 +142,21 @@ def _strategy_a(p, mask):   # the costs of the full call (dx and dw): the same s
 
 _GRADS = ("grad_input", "grad_weight")
 
+#: Where the build has no dense loops (below AVX-512), stride-1 backward calls of at least GRID_MACS multiply-adds per
+#: output and GRID_POSITIONS output positions per sample run on the grid strategies: the cost model (fitted where the
+#: dense loops compete) sends them to colgemm or the small loops, which run them slower there (AVX2 build and
+#: OpenBLAS Haswell kernel on a Zen 4, backward ms, grid-a against the model's pick: 8x64x56x56 3x3 34 vs colgemm 53,
+#: 8x256x28x28 g8 25 vs 48, dilated 2 at 28x28 29 vs 43, 3-D 2x32x8x28x28 22 vs the small loops' 35, 8x64x16x16 3.5
+#: vs 3.7; smaller calls, 8x16x24x24: 2.1 vs the small loops' 1.05, and 1x1s, 8x256x28x28 -> 128: 8.0 vs the
+#: pointwise path's 7.1, stay with the model).
+GRID_MACS = 1 << 25
+GRID_POSITIONS = 256
+
+
+def _grid_without_dense(p, mask):
+    return (not dense.available() and not p.transposed and all(s == 1 for s in p.stride) and not geom(p).pointwise
+            and math.prod(p.output_shape[2:]) >= GRID_POSITIONS and cost.macs(p) >= GRID_MACS)
+
 #: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
 #: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
 COLGEMM_FORWARD_COLUMNS = 4096
@@ -203,6 +218,10 @@ RULES = (
     Rule("grid serves badly (columns.serves)", "backward", _GRADS, "columns", lambda p, m: columns.serves(p)),
     Rule("one input channel per group (depthwise.serves)",
          "backward", _GRADS, "depthwise", _depthwise),
+    Rule("no dense loops in this build, stride 1, large planes: A (paths.GRID_MACS)", "backward", _GRADS, "grid-a",
+         lambda p, m: _grid_without_dense(p, m) and _strategy_a(p, m)),
+    Rule("no dense loops in this build, stride 1, large planes: B (paths.GRID_MACS)", "backward", _GRADS, "grid-b",
+         _grid_without_dense),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
       for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
       for name in ("small-c", "small-cols", "colgemm", "dense", "pointwise")),
