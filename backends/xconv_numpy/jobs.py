@@ -104,7 +104,8 @@ def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> 
     """out[i] = a[i] @ b[i] for every index i of the three arrays' leading (batch) dimensions (a or b may be
     broadcast: stride 0), as :func:`sgemm` (each product the ``cblas_sgemm`` call numpy.matmul makes for it: the bits
     of ``numpy.matmul(a, b, out=out)``), the first batch dimension's items taken one job each (csrc/jobs.c's batch
-    job: no Python per product); False, nothing run, where :func:`sgemm` would refuse."""
+    job: no Python per product); False, nothing run, where :func:`sgemm` would refuse. ``out`` is written in
+    place: it must not overlap ``a`` or ``b`` (numpy.matmul would copy them first; the callers pass new arrays)."""
     batch = out.shape[:-2]
     if not (a.shape[:-2] == b.shape[:-2] == batch and len(batch) >= 1) or 0 in out.shape[:-2]:
         return False
