@@ -29,11 +29,14 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import jobs, native, small, small_c
+from .plans import per_params
 from .workers import run
 
 #: Multiply-adds per block: big enough that a block's BLAS call runs near its peak rate (each block packs
-#: its operands again), small enough that a call of a few MFLOP still has a block per core.
-BLOCK_MACS = 1 << 22
+#: its operands again), small enough that a call of a few MFLOP still has a block per core (2^20, was 2^22 before
+#: the blocks ran as C jobs: a 1x1 8x80x3x3 -> 480 forward's job list 76 -> 58 us on two threads; the large calls
+#: of issue 25's models within noise either way).
+BLOCK_MACS = 1 << 20
 #: Most blocks per product: the cores the cost model assumes (cost.CORES). Each block packs its operands again; on
 #: this 2-core Zen 4, 2 blocks against 4, alternating, 2 threads: forward 8x256x4x4 3x3 1.29 vs 1.37 ms, 8x128x8x8
 #: 3x3 s2 0.70 vs 0.82, 2x256x14x14 3.2 vs 3.7-3.9; backward 1.36-1.41 vs 1.58-1.63 (s2), 2.4-2.5 vs 2.5-2.6.
@@ -90,10 +93,25 @@ def _sub(p: ConvParams, n0: int, n1: int) -> ConvParams:
                      output_shape=(n1 - n0,) + tuple(p.output_shape[1:]))
 
 
+@per_params
+def _forward_chunks(p: ConvParams) -> tuple:
+    """(the forward's sample chunks, its scratch bytes): a function of the configuration, kept with its plans."""
+    chunks = tuple(sample_chunks(p, False, False, True))
+    return chunks, max(cols_bytes(_sub(p, n0, n1), False, False, True) for n0, n1 in chunks)
+
+
+@per_params
+def _backward_chunks(p: ConvParams) -> tuple:
+    """(the backward's sample chunks, {(need_dx, need_dw): scratch bytes}), kept with the configuration's plans."""
+    chunks = tuple(sample_chunks(p, True, True))       # whatever the mask: dW's chunking (so its bits) must not change
+    return chunks, {(gx, gw): max(cols_bytes(_sub(p, n0, n1), gx, gw) for n0, n1 in chunks)
+                    for gx in (False, True) for gw in (False, True)}
+
+
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias (inputs finite), chunk by chunk of samples (:func:`sample_chunks`)."""
-    chunks = sample_chunks(p, False, False, True)
-    tracing.note(workspace_bytes=max(cols_bytes(_sub(p, n0, n1), False, False, True) for n0, n1 in chunks))
+    chunks, scratch = _forward_chunks(p)
+    tracing.note(workspace_bytes=scratch)
     if len(chunks) <= 1:
         return _fprop(x, w, bias, p, workers)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
@@ -116,8 +134,8 @@ def _fprop(x, w, bias, p: ConvParams, workers: int):
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
     """(dx, dw), None where not needed (inputs finite), chunk by chunk of samples (:func:`sample_chunks`); dW's
     partial sums added in chunk order."""
-    chunks = sample_chunks(p, True, True)          # whatever the mask: dW's chunking (so its bits) must not change
-    tracing.note(workspace_bytes=max(cols_bytes(_sub(p, n0, n1), need_dx, need_dw) for n0, n1 in chunks))
+    chunks, scratch = _backward_chunks(p)
+    tracing.note(workspace_bytes=scratch[(need_dx, need_dw)])
     out_dt = DTYPES[p.dtype]
     if len(chunks) <= 1:
         dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers)
@@ -174,6 +192,7 @@ def _columns_then_products(x, p: ConvParams, f, cdt, operands, workers: int) -> 
     calls = jobs.sgemm_calls(_block_views(*operands(cols.reshape(f.g, f.Cg * f.K, f.N * f.Q))))
     if calls is None:
         return False
+    workers = min(workers, len(calls))             # a thread more than the blocks would only share the copies
     ranges = _channel_ranges(f.C, workers)
     run = jobs.Jobs()
     run.split("im2col", (native.address(xr) if xr.flags.c_contiguous else xr.ctypes.data, native.address(cols),
@@ -192,6 +211,7 @@ def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int):
     calls = jobs.sgemm_calls(_block_views(wt, dyc, dcols))
     if calls is None:
         return None
+    workers = min(workers, len(calls))
     dx = np.empty(p.input_shape, cdt)
     geo = small_c.col2im_geometry(p)
     ranges = _channel_ranges(f.C, workers)
