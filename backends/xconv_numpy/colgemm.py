@@ -1,11 +1,11 @@
 """Columns and a few large matrix products, split over the workers: the path for real models' mid-sized layers.
 
-x's im2col columns ``(g, C/g * K, N * Q)`` are built by one C loop (csrc/small_cols.c, as the small-call
-path does), then
+x's im2col columns ``(g, C/g * K, N * Q)`` are built by the C copies of the small-call path (csrc/small_cols.c),
+by ranges of channels on the workers (float32: one C job list with the products, :mod:`.jobs`), then
 
 - forward: ``y = W @ cols``;
 - weight gradient: ``dW = dy @ cols^T`` (each element's sum over ``N * Q`` is one BLAS dot order);
-- input gradient: ``dcols = W^T @ dy``, then the C col2im adds each tap's columns in order;
+- input gradient: ``dcols = W^T @ dy``, then the C col2im adds each tap's columns in order (by channel ranges);
 
 each product split into blocks of its result's rows or columns (never its inner dimension).
 
@@ -28,7 +28,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import jobs, native, small, small_c
+from . import cost, jobs, native, small, small_c
 from .plans import per_params
 from .workers import run
 
@@ -37,10 +37,12 @@ from .workers import run
 #: the blocks ran as C jobs: a 1x1 8x80x3x3 -> 480 forward's job list 76 -> 58 us on two threads; the large calls
 #: of issue 25's models within noise either way).
 BLOCK_MACS = 1 << 20
-#: Most blocks per product: the cores the cost model assumes (cost.CORES). Each block packs its operands again; on
+#: Most blocks per product: the cores the cost model assumes (cost.CORES; a machine with more cores runs a product on
+#: at most that many: the blocks, so the bits, are the configuration's, not the machine's). Each block packs its
+#: operands again; on
 #: this 2-core Zen 4, 2 blocks against 4, alternating, 2 threads: forward 8x256x4x4 3x3 1.29 vs 1.37 ms, 8x128x8x8
 #: 3x3 s2 0.70 vs 0.82, 2x256x14x14 3.2 vs 3.7-3.9; backward 1.36-1.41 vs 1.58-1.63 (s2), 2.4-2.5 vs 2.5-2.6.
-MAX_BLOCKS = 2
+MAX_BLOCKS = cost.CORES
 #: Columns (or rows) per block are a multiple of this (whole BLAS micro-tiles).
 ALIGN = 16
 

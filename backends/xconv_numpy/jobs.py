@@ -90,7 +90,8 @@ def sgemm_available() -> bool:
 def sgemm(views, workers: int) -> bool:
     """out = x @ y for every (x, y, out) of ``views`` as jobs calling numpy.matmul's own sgemm (see
     :func:`sgemm_calls`): the bits of ``numpy.matmul(x, y, out=out)``; False, nothing run, when some product is one
-    numpy would run otherwise."""
+    numpy would run otherwise. Called with BLAS pinned to one thread (:mod:`.blas`), as the paths do: a threaded
+    OpenBLAS called from several threads at once serializes, and inside an OpenMP team warns of a hang."""
     calls = sgemm_calls(views)
     if calls is None:
         return False
@@ -105,7 +106,8 @@ def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> 
     broadcast: stride 0), as :func:`sgemm` (each product the ``cblas_sgemm`` call numpy.matmul makes for it: the bits
     of ``numpy.matmul(a, b, out=out)``), the first batch dimension's items taken one job each (csrc/jobs.c's batch
     job: no Python per product); False, nothing run, where :func:`sgemm` would refuse. ``out`` is written in
-    place: it must not overlap ``a`` or ``b`` (numpy.matmul would copy them first; the callers pass new arrays)."""
+    place: it must not overlap ``a`` or ``b``, nor itself across items (numpy.matmul would copy first; the callers
+    pass new arrays). Like :func:`sgemm`, for calls made with BLAS pinned to one thread (:mod:`.blas`)."""
     batch = out.shape[:-2]
     if not (a.shape[:-2] == b.shape[:-2] == batch and len(batch) >= 1) or 0 in out.shape[:-2]:
         return False
