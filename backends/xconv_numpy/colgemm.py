@@ -39,9 +39,9 @@ from .workers import run
 BLOCK_MACS = 1 << 20
 #: Most blocks per product: the cores the cost model assumes (cost.CORES; a machine with more cores runs a product on
 #: at most that many: the blocks, so the bits, are the configuration's, not the machine's). Each block packs its
-#: operands again; on
-#: this 2-core Zen 4, 2 blocks against 4, alternating, 2 threads: forward 8x256x4x4 3x3 1.29 vs 1.37 ms, 8x128x8x8
-#: 3x3 s2 0.70 vs 0.82, 2x256x14x14 3.2 vs 3.7-3.9; backward 1.36-1.41 vs 1.58-1.63 (s2), 2.4-2.5 vs 2.5-2.6.
+#: operands again; on this 2-core Zen 4, 2 blocks against 4, alternating, 2 threads: forward 8x256x4x4 3x3 1.29 vs
+#: 1.37 ms, 8x128x8x8 3x3 s2 0.70 vs 0.82, 2x256x14x14 3.2 vs 3.7-3.9; backward 1.36-1.41 vs 1.58-1.63 (s2), 2.4-2.5
+#: vs 2.5-2.6.
 MAX_BLOCKS = cost.CORES
 #: Columns (or rows) per block are a multiple of this (whole BLAS micro-tiles).
 ALIGN = 16
