@@ -232,3 +232,19 @@ def test_xconv_backends_names_the_small_call_loops(monkeypatch):
     monkeypatch.setenv("XCONV_NUMPY_C", "0")
     text = status.describe()
     assert "small calls off: XCONV_NUMPY_C=0" in text and not small.compiled_available()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", ">f4"])
+@pytest.mark.parametrize("shape", [(5, 3, 4), (480, 8, 9), (2, 7, 1), (1, 1, 33), (3, 0, 4), (4, 2, 0)])
+def test_rows_swapped_whole_are_numpys_transposing_copy(dtype, shape):
+    """small._swap_rows (the channel-major copies of the small and colgemm paths): the same values as NumPy's
+    transposing copy, whether rows move whole (one dtype, contiguous) or element by element (a cast, a byte-swapped
+    or strided source)."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((shape[0], shape[1], shape[2] * 2)).astype(dtype)
+    for src in (np.ascontiguousarray(base[:, :, :shape[2]]), base[:, :, ::2]):
+        for out_dtype in {np.dtype(dtype).newbyteorder("="), np.dtype("float32")}:
+            dst = np.empty((shape[1], shape[0], shape[2]), out_dtype)
+            small._swap_rows(src, dst)
+            want = src.transpose(1, 0, 2).astype(out_dtype)
+            assert dst.tobytes() == want.tobytes()
