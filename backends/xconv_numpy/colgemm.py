@@ -187,7 +187,7 @@ def _columns_then_products(x, p: ConvParams, f, cdt, operands, workers: int) -> 
     """x's columns, then the products ``operands(cols)`` = (a, b, out), as one C job list (float32 where
     :func:`runs_as_jobs`): the column copies by channel ranges, the blocks of :func:`_block_views` once they are
     done (numpy.matmul's calls: the bits of the NumPy route); False, nothing run, where the jobs do not serve."""
-    if cdt != np.float32 or not runs_as_jobs(p):
+    if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return False
     xr, geo = small_c.im2col_input(x, p, cdt)
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
@@ -197,8 +197,7 @@ def _columns_then_products(x, p: ConvParams, f, cdt, operands, workers: int) -> 
     workers = min(workers, len(calls))             # a thread more than the blocks would only share the copies
     ranges = _channel_ranges(f.C, workers)
     run = jobs.Jobs()
-    run.split("im2col", (native.address(xr) if xr.flags.c_contiguous else xr.ctypes.data, native.address(cols),
-                         native.address(geo)), 3, ranges, signal=0)
+    run.split("im2col", (native.address(xr), native.address(cols), native.address(geo)), 3, ranges, signal=0)
     run.rows("sgemm", calls, wait=(0, len(ranges)))
     run.run(workers)
     return True
@@ -208,7 +207,7 @@ def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int):
     """dx: the products ``dcols = wt @ dyc`` (blocks of :func:`_block_views`), then col2im by channel ranges once they
     are done, as one C job list (float32 where :func:`runs_as_jobs`; the bits of the NumPy route); None, nothing
     run, where the jobs do not serve."""
-    if cdt != np.float32 or not runs_as_jobs(p):
+    if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return None
     calls = jobs.sgemm_calls(_block_views(wt, dyc, dcols))
     if calls is None:

@@ -160,19 +160,14 @@ def sgemm_calls(views):
         if not (x.dtype == y.dtype == o.dtype == np.float32):
             return None
         (M, K), (_, N) = x.shape, y.shape
-        xa, ya = _at(x), _at(y)
+        xa, ya = native.address(x), native.address(y)
         if min(M, N, K) <= 1 or xa == ya:
             return None
         fa, fb, fo = _form(x), _form(y), _form(o)
         if fa is None or fb is None or fo is None or fo[0] != _NO_TRANS:
             return None
-        calls.append((fn, fa[0], fb[0], M, N, K, xa, fa[1], ya, fb[1], _at(o), fo[1]))
+        calls.append((fn, fa[0], fb[0], M, N, K, xa, fa[1], ya, fb[1], native.address(o), fo[1]))
     return calls
-
-
-def _at(v: np.ndarray) -> int:
-    """The address of ``v``'s first element."""
-    return native.address(v) if v.flags.c_contiguous else v.ctypes.data
 
 
 def _form(v: np.ndarray):

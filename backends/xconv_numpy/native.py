@@ -102,11 +102,15 @@ _BYTE = ctypes.c_char
 
 def address(a) -> int:
     """The address of ndarray ``a``'s first element: ``a.ctypes.data``, about 4x faster for a writable C-contiguous
-    array (no ``ctypes`` helper object; a hot path's calls pass several)."""
-    try:
-        return ctypes.addressof(_BYTE.from_buffer(a))
-    except (TypeError, ValueError):                     # read-only, not C-contiguous, or empty
-        return a.ctypes.data
+    array (no ``ctypes`` helper object; a hot path's calls pass several); any other array (a strided view, read-only)
+    goes straight to ``a.ctypes.data``."""
+    flags = a.flags
+    if flags.c_contiguous and flags.writeable:
+        try:
+            return ctypes.addressof(_BYTE.from_buffer(a))
+        except (TypeError, ValueError):                 # empty
+            pass
+    return a.ctypes.data
 
 
 #: The one loaded library (:func:`load`, run once on first use), shared by every compiled part.
