@@ -292,6 +292,7 @@ PATHS = {  # name: (x shape, w shape, kwargs, forced path and strategy A knobs)
     "pointwise-forced": ((2, 4, 5, 5), (3, 4, 1, 1), {}, ("pointwise", {})),
     "depthwise": ((2, 3, 6, 6), (3, 1, 3, 3), dict(padding=1, groups=3), (None, {})),
     "columns": ((1, 2, 10, 10), (3, 2, 5, 5), dict(stride=5), (None, {})),
+    "stem": ((2, 3, 9, 9), (5, 3, 3, 3), dict(stride=2, padding=1), ("stem", {})),     # forward; backward elsewhere
     "transposed": ((1, 3, 4, 4), (3, 2, 3, 3), dict(stride=2, padding=1, transposed=True), (None, {})),
 }
 

@@ -39,7 +39,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 
 from . import (bias, colgemm, columns, cost, dense, depthwise, depthwise_cv, grid_blocks, jobs, omp_team, paths,
-               small, small_c, small_numpy, tuning)
+               small, small_c, small_numpy, stem, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .grid import forward, pointwise, strategy_a, strategy_b
@@ -191,8 +191,9 @@ def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
     path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     name = path.name
-    if name == "dense" and not np.isfinite(w).all():     # the dual's loops add a non-finite weight's terms after,
-        path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"     # never at the padding
+    if name in ("dense", "stem") and not np.isfinite(w).all():   # the dual's loops add a non-finite weight's terms
+        path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"   # after, never at the padding; the
+    #                                                     stem loops skip the tap rows that read padding (0 * inf)
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, _words(path, ["output"], rule))
         return columns.fprop(x, w, b, p)
@@ -203,6 +204,8 @@ def fprop(x, w, b, p: ConvParams):
         return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":
         return grid_blocks.fprop(x, w, b, p, _share(p, blas_workers(), "fprop"))
+    if name == "stem":
+        return stem.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", True))
     if name == "dense":                              # the dual call's input gradient, its working-set budget
         q = dense.dual(p)
         budget = _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), q)

@@ -40,7 +40,7 @@ import numpy as np
 from xconv import ConvParams, settings
 from xconv.dtypes import DTYPES
 
-from . import bounds, colgemm, columns, cost, dense, depthwise, native, small
+from . import bounds, colgemm, columns, cost, dense, depthwise, native, small, stem
 from .tuning import tuned as tune  # noqa: F401  (public: the paths' tuning knobs, tuning.KNOBS)
 from .grid.geometry import compute_dtype, geom
 
@@ -97,6 +97,8 @@ PATHS = {p.name: p for p in (
     Path("small-c-blocks", "fprop: the small path's stride-1 loops in blocks of samples on the workers",
          "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks",
          bounds.small),
+    Path("stem", "fprop: at most 4 input channels, one group (a network's stem): direct loops along output rows",
+         "stem.fprop (csrc/stem.c)", "none", False, "detour", "stem C loops", stem.bound),
 )}
 
 #: The mask the rules see: the full call's, whatever the call asks for (see Determinism above).
@@ -187,6 +189,8 @@ def cost_pick(p, output: str):
             cands.append("dense")                          # the dense loops' input gradient of the dual call
         if not served:
             cands.append("grid-forward")
+        if stem.serves(p):
+            cands.append("stem")
     else:
         if colgemm.fits(p, True, True):
             cands.append("colgemm")
@@ -210,7 +214,7 @@ RULES = (
     Rule("one input channel per group (depthwise.serves)", "fprop", ("output",), "depthwise",
          lambda p, m: depthwise.serves(p) and not small.before_depthwise(p)),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "fprop", ("output",), name, _cost("y", name))
-      for name in ("small-c", "small-cols", "colgemm", "small-c-blocks", "pointwise", "dense", "grid-forward")),
+      for name in ("small-c", "small-cols", "colgemm", "small-c-blocks", "pointwise", "dense", "grid-forward", "stem")),
     *(Rule(f"small, {why} (small.serves)", "fprop", ("output",), name, _small_variant(name, lambda p, m: small.serves(p)))
       for name, why in _SMALL_VARIANTS),
     Rule("otherwise", "fprop", ("output",), "grid-forward", lambda p, m: True),
@@ -258,6 +262,7 @@ _COMPUTES = {
     "grid-forward": lambda p, op: True,
     "colgemm": lambda p, op: small.compiled_available() and colgemm.fits(p, True, True, op == "fprop"),
     "small-c-blocks": lambda p, op: small.computes(p) and small.grid_compiled(p),
+    "stem": lambda p, op: stem.serves(p),
 }
 
 

@@ -12,6 +12,7 @@
 #include "small_cols.c"
 #include "small_grid.c"
 #include "bias_sum.c"
+#include "stem.c"
 #include "jobs.c"
 
 #ifndef XCONV_ISA

@@ -1,0 +1,180 @@
+"""The stem forward (backends/xconv_numpy/stem.py, csrc/stem.c): few input channels, direct loops along output rows.
+
+Checked against float64 sums of the definition (numpy-exact on float64 copies) and, where installed, PyTorch's CPU
+convolution in float64; its bits against themselves across worker counts, input layouts and masks of the
+surrounding calls; non-finite inputs against the reference; the cost model's picks on real stems."""
+
+import numpy as np
+import pytest
+
+import xconv
+
+from core_helpers import assert_same_non_finite
+from xconv_numpy import native, paths, stem
+
+needs_loops = pytest.mark.skipif(native.library() is None, reason="compiled loops not built (XCONV_NUMPY_C=0 or no "
+                                                                  "compiler at install)")
+pytestmark = needs_loops
+
+# x shape, w shape, stride, padding, dilation: 1-D/2-D/3-D, strides 1-3, dilation, asymmetric padding (legalized),
+# output widths around the 16- and 32-lane blocks, channel counts around the 12-, 4- and 1-channel blocks
+CASES = [
+    ((8, 3, 64, 64), (64, 3, 7, 7), 2, 3, 1),             # ResNet's stem
+    ((2, 3, 96, 96), (16, 3, 3, 3), 2, 1, 1),             # MobileNetV2's
+    ((2, 3, 6, 40, 41), (13, 3, 3, 3, 3), (1, 2, 2), 1, 1),
+    ((3, 1, 200), (5, 1, 10), 5, 0, 1),                   # 1-D, one channel (the table sends it to depthwise)
+    ((2, 4, 17, 35), (1, 4, 3, 5), (2, 3), (1, 2), 1),
+    ((1, 2, 9, 70), (29, 2, 3, 3), 1, ((0, 2), (3, 1)), 2),
+    ((2, 3, 5, 16), (12, 3, 5, 1), 1, (2, 0), 1),
+    ((2, 3, 4, 33), (4, 3, 2, 2), 3, 0, (1, 3)),
+    ((1, 3, 1, 1), (7, 3, 3, 3), 1, 1, 1),
+]
+
+
+def _arrays(xs, ws, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype),
+            rng.standard_normal(ws[0]).astype(dtype))
+
+
+def _kw(s, pad, d):
+    return dict(stride=s, padding=pad, dilation=d)
+
+
+def _forced(x, w, b, kw, backend="numpy"):
+    with xconv.trace() as t, paths.force("stem"):
+        y = xconv.conv_fprop(x, w, bias=b, backend=backend, **kw)
+    return y, t.records[0].path
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])))
+def test_stem_matches_float64_sums_of_the_definition(case):
+    xs, ws, s, pad, d = case
+    x, w, b = _arrays(xs, ws)
+    kw = _kw(s, pad, d)
+    for bias in (None, b):
+        y, path = _forced(x, w, bias, kw)
+        assert path.startswith("stem"), path
+        want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64),
+                                bias=None if bias is None else bias.astype(np.float64), backend="numpy-exact", **kw)
+        assert y.dtype == np.float32 and y.shape == want.shape and y.flags.c_contiguous
+        scale = np.abs(x).max() * np.abs(w).sum(axis=tuple(range(1, w.ndim))).max()
+        np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
+
+
+def test_stem_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    x, w, b = _arrays((4, 3, 37, 52), (24, 3, 7, 7), seed=3)
+    y, path = _forced(x, w, b, dict(stride=2, padding=3))
+    assert path.startswith("stem")
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                      torch.from_numpy(b).double(), stride=2, padding=3).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_hand_worked_case():
+    """One channel of ones through a 2x2 kernel 1, 2 / 3, 4 at stride 2 and padding 1: corners read one tap, edges
+    two, the inside all four (plus the bias 0.5)."""
+    x = np.ones((1, 2, 4, 4), np.float32)
+    x[0, 1] = 0
+    w = np.zeros((1, 2, 2, 2), np.float32)
+    w[0, 0] = [[1, 2], [3, 4]]
+    y, path = _forced(x, w, np.array([0.5], np.float32), dict(stride=2, padding=1))
+    assert path.startswith("stem")
+    np.testing.assert_array_equal(y[0, 0], np.array([[4, 7, 3], [6, 10, 4], [2, 3, 1]], np.float32) + 0.5)
+
+
+@pytest.mark.parametrize("case", CASES[:3] + CASES[4:6], ids=lambda c: "x".join(map(str, c[0])))
+def test_bits_do_not_depend_on_workers_or_the_layout_of_x(case):
+    xs, ws, s, pad, d = case
+    x, w, b = _arrays(xs, ws, seed=1)
+    kw = _kw(s, pad, d)
+    base, _ = _forced(x, w, b, kw)
+    p = _params(x, w, kw)
+    for workers in (1, 2, 3, 7):
+        assert stem.fprop(x, w, b, p, workers).tobytes() == base.tobytes()
+    layouts = [np.asfortranarray(x), np.ascontiguousarray(x[..., ::-1])[..., ::-1],
+               x.astype(x.dtype.newbyteorder("S")), np.moveaxis(np.moveaxis(x, 1, -1).copy(), -1, 1)]
+    ro = x.copy()
+    ro.flags.writeable = False
+    for held in layouts + [ro]:
+        assert _forced(held, w, b, kw)[0].tobytes() == base.tobytes()
+    wide = np.zeros(xs[:-1] + (2 * xs[-1],), np.float32)
+    wide[..., ::2] = x
+    assert _forced(wide[..., ::2], w, b, kw)[0].tobytes() == base.tobytes()
+    bx = np.broadcast_to(x[:1], x.shape)
+    assert _forced(bx, w, b, kw)[0].tobytes() == _forced(np.array(bx), w, b, kw)[0].tobytes()
+
+
+def _params(x, w, kw):
+    seen = []
+    from xconv_numpy import fast
+    real = fast.fprop
+
+    def spy(x_, w_, b_, p, *a, **k):
+        seen.append(p)
+        return real(x_, w_, b_, p, *a, **k)
+    fast.fprop = spy
+    try:
+        xconv.conv_fprop(x, w, **kw)
+    finally:
+        fast.fprop = real
+    return seen[0]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_inputs_are_summed_in_float32(dtype):
+    import ml_dtypes  # noqa: F401  (xconv's bfloat16)
+    from xconv.dtypes import DTYPES
+    dt = DTYPES[dtype]
+    x, w, b = _arrays((2, 3, 20, 20), (16, 3, 3, 3), seed=4)
+    x, w = x.astype(dt), w.astype(dt)
+    y, path = _forced(x, w, None, dict(stride=2, padding=1))
+    assert path.startswith("stem") and y.dtype == dt
+    want = xconv.conv_fprop(x.astype(np.float32), w.astype(np.float32), backend="numpy-exact", stride=2, padding=1)
+    assert y.astype(np.float32).tobytes() == want.astype(dt).astype(np.float32).tobytes() or \
+        np.allclose(y.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("where", ["x", "w"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_non_finite_inputs_agree_with_the_reference(where, value):
+    """The reference multiplies the padding's zeros (0 * inf is NaN there); the stem loops skip the tap rows that read
+    padding, so a non-finite weight detours to ``columns``; a non-finite x is multiplied as the reference does."""
+    x, w, b = _arrays((2, 3, 9, 9), (5, 3, 3, 3), seed=5)
+    (x if where == "x" else w)[0, 0, 0, 0] = value
+    y, path = _forced(x, w, b, dict(stride=2, padding=1))
+    assert path.startswith("columns" if where == "w" else "stem"), path
+    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
+                            backend="numpy-exact", stride=2, padding=1)
+    assert_same_non_finite([y], [want], rtol=1e-5)
+
+
+@pytest.mark.parametrize("xs, ws, s, pad", [((8, 3, 64, 64), (64, 3, 7, 7), 2, 3), ((8, 3, 96, 96), (16, 3, 3, 3), 2, 1),
+                                            ((2, 3, 224, 224), (64, 3, 7, 7), 2, 3)])
+def test_the_cost_model_sends_real_stems_here(xs, ws, s, pad):
+    x, w, _ = _arrays(xs, ws)
+    with xconv.trace() as t:
+        xconv.conv_fprop(x, w, stride=s, padding=pad)
+    assert t.records[0].path.startswith("stem: stem C loops [output: cost model: stem cheapest"), t.records[0].path
+
+
+def test_more_channels_groups_and_float64_are_not_served():
+    x, w, _ = _arrays((2, 8, 9, 9), (4, 8, 3, 3))
+    assert not stem.serves(_params(x, w, {}))
+    x, w, _ = _arrays((2, 4, 9, 9), (4, 2, 3, 3))
+    assert not stem.serves(_params(x, w, dict(groups=2)))
+    x, w, _ = _arrays((2, 3, 9, 9), (4, 3, 3, 3), dtype=np.float64)
+    assert not stem.serves(_params(x, w, {}))
+    y, path = _forced(x, w, None, {})
+    assert not path.startswith("stem")
+
+
+def test_a_workspace_limit_below_its_bound_sends_the_call_elsewhere():
+    x, w, _ = _arrays((8, 3, 64, 64), (64, 3, 7, 7))
+    p = _params(x, w, dict(stride=2, padding=3))
+    limit = stem.bound(p) - 1
+    with xconv.trace() as t:
+        y = xconv.conv_fprop(x, w, stride=2, padding=3, workspace_limit=limit)
+    assert not t.records[0].path.startswith("stem") and "excludes stem" in t.records[0].path
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, stride=2, padding=3), rtol=1e-4, atol=1e-3)
