@@ -1,4 +1,5 @@
-"""The stem forward (backends/xconv_numpy/stem.py, csrc/stem.c): few input channels, direct loops along output rows.
+"""The stem path (backends/xconv_numpy/stem.py, csrc/stem.c): few input channels, forward and weight gradient as direct
+loops along output rows.
 
 Checked against float64 sums of the definition (numpy-exact on float64 copies) and, where installed, PyTorch's CPU
 convolution in float64; its bits against themselves across worker counts, input layouts and masks of the
@@ -23,11 +24,12 @@ CASES = [
     ((2, 3, 96, 96), (16, 3, 3, 3), 2, 1, 1),             # MobileNetV2's
     ((2, 3, 6, 40, 41), (13, 3, 3, 3, 3), (1, 2, 2), 1, 1),
     ((3, 1, 200), (5, 1, 10), 5, 0, 1),                   # 1-D, one channel (the table sends it to depthwise)
-    ((2, 4, 17, 35), (1, 4, 3, 5), (2, 3), (1, 2), 1),
+    ((2, 4, 17, 60), (1, 4, 3, 5), (2, 3), (1, 2), 1),
     ((1, 2, 9, 70), (29, 2, 3, 3), 1, ((0, 2), (3, 1)), 2),
     ((2, 3, 5, 16), (12, 3, 5, 1), 1, (2, 0), 1),
-    ((2, 3, 4, 33), (4, 3, 2, 2), 3, 0, (1, 3)),
-    ((1, 3, 1, 1), (7, 3, 3, 3), 1, 1, 1),
+    ((2, 3, 4, 70), (4, 3, 2, 2), 3, 0, (1, 3)),
+    ((1, 3, 3, 18), (7, 3, 3, 3), 1, 1, 1),
+    ((2, 2, 3, 3, 40), (5, 2, 1, 2, 4), 1, 0, 1),
 ]
 
 
@@ -73,15 +75,16 @@ def test_stem_matches_pytorch():
 
 
 def test_a_hand_worked_case():
-    """One channel of ones through a 2x2 kernel 1, 2 / 3, 4 at stride 2 and padding 1: corners read one tap, edges
-    two, the inside all four (plus the bias 0.5)."""
-    x = np.ones((1, 2, 4, 4), np.float32)
+    """One channel of ones (4 x 32) through a 2x2 kernel 1, 2 / 3, 4 at stride 2 and padding 1: corners read one tap,
+    edges two, the inside all four (plus the bias 0.5)."""
+    x = np.ones((1, 2, 4, 32), np.float32)
     x[0, 1] = 0
     w = np.zeros((1, 2, 2, 2), np.float32)
     w[0, 0] = [[1, 2], [3, 4]]
     y, path = _forced(x, w, np.array([0.5], np.float32), dict(stride=2, padding=1))
-    assert path.startswith("stem")
-    np.testing.assert_array_equal(y[0, 0], np.array([[4, 7, 3], [6, 10, 4], [2, 3, 1]], np.float32) + 0.5)
+    assert path.startswith("stem") and y.shape == (1, 1, 3, 17)
+    row = lambda first, inner, last: [first] + [inner] * 15 + [last]       # noqa: E731
+    np.testing.assert_array_equal(y[0, 0], np.array([row(4, 7, 3), row(6, 10, 4), row(2, 3, 1)], np.float32) + 0.5)
 
 
 @pytest.mark.parametrize("case", CASES[:3] + CASES[4:6], ids=lambda c: "x".join(map(str, c[0])))
@@ -127,13 +130,14 @@ def test_half_precision_inputs_are_summed_in_float32(dtype):
     import ml_dtypes  # noqa: F401  (xconv's bfloat16)
     from xconv.dtypes import DTYPES
     dt = DTYPES[dtype]
-    x, w, b = _arrays((2, 3, 20, 20), (16, 3, 3, 3), seed=4)
+    x, w, b = _arrays((2, 3, 20, 40), (16, 3, 3, 3), seed=4)
     x, w = x.astype(dt), w.astype(dt)
     y, path = _forced(x, w, None, dict(stride=2, padding=1))
     assert path.startswith("stem") and y.dtype == dt
-    want = xconv.conv_fprop(x.astype(np.float32), w.astype(np.float32), backend="numpy-exact", stride=2, padding=1)
-    assert y.astype(np.float32).tobytes() == want.astype(dt).astype(np.float32).tobytes() or \
-        np.allclose(y.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", stride=2, padding=1)
+    # float32 sums rounded once to the half type: within one unit of its last place of the exact value
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -7 if dtype == "bfloat16" else 2 ** -10,
+                               atol=1e-2)
 
 
 @pytest.mark.parametrize("where", ["x", "w"])
@@ -141,7 +145,7 @@ def test_half_precision_inputs_are_summed_in_float32(dtype):
 def test_non_finite_inputs_agree_with_the_reference(where, value):
     """The reference multiplies the padding's zeros (0 * inf is NaN there); the stem loops skip the tap rows that read
     padding, so a non-finite weight detours to ``columns``; a non-finite x is multiplied as the reference does."""
-    x, w, b = _arrays((2, 3, 9, 9), (5, 3, 3, 3), seed=5)
+    x, w, b = _arrays((2, 3, 9, 40), (5, 3, 3, 3), seed=5)
     (x if where == "x" else w)[0, 0, 0, 0] = value
     y, path = _forced(x, w, b, dict(stride=2, padding=1))
     assert path.startswith("columns" if where == "w" else "stem"), path
@@ -159,12 +163,77 @@ def test_the_cost_model_sends_real_stems_here(xs, ws, s, pad):
     assert t.records[0].path.startswith("stem: stem C loops [output: cost model: stem cheapest"), t.records[0].path
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])))
+def test_weight_gradient_matches_float64_sums_of_the_definition(case):
+    xs, ws, s, pad, d = case
+    x, w, _ = _arrays(xs, ws, seed=6)
+    kw = _kw(s, pad, d)
+    dy = np.random.default_rng(7).standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
+    with xconv.trace() as t, paths.force("stem"):
+        dw = xconv.convolution_backward(dy, x, w, output_mask=(False, True, False), **kw)[1]
+    assert t.records[0].path.startswith("stem"), t.records[0].path
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      output_mask=(False, True, False), backend="numpy-exact", **kw)[1]
+    assert dw.dtype == np.float32 and dw.shape == w.shape
+    scale = np.abs(dy).max() * np.abs(x).max() * np.prod(dy.shape) / dy.shape[1]
+    np.testing.assert_allclose(dw, want, rtol=0, atol=1e-6 * scale)
+
+
+def test_weight_gradient_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    x, w, _ = _arrays((4, 3, 37, 52), (24, 3, 7, 7), seed=8)
+    dy = np.random.default_rng(9).standard_normal((4, 24, 19, 26)).astype(np.float32)
+    with xconv.trace() as t:
+        dw = xconv.convolution_backward(dy, x, w, stride=2, padding=3, output_mask=(False, True, False))[1]
+    assert t.records[0].path.startswith("stem")
+    want = torch.ops.aten.convolution_backward(torch.from_numpy(dy).double(), torch.from_numpy(x).double(),
+                                               torch.from_numpy(w).double(), None, [2, 2], [3, 3], [1, 1], False,
+                                               [0, 0], 1, [False, True, False])[1].numpy()
+    np.testing.assert_allclose(dw, want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("case", CASES[:3] + CASES[4:6], ids=lambda c: "x".join(map(str, c[0])))
+def test_weight_gradient_bits_do_not_depend_on_workers_masks_or_layouts(case):
+    xs, ws, s, pad, d = case
+    x, w, _ = _arrays(xs, ws, seed=10)
+    kw = _kw(s, pad, d)
+    dy = np.random.default_rng(11).standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
+    with paths.force("stem"):
+        base = xconv.convolution_backward(dy, x, w, output_mask=(False, True, False), **kw)[1]
+        full = xconv.convolution_backward(dy, x, w, bias_sizes=(ws[0],), **kw)
+        assert full[1].tobytes() == base.tobytes()
+        fortran = xconv.convolution_backward(np.asfortranarray(dy), np.asfortranarray(x), w,
+                                             output_mask=(False, True, False), **kw)[1]
+        assert fortran.tobytes() == base.tobytes()
+    p = _params(x, w, kw)
+    for workers in (1, 2, 3, 7):
+        assert stem.wgrad(dy, x, p, workers).tobytes() == base.tobytes()
+
+
+@pytest.mark.parametrize("where", ["x", "dy"])
+def test_weight_gradient_with_non_finite_inputs_takes_the_detour(where):
+    x, w, _ = _arrays((2, 3, 9, 40), (5, 3, 3, 3), seed=12)
+    dy = np.random.default_rng(13).standard_normal((2, 5, 5, 20)).astype(np.float32)
+    (x if where == "x" else dy)[0, 0, 0, 0] = np.inf
+    with xconv.trace() as t, paths.force("stem"):
+        dw = xconv.convolution_backward(dy, x, w, stride=2, padding=1, output_mask=(False, True, False))[1]
+    assert t.records[0].path.startswith("columns"), t.records[0].path
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), stride=2,
+                                      padding=1, output_mask=(False, True, False), backend="numpy-exact")[1]
+    assert_same_non_finite([dw], [want], rtol=1e-5)
+
+
+def test_rows_shorter_than_a_vector_are_not_served():
+    x, w, _ = _arrays((2, 3, 9, 9), (4, 3, 3, 3))
+    assert not stem.serves(_params(x, w, dict(padding=1)))           # 9 output positions per row
+
+
 def test_more_channels_groups_and_float64_are_not_served():
-    x, w, _ = _arrays((2, 8, 9, 9), (4, 8, 3, 3))
+    x, w, _ = _arrays((2, 8, 9, 30), (4, 8, 3, 3))
     assert not stem.serves(_params(x, w, {}))
-    x, w, _ = _arrays((2, 4, 9, 9), (4, 2, 3, 3))
+    x, w, _ = _arrays((2, 4, 9, 30), (4, 2, 3, 3))
     assert not stem.serves(_params(x, w, dict(groups=2)))
-    x, w, _ = _arrays((2, 3, 9, 9), (4, 3, 3, 3), dtype=np.float64)
+    x, w, _ = _arrays((2, 3, 9, 30), (4, 3, 3, 3), dtype=np.float64)
     assert not stem.serves(_params(x, w, {}))
     y, path = _forced(x, w, None, {})
     assert not path.startswith("stem")

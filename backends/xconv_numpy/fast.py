@@ -110,6 +110,8 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
         with pinned_blas_workers() as workers:
             workers = _share(p, workers, "backward", colgemm.runs_as_jobs(p))
             return colgemm.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
+    if name == "stem":                               # the weight gradient only (paths.cost_pick)
+        return None, stem.wgrad(dy, x, p, _share(p, blas_workers(), "backward", True)), None
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         workers = _share(p, workers, "backward", name == "dense")
         if name == "dense":

@@ -69,6 +69,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.xconv_jobs_layout.argtypes, lib.xconv_jobs_layout.restype = [ctypes.c_int], ctypes.c_int64
     lib.xconv_cpu_level.argtypes, lib.xconv_cpu_level.restype = [], ctypes.c_int
     lib.xconv_stem_scratch.argtypes, lib.xconv_stem_scratch.restype = [p], ctypes.c_int64
+    lib.xconv_stem_wjobs.argtypes, lib.xconv_stem_wjobs.restype = [p, ctypes.c_int64], ctypes.c_int64
 
 
 def load() -> ctypes.CDLL:

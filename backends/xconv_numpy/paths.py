@@ -97,8 +97,8 @@ PATHS = {p.name: p for p in (
     Path("small-c-blocks", "fprop: the small path's stride-1 loops in blocks of samples on the workers",
          "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks",
          bounds.small),
-    Path("stem", "fprop: at most 4 input channels, one group (a network's stem): direct loops along output rows",
-         "stem.fprop (csrc/stem.c)", "none", False, "detour", "stem C loops", stem.bound),
+    Path("stem", "fprop, wgrad (dw): at most 4 input channels, one group (a network's stem): direct loops along rows",
+         "stem.fprop / stem.wgrad (csrc/stem.c)", "none", False, "detour", "stem C loops", stem.bound),
 )}
 
 #: The mask the rules see: the full call's, whatever the call asks for (see Determinism above).
@@ -198,6 +198,8 @@ def cost_pick(p, output: str):
             cands.append("dense")
         if geom(p).pointwise:
             cands.append("pointwise")
+        if output == "dw" and stem.serves(p):
+            cands.append("stem")
     return cost.cheapest(p, output, cands) if cands else None
 
 
@@ -228,7 +230,7 @@ RULES = (
          _grid_without_dense),
     *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
       for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
-      for name in ("small-c", "small-cols", "colgemm", "dense", "pointwise")),
+      for name in ("small-c", "small-cols", "colgemm", "dense", "pointwise") + (("stem",) if short == "dw" else ())),
     Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
     *(Rule(f"small, {why} (small.serves)", "backward", _GRADS, name, _small_variant(name, _small_size))
       for name, why in _SMALL_VARIANTS),
@@ -250,7 +252,7 @@ def _state():
 
 
 #: What a forced path can compute, ``(p, op)`` (where it is not forced it serves by its rule above; a forced path
-#: is also only tried for the ops its rules name). grad_bias has no choice: "bias-sum" cannot be forced.
+#: is also only tried for the ops and outputs its rules name). grad_bias has no choice: "bias-sum" cannot be forced.
 _COMPUTES = {
     "columns": lambda p, op: True,
     "depthwise": lambda p, op: depthwise.serves(p),
@@ -262,7 +264,7 @@ _COMPUTES = {
     "grid-forward": lambda p, op: True,
     "colgemm": lambda p, op: small.compiled_available() and colgemm.fits(p, True, True, op == "fprop"),
     "small-c-blocks": lambda p, op: small.computes(p) and small.grid_compiled(p),
-    "stem": lambda p, op: stem.serves(p),
+    "stem": lambda p, op: stem.serves(p),           # backward: grad_weight only (its rules name no other output)
 }
 
 
@@ -382,7 +384,7 @@ def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path
 
     for name in names:
         path = PATHS[name]
-        if name not in off and may_run(path) and any(r.path == name and r.op == op for r in RULES) \
+        if name not in off and may_run(path) and any(r.path == name and r.op == op and output in r.outputs for r in RULES) \
                 and _COMPUTES[name](p, op):
             return path, "forced"
     for rule in RULES:

@@ -1,4 +1,4 @@
-"""The forward of a network's stem: few input channels per output, direct C loops along output rows (csrc/stem.c).
+"""A network's stem (few input channels): its forward and weight gradient as direct C loops along rows (csrc/stem.c).
 
 A stem (3 colour channels, a 7x7 or 3x3 kernel, stride 2: ResNet's, MobileNet's) gives im2col + BLAS a product
 whose inner dimension is only ``C * taps`` (27-147) over a wide output, and columns several times the size of
@@ -9,9 +9,16 @@ x; the grid forward copies as much. Here
 is summed in registers, 12 output channels x 32 positions of a row at a time (AVX-512; 6 x 32 elsewhere), from
 each input row copied once per output row into its stride phases (every tap a contiguous load), the bias added
 last. Rows are C jobs (:mod:`.jobs`) on the workers; each output element is one sum in one order whatever thread
-runs its row, so the bits depend on the configuration and the values only. float32 compute (float16 and bfloat16
-computed in float32 as elsewhere; float64 is not served), one group, any stride, dilation, padding and 1-, 2- or
-3-D. Padding zeros are multiplied: non-finite inputs detour to ``columns`` (paths.py).
+runs its row, so the bits depend on the configuration and the values only.
+
+The weight gradient (the first layer's only gradient: its input needs none) sums, per block of output channels and
+tap row (c, kd, kh), dy's rows times x's rows in their stride phases (copied once per call) over every output row
+in order, in 16 lanes along the row, the lanes added in order at the end: each dW element one job's sum.
+
+float32 compute (float16 and bfloat16 computed in float32 as elsewhere; float64 is not served), one group, any
+stride, dilation, padding and 1-, 2- or 3-D. The loops skip tap rows that read padding and multiply the rest of
+the padding's zeros: a non-finite weight (forward) or non-finite dy or x (weight gradient) detours to ``columns``
+(fast.py, paths.py).
 """
 
 from __future__ import annotations
@@ -36,10 +43,11 @@ JOBS_PER_WORKER = 4
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether this path computes ``p``'s forward: the compiled loops and their jobs built, float32 compute, one group
-    of at most MAX_CHANNELS input channels, a row's scratch within MAX_SCRATCH."""
+    """Whether this path computes ``p``'s forward and weight gradient: the compiled loops and their jobs built, float32
+    compute, one group of at most MAX_CHANNELS input channels, output rows of at least 16 positions (one vector), a
+    row's scratch within MAX_SCRATCH."""
     return (not p.transposed and p.groups == 1 and p.dtype != "float64" and native.library() is not None
-            and p.input_shape[1] <= MAX_CHANNELS and scratch_floats(p) <= MAX_SCRATCH)
+            and p.input_shape[1] <= MAX_CHANNELS and p.output_shape[-1] >= 16 and scratch_floats(p) <= MAX_SCRATCH)
 
 
 @per_params
@@ -50,9 +58,18 @@ def scratch_floats(p: ConvParams) -> int:
 
 
 def bound(p: ConvParams) -> int:
-    """Scratch bytes at most (not leased): every worker's phase rows, and the float32 copies of x and w."""
+    """Scratch bytes at most (not leased): every worker's phase rows, x's phase rows (weight gradient), and float32
+    copies of x, w and dy."""
     from .blas import MAX_WORKERS
-    return 4 * (MAX_WORKERS * scratch_floats(p) + math.prod(p.input_shape) + math.prod(p.weight_shape))
+    return 4 * (MAX_WORKERS * scratch_floats(p) + _phase_floats(p) + math.prod(p.input_shape)
+                + math.prod(p.weight_shape) + math.prod(p.output_shape))
+
+
+def _phase_floats(p: ConvParams) -> int:
+    """Floats of x's rows in their stride phases (csrc/stem.c's stem_lq per row and phase)."""
+    ow, kw, sw, dw = p.output_shape[-1], p.kernel[-1], p.stride[-1], p.dilation[-1]
+    lq = -(-ow // 32) * 32 + (kw - 1) * dw // sw + 1
+    return math.prod(p.input_shape[:-1]) * sw * lq
 
 
 def _rows(p: ConvParams) -> int:
@@ -73,3 +90,23 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
               jobs.ranges(rows, JOBS_PER_WORKER * workers))
     run.run(workers, scratch)
     return y if p.dtype == "float32" else y.astype(DTYPES[p.dtype])
+
+
+def wgrad(dy, x, p: ConvParams, workers: int):
+    """dW (float32 compute, inputs finite): x's rows in their phases (jobs by rows), then the blocks of output
+    channels x tap rows (jobs), on up to ``workers`` threads."""
+    x, geo = small_c.im2col_input(x, p, np.float32)
+    dy = np.ascontiguousarray(dy, np.float32)
+    ph = np.empty(_phase_floats(p), np.float32)
+    dw = np.empty(p.weight_shape, np.float32)
+    co = p.output_shape[1]
+    tracing.note(workspace_bytes=4 * ph.size)
+    xrows = math.prod(p.input_shape[:-1])
+    run = jobs.Jobs()
+    parts = jobs.ranges(xrows, 2 * workers)
+    run.split("stem_phases", (native.address(x), native.address(ph), native.address(geo)), 3, parts, signal=0)
+    run.split("stem_wgrad", (native.address(ph), native.address(dy), native.address(dw), native.address(geo), co), 5,
+              jobs.ranges(int(native.library().xconv_stem_wjobs(native.address(geo), co)), JOBS_PER_WORKER * workers),
+              wait=(0, len(parts)))
+    run.run(workers)
+    return dw if p.dtype == "float32" else dw.astype(DTYPES[p.dtype])

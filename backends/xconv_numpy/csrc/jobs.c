@@ -11,7 +11,7 @@
 #define XJ_LEN 24
 enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6,
        XJ_SGEMM = 7, XJ_SGEMM_BATCH = 8,
-       XJ_IM2COL = 9, XJ_COL2IM = 10, XJ_STEM_ROWS = 11 };
+       XJ_IM2COL = 9, XJ_COL2IM = 10, XJ_STEM_ROWS = 11, XJ_STEM_PHASES = 12, XJ_STEM_WGRAD = 13 };
 /* NumPy's own ILP64 cblas_sgemm (its address a job's first argument): C = A @ B, row-major, as numpy.matmul calls it */
 typedef void (*xj_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                            int64_t, float, float *, int64_t);
@@ -65,6 +65,12 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
         break;
     case XJ_STEM_ROWS:  /* x, w, bias (0: none), y, geo, Co, output rows [r0, r1) (float32; the thread's scratch) */
         xconv_stem_fprop_rows(P(0), P(1), P(2), P(3), P(4), a[5], a[6], a[7], scratch);
+        break;
+    case XJ_STEM_PHASES:    /* x, phase rows, geo, x's rows [r0, r1) */
+        xconv_stem_phases(P(0), P(1), P(2), a[3], a[4]);
+        break;
+    case XJ_STEM_WGRAD:     /* phase rows, dy, dw, geo, Co, jobs [j0, j1) */
+        xconv_stem_wgrad(P(0), P(1), P(2), P(3), a[4], a[5], a[6]);
         break;
     default:
         break;

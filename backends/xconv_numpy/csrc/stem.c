@@ -16,6 +16,12 @@
 typedef float stem_v16 __attribute__((vector_size(64)));
 
 static inline stem_v16 stem_load(const float *p) { stem_v16 v; memcpy(&v, p, sizeof v); return v; }
+/* The lanes of v added in order. */
+static inline float stem_lane_sum(stem_v16 v) {
+    float s = 0.0f;
+    for (int l = 0; l < 16; l++) s += v[l];
+    return s;
+}
 
 /* Output channels per register block: 12 x 2 vectors of accumulators fill AVX-512's 32 registers; AVX2's 16 (a
  * vector is two of them there) take 6 (the baseline build, four SSE registers per vector, the same: spills). */
@@ -25,11 +31,32 @@ static inline stem_v16 stem_load(const float *p) { stem_v16 v; memcpy(&v, p, siz
 #define STEM_KT 6
 #endif
 
+/* One input row (W elements at stride xw) as its sw phase rows of lq floats: phase q's element j is
+ * x[j * sw + q - pw], 0 outside the row. */
+static void stem_phase_row(const float *src, int64_t xw, int64_t W, int64_t pw, int64_t sw, int64_t lq, float *buf) {
+    for (int64_t q = 0; q < sw; q++) {
+        float *out = buf + q * lq;
+        int64_t lo = q - pw >= 0 ? 0 : (pw - q + sw - 1) / sw;
+        int64_t hi = W - 1 - (q - pw) < 0 ? 0 : (W - 1 - (q - pw)) / sw + 1;
+        if (hi > lq) hi = lq;
+        if (lo > hi) lo = hi;
+        memset(out, 0, (size_t)lo * sizeof(float));
+        const float *s0 = src + (q - pw) * xw;
+        const int64_t step = sw * xw;
+        for (int64_t j = lo; j < hi; j++) out[j] = s0[j * step];
+        memset(out + hi, 0, (size_t)(lq - hi) * sizeof(float));
+    }
+}
+
+/* The length of a phase row for geometry g (room for 32-lane blocks past the last output and the widest tap). */
+static inline int64_t stem_lq(const int64_t *g) {
+    return (g[S_OW] + 31) / 32 * 32 + ((g[S_KW] - 1) * g[S_DW]) / g[S_SW] + 1;
+}
+
 /* Scratch floats per thread for geometry g: the phase rows of every tap row, then (int64) their weight offsets and
  * the taps' offsets in a tap row. */
 int64_t xconv_stem_scratch(const int64_t *g) {
-    const int64_t rows = g[S_C] * g[S_KD] * g[S_KH], sw = g[S_SW];
-    const int64_t lq = (g[S_OW] + 31) / 32 * 32 + ((g[S_KW] - 1) * g[S_DW]) / sw + 1;
+    const int64_t rows = g[S_C] * g[S_KD] * g[S_KH], sw = g[S_SW], lq = stem_lq(g);
     return rows * sw * lq + 2 * (rows + g[S_KW]) + 16;
 }
 
@@ -97,7 +124,7 @@ void xconv_stem_fprop_rows(const float *x, const float *w, const float *bias, fl
     const int64_t pd = g[S_PD], ph = g[S_PH], pw = g[S_PW];
     const int64_t xn = g[S_XS], xc = g[S_XS + 1], xd = g[S_XS + 2], xh = g[S_XS + 3], xw = g[S_XS + 4];
     const int64_t CK = C * KD * KH * KW, plane = OD * OH * OW, nrows = C * KD * KH;
-    const int64_t lq = (OW + 31) / 32 * 32 + ((KW - 1) * dw) / sw + 1;
+    const int64_t lq = stem_lq(g);
     float *rows = scratch;
     int64_t *widx = (int64_t *)(void *)(((uintptr_t)(scratch + nrows * sw * lq) + 7) & ~(uintptr_t)7);
     int64_t *kwo = widx + nrows;                   /* tap kw's offset in a tap row's phase rows */
@@ -113,22 +140,205 @@ void xconv_stem_fprop_rows(const float *x, const float *w, const float *bias, fl
                     const int64_t ih = oh * sh - ph + kh * dh;
                     if (ih < 0 || ih >= H) continue;
                     const float *src = x + n * xn + c * xc + id * xd + ih * xh;
-                    float *buf = rows + nt * sw * lq;
-                    for (int64_t q = 0; q < sw; q++) {     /* phase q: j in [lo, hi) reads x[j * sw + q - pw] */
-                        float *ph_ = buf + q * lq;
-                        int64_t lo = q - pw >= 0 ? 0 : (pw - q + sw - 1) / sw;
-                        int64_t hi = W - 1 - (q - pw) < 0 ? 0 : (W - 1 - (q - pw)) / sw + 1;
-                        if (hi > lq) hi = lq;
-                        if (lo > hi) lo = hi;
-                        memset(ph_, 0, (size_t)lo * sizeof(float));
-                        const float *s0 = src + (q - pw) * xw;
-                        const int64_t step = sw * xw;
-                        for (int64_t j = lo; j < hi; j++) ph_[j] = s0[j * step];
-                        memset(ph_ + hi, 0, (size_t)(lq - hi) * sizeof(float));
-                    }
+                    stem_phase_row(src, xw, W, pw, sw, lq, rows + nt * sw * lq);
                     widx[nt++] = ((c * KD + kd) * KH + kh) * KW;
                 }
             }
         stem_row(rows, widx, nt, w, Co, CK, KW, kwo, sw, lq, OW, bias, y + n * Co * plane + (od * OH + oh) * OW, plane);
+    }
+}
+
+/* ---- The weight gradient: dw[k, c, kd, kh, kw] = sum over n, od, oh (in order) of the row sums over ow of
+ * dy[n, k, od, oh, ow] * x[n, c, id, ih, ow * sw + kw * dw - pw], each row's products kept in 16 lanes (position
+ * ow in lane ow % 16) across all rows, the lanes added in order at the end. x's rows come in their stride phases
+ * (xconv_stem_phases, once per call); a job is a block of output channels for one tap row (c, kd, kh): every dw
+ * element is one job's, in one order, whatever thread runs it. */
+
+/* Rows [r0, r1) of x's N * C * D * H rows as their phase rows (ph: row r at r * sw * lq floats). */
+void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, int64_t r1) {
+    const int64_t C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W], sw = g[S_SW], pw = g[S_PW], lq = stem_lq(g);
+    const int64_t xn = g[S_XS], xc = g[S_XS + 1], xd = g[S_XS + 2], xh = g[S_XS + 3], xw = g[S_XS + 4];
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t n = r / (C * D * H), c = r / (D * H) % C, d = r / H % D, h = r % H;
+        stem_phase_row(x + n * xn + c * xc + d * xd + h * xh, xw, W, pw, sw, lq, ph + r * sw * lq);
+    }
+}
+
+/* Output channels x taps of a row per block: KT * KWC accumulators, KT dy vectors and one x vector within the
+ * registers (AVX-512's 32; a vector is two of AVX2's 16, and four of the baseline's: one tap at a time there). */
+#if defined(__AVX512F__)
+#define STEM_WT(KW) ((KW) == 7 ? 3 : (KW) == 5 || (KW) == 3 ? 4 : 12)
+#else
+#define STEM_WT(KW) 3
+#endif
+
+/* The blocks (stem_wblock.h), named stem_w<channels>x<taps>: the full blocks (STEM_WT channels x all
+ * taps of a row: 7, 5, 3 on AVX-512; else one tap at a time) and one-channel tails. */
+#define WKT 3
+#define WKC 7
+#define WTAIL 0
+#define WNAME stem_w3x7
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 3
+#define WKC 7
+#define WTAIL 1
+#define WNAME stem_w3x7t
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 1
+#define WKC 7
+#define WTAIL 1
+#define WNAME stem_w1x7
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 4
+#define WKC 5
+#define WTAIL 0
+#define WNAME stem_w4x5
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 4
+#define WKC 5
+#define WTAIL 1
+#define WNAME stem_w4x5t
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 1
+#define WKC 5
+#define WTAIL 1
+#define WNAME stem_w1x5
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 4
+#define WKC 3
+#define WTAIL 0
+#define WNAME stem_w4x3
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 4
+#define WKC 3
+#define WTAIL 1
+#define WNAME stem_w4x3t
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 1
+#define WKC 3
+#define WTAIL 1
+#define WNAME stem_w1x3
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 12
+#define WKC 1
+#define WTAIL 0
+#define WNAME stem_w12x1
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 12
+#define WKC 1
+#define WTAIL 1
+#define WNAME stem_w12x1t
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 3
+#define WKC 1
+#define WTAIL 0
+#define WNAME stem_w3x1
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 3
+#define WKC 1
+#define WTAIL 1
+#define WNAME stem_w3x1t
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+#define WKT 1
+#define WKC 1
+#define WTAIL 1
+#define WNAME stem_w1x1
+#include "stem_wblock.h"
+#undef WKT
+#undef WKC
+#undef WTAIL
+#undef WNAME
+
+/* The number of weight-gradient jobs of a call (blocks of output channels x tap rows). */
+int64_t xconv_stem_wjobs(const int64_t *g, int64_t Co) {
+    const int64_t kt = STEM_WT(g[S_KW]);
+    return (Co + kt - 1) / kt * g[S_C] * g[S_KD] * g[S_KH];
+}
+
+/* Jobs [j0, j1) of dw (Co, C, KD, KH, KW; contiguous) from x's phase rows and dy (N, Co, OD, OH, OW; contiguous);
+ * OW >= 16. */
+void xconv_stem_wgrad(const float *ph, const float *dy, float *dw, const int64_t *g, int64_t Co, int64_t j0,
+                      int64_t j1) {
+    const int64_t KW = g[S_KW], rows = g[S_C] * g[S_KD] * g[S_KH], lq = stem_lq(g), sw = g[S_SW], dw_ = g[S_DW];
+    int64_t kwo[KW];
+    for (int64_t kw = 0; kw < KW; kw++) kwo[kw] = (kw * dw_) % sw * lq + (kw * dw_) / sw;
+    for (int64_t j = j0; j < j1; j++) {
+        const int64_t t = j % rows, k0 = j / rows * STEM_WT(KW);
+        const int64_t kn = Co - k0 < STEM_WT(KW) ? Co - k0 : STEM_WT(KW);
+#if defined(__AVX512F__)
+#define STEM_W(KWV, FULL, TAIL)                                                                              \
+        if (KW == (KWV)) {                                                                                   \
+            if (kn == STEM_WT(KWV))                                                                          \
+                (g[S_OW] % 16 ? XCONV_CAT(FULL, t) : FULL)(ph, dy, dw, g, Co, k0, t, 0, kwo, lq);            \
+            else                                                                                             \
+                for (int64_t k = k0; k < k0 + kn; k++) TAIL(ph, dy, dw, g, Co, k, t, 0, kwo, lq);            \
+            continue;                                                                                        \
+        }
+        STEM_W(7, stem_w3x7, stem_w1x7) STEM_W(5, stem_w4x5, stem_w1x5) STEM_W(3, stem_w4x3, stem_w1x3)
+#define STEM_W1 stem_w12x1
+#else
+#define STEM_W1 stem_w3x1
+#endif
+        const int row_tail = g[S_OW] % 16 != 0;
+#undef STEM_W
+        for (int64_t kw = 0; kw < KW; kw++) {
+            if (kn == STEM_WT(1))
+                (row_tail ? XCONV_CAT(STEM_W1, t) : STEM_W1)(ph, dy, dw, g, Co, k0, t, kw, kwo, lq);
+            else
+                for (int64_t k = k0; k < k0 + kn; k++) stem_w1x1(ph, dy, dw, g, Co, k, t, kw, kwo, lq);
+        }
+#undef STEM_W1
     }
 }

@@ -1,0 +1,52 @@
+/* One block of csrc/stem.c's weight gradient: WKT output channels x WKC taps of a tap row (a template, template.h:
+ * instantiated with WKT, WKC, WTAIL and the function's name WNAME; array sizes are constants, so the accumulators
+ * stay in registers). WTAIL 0: OW a multiple of 16; 1: any OW >= 16, the last OW % 16 positions as the row's last
+ * 16 with those before masked out (the code for it costs the loop registers: a separate instantiation). */
+
+static __attribute__((unused)) void WNAME(const float *ph, const float *dy, float *dw, const int64_t *g, int64_t Co, int64_t k0, int64_t t,
+                  int64_t kw0, const int64_t *kwo, int64_t lq) {
+    const int64_t N = g[S_N], C = g[S_C], D = g[S_D], H = g[S_H], OD = g[S_OD], OH = g[S_OH], OW = g[S_OW];
+    const int64_t KD = g[S_KD], KH = g[S_KH], KW = g[S_KW], sd = g[S_SD], sh = g[S_SH], dd = g[S_DD];
+    const int64_t dh = g[S_DH], pd = g[S_PD], phh = g[S_PH], sw = g[S_SW];
+    const int64_t c = t / (KD * KH), kd = t / KH % KD, kh = t % KH, plane = OD * OH * OW;
+    stem_v16 acc[WKT][WKC];
+#if WTAIL
+    const int64_t tail = OW % 16, at = OW - 16;      /* OW >= 16 (the caller's) */
+    stem_v16 mask = {0};
+    for (int l = 16 - (int)tail; l < 16; l++) mask[l] = 1.0f;
+#endif
+    for (int kt = 0; kt < WKT; kt++)
+        for (int j = 0; j < WKC; j++) acc[kt][j] = (stem_v16){0};
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t od = 0; od < OD; od++) {
+            const int64_t id = od * sd - pd + kd * dd;
+            if (id < 0 || id >= D) continue;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const int64_t ih = oh * sh - phh + kh * dh;
+                if (ih < 0 || ih >= H) continue;
+                const float *xr = ph + (((n * C + c) * D + id) * H + ih) * sw * lq;
+                const float *dr = dy + (n * Co + k0) * plane + (od * OH + oh) * OW;
+                for (int64_t ow0 = 0; ow0 + 16 <= OW; ow0 += 16) {
+                    stem_v16 dv[WKT];
+                    for (int kt = 0; kt < WKT; kt++) dv[kt] = stem_load(dr + kt * plane + ow0);
+                    for (int j = 0; j < WKC; j++) {
+                        const stem_v16 xv = stem_load(xr + kwo[kw0 + j] + ow0);
+                        for (int kt = 0; kt < WKT; kt++) acc[kt][j] += dv[kt] * xv;
+                    }
+                }
+#if WTAIL
+                if (tail) {         /* the last OW % 16 positions: the row's last 16, those before masked out */
+                    stem_v16 dv[WKT];
+                    for (int kt = 0; kt < WKT; kt++)
+                        dv[kt] = stem_load(dr + kt * plane + at) * mask;
+                    for (int j = 0; j < WKC; j++) {
+                        const stem_v16 xv = stem_load(xr + kwo[kw0 + j] + at);
+                        for (int kt = 0; kt < WKT; kt++) acc[kt][j] += dv[kt] * xv;
+                    }
+                }
+#endif
+            }
+        }
+    for (int kt = 0; kt < WKT; kt++)
+        for (int j = 0; j < WKC; j++) dw[(k0 + kt) * C * KD * KH * KW + t * KW + kw0 + j] = stem_lane_sum(acc[kt][j]);
+}
