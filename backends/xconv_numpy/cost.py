@@ -168,21 +168,30 @@ def dense(p, output: str) -> float:
 
 
 #: The stem loops' multiply-adds per second and core, times Co / (Co + STEM_K0): a block of fewer output channels
-#: reuses each loaded input vector less (measured, AVX-512 build, Zen 4, one core: 64 channels (ResNet's 7x7 stem) 44
-#: GMAC/s, 16 (MobileNet's 3x3) about 25).
-STEM_MACS = 50e9
-STEM_K0 = 8
+#: reuses each loaded input vector less; their weight gradient STEM_DW times slower; STEM_CALL per call (two job
+#: phases). Fitted on two threads, Zen 4, AVX-512 build (ms, forward / weight gradient): ResNet's 7x7 stem at 8x3x64x64
+#: 1.07 / 1.83, MobileNetV2's 3x3 s2 at 8x3x96x96 0.46 / 0.57, 3x3 s1 4x3x64x64 -> 32 0.36-0.57 / 0.62, 4x3x32x32 ->
+#: 16 - / 0.17 (the small loops 0.11: they keep it), the 3-D 3x3x3 stem at 2x3x8x56x56 2.1 / 2.9 (the small loops'
+#: weight gradient 10.4, estimated 2.8).
+STEM_MACS = 45e9
+STEM_K0 = 16
+STEM_DW = 1.2
+STEM_CALL = 40e-6
 
 
 def stem(p, output: str = "y") -> float:
-    """The stem loops (forward): the sums at their rate, plus the copy of each output row's input rows into their
-    stride phases, over the cores."""
+    """The stem loops (forward, weight gradient): the sums at their rate, plus the copy of the input rows into their
+    stride phases (per output row for the forward), over the cores."""
     N, C, Co, g, K, Q = _sizes(p)
     kw, sw = p.kernel[-1], p.stride[-1]
     ow = p.output_shape[-1]
-    rows = N * Q // ow
-    phase_rows = rows * C * (K // kw) * sw * (-(-ow // 32) * 32 + (kw - 1) * p.dilation[-1] // sw + 1)
-    return CALL + (macs(p) / (STEM_MACS * Co / (Co + STEM_K0)) + COPY * phase_rows) / CORES
+    lq = -(-ow // 32) * 32 + (kw - 1) * p.dilation[-1] // sw + 1
+    if output == "dw":                               # x's rows, once per call
+        phase_rows = math.prod(p.input_shape[:-1]) * sw * lq
+    else:                                            # each output row's tap rows
+        phase_rows = N * Q // ow * C * (K // kw) * sw * lq
+    sums = macs(p) / (STEM_MACS * Co / (Co + STEM_K0)) * (STEM_DW if output == "dw" else 1.0)
+    return STEM_CALL + (sums + COPY * phase_rows) / CORES
 
 
 #: the path table's name (paths.PATHS) -> estimate(p, output)

@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) void stem_block(
     }
 }
 
-/* The KT-channel blocks of one output row, then the channels left (4 at a time, then one by one). */
+/* The KT-channel blocks of one output row, then the channels left (8, 4 at a time, then one by one). */
 static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const float *w, int64_t Co, int64_t CK,
                      int64_t KW, const int64_t *kwo, int64_t sw, int64_t lq, int64_t OW, const float *bias, float *y,
                      int64_t plane) {
@@ -109,6 +109,9 @@ static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const f
                            plane);                                                                          \
         }
     STEM_BLOCKS(STEM_KT)
+#if STEM_KT > 8
+    STEM_BLOCKS(8)
+#endif
     STEM_BLOCKS(4)
     STEM_BLOCKS(1)
 #undef STEM_BLOCKS
