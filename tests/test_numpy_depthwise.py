@@ -128,6 +128,6 @@ def test_depthwise_calls_take_blas_s_worker_count_without_pinning_it(monkeypatch
     assert blas.blas_workers() == pinned == inside
     pins, workers = count_calls(monkeypatch, blas._Blas, "__enter__"), count_calls(monkeypatch, depthwise, "fprop")
     x = np.random.default_rng(0).standard_normal((4, 8, 16, 16)).astype(np.float32)
-    with paths.tune(parallel_min_work=0):           # a call this small would otherwise run on one worker
+    with paths.tune(parallel_min_work=0, team_min_work=0):     # a call this small would otherwise run on one worker
         xconv.conv_fprop(x, np.ones((8, 1, 3, 3), np.float32), padding=1, groups=8)
     assert pins == [] and workers[0][-1] == pinned

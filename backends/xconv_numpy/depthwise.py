@@ -33,6 +33,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import accumulation_dtype
 
 from . import depthwise_cv, native, tuning
+from .jobs import Jobs
 from .layout import DEPTHWISE_GEO
 from .native import address
 from .workers import even_ranges, run
@@ -137,21 +138,28 @@ class _Plan:
         size = self.nslots * (self.Lh + 1) * self.Lw
         return (self.F + (self.Lh + 1) * self.Lw + size + (size if need_acc else 1)) * np.dtype(dtype).itemsize
 
+    def scratch_floats(self) -> tuple:
+        """(g's, xph's) elements of :meth:`scratch` (acc, when needed, as many as xph's): one C job thread's scratch
+        holds them in order."""
+        return self.F + (self.Lh + 1) * self.Lw, self.nslots * (self.Lh + 1) * self.Lw
+
     def sample_blocks(self, per_sample_bytes: int, io_bytes: int):
         """[n0, n1) blocks of samples whose converted copies fit the block budget (one sample at least)."""
         nb = max(1, min(BLOCK_BYTES, io_bytes // 2) // max(per_sample_bytes, 1))
         return [(n, min(n + nb, self.in4[0])) for n in range(0, self.in4[0], nb)]
 
-    def chunks(self, n0: int, n1: int, workers: int):
+    def chunks(self, n0: int, n1: int, workers: int, as_jobs: bool = False):
         """Plane ranges of samples [n0, n1): about 4 per worker, 8 planes at least; one (run on the calling
         thread, no hand-off) when the work is below the knob ``depthwise_small_work`` (2^20 multiply-adds: a
         hand-off to the pool costs 30-100 us; measured, same process: 590k multiply-adds, 8x32x16x16 3x3 backward,
         253 us alone against 350 us on two workers; 295k, 32x1x8x8 to 16 channels, 133 against 222 us; on a loaded
-        2-core machine). Results do not depend on them."""
+        2-core machine); C jobs (``as_jobs``: float32 on several workers, the caller's share already decided) split
+        at any size. Results do not depend on them."""
         C = self.in4[1]
         a, b = n0 * C, n1 * C
         work = (b - a) * self.m * self.K * math.prod(self.out4[2:])
-        parts = 1 if work < tuning.get("depthwise_small_work") else max(1, min((b - a) // 8, 4 * workers))
+        small_work = work < tuning.get("depthwise_small_work") and not as_jobs
+        parts = 1 if small_work else max(1, min((b - a) // 8, 4 * workers))
         return [(a + u, a + v) for u, v in even_ranges(b - a, parts)]
 
 
@@ -224,12 +232,20 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                 dbb_all + n0 * Co * cdt.itemsize if need_db else None,
                 address(geo), plan.taps_at, plan.tab_at)
 
-        def task(ws, _i, a, b, args=args, n0=n0):
-            g, xph, acc = ws
-            fn(*args, address(g), address(xph), address(acc), a - n0 * C, b - n0 * C)
+        if cdt == np.float32 and workers > 1:          # C jobs (on torch's team where it is loaded): same chunks
+            chunks = plan.chunks(n0, n1, workers, as_jobs=True)
+            g_n, xph_n = plan.scratch_floats()
+            run_jobs = Jobs()
+            run_jobs.split("dw_backward", tuple(0 if a is None else a for a in args) + (g_n, g_n + xph_n), 11,
+                           [(a - n0 * C, b - n0 * C) for a, b in chunks])
+            run_jobs.run(workers, g_n + xph_n + (xph_n if need_dx else 1))
+        else:
+            def task(ws, _i, a, b, args=args, n0=n0):
+                g, xph, acc = ws
+                fn(*args, address(g), address(xph), address(acc), a - n0 * C, b - n0 * C)
 
-        chunks = plan.chunks(n0, n1, workers)
-        run(chunks, task, lambda: plan.scratch(cdt, need_dx), workers)
+            chunks = plan.chunks(n0, n1, workers)
+            run(chunks, task, lambda: plan.scratch(cdt, need_dx), workers)
         copies = sum(a.nbytes for a in (dyb, xb, dxb) if a is not None and a.base is None)   # converted copies
         peak = max(peak, copies + min(workers, len(chunks)) * plan.scratch_bytes(cdt, need_dx))
         if need_dx and out_dt != cdt:
@@ -244,6 +260,17 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
 def _sum_samples(parts: np.ndarray) -> np.ndarray:
     """The per-sample partials summed over the first axis (a fixed order for given shapes)."""
     return parts.sum(axis=0)
+
+
+def fprop_as_jobs(p: ConvParams) -> bool:
+    """Whether the forward of ``p`` runs as C jobs (:mod:`.jobs`): the loops across channels, or the plane loops in
+    float32 compute (a hand-off to them costs microseconds on torch's team, not a Python worker's 30-100 us)."""
+    return depthwise_cv.serves(p) or accumulation_dtype(p.dtype) == np.float32
+
+
+def backward_as_jobs(p: ConvParams) -> bool:
+    """Whether the backward of ``p`` runs as C jobs: float32 compute (the loops across channels, or the plane loops)."""
+    return accumulation_dtype(p.dtype) == np.float32
 
 
 def fprop(x, w, bias, p: ConvParams, workers: int):
@@ -268,12 +295,18 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
         yb = y[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.out4[1:], cdt)
         geo = plan.geo(False, False, False, _elem_strides(xb, plan.in4), (0, 0, 0, 0))
         args = (address(xb), address(w2), address(yb), address(geo), plan.taps_at, plan.tab_at)
+        if cdt == np.float32 and workers > 1:          # C jobs (on torch's team where it is loaded): same chunks
+            chunks = plan.chunks(n0, n1, workers, as_jobs=True)
+            run_jobs = Jobs()
+            run_jobs.split("dw_fprop", args + (plan.scratch_floats()[0],), 7,
+                           [(a - n0 * C, b_ - n0 * C) for a, b_ in chunks])
+            run_jobs.run(workers, sum(plan.scratch_floats()))
+        else:
+            def task(ws, _i, a, b_, args=args, n0=n0):
+                fn(*args, address(ws[0]), address(ws[1]), a - n0 * C, b_ - n0 * C)
 
-        def task(ws, _i, a, b_, args=args, n0=n0):
-            fn(*args, address(ws[0]), address(ws[1]), a - n0 * C, b_ - n0 * C)
-
-        chunks = plan.chunks(n0, n1, workers)
-        run(chunks, task, lambda: plan.scratch(cdt, False), workers)
+            chunks = plan.chunks(n0, n1, workers)
+            run(chunks, task, lambda: plan.scratch(cdt, False), workers)
         copies = sum(a.nbytes for a in (xb, yb) if a.base is None)                            # converted copies
         peak = max(peak, copies + min(workers, len(chunks)) * plan.scratch_bytes(cdt, False))
         if b is not None:

@@ -38,7 +38,7 @@ import numpy as np
 
 from xconv import ConvParams, tracing
 
-from . import (bias, colgemm, columns, cost, dense, depthwise, depthwise_cv, grid_blocks, jobs, omp_team, paths,
+from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs, omp_team, paths,
                small, small_c, small_numpy, stem, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
@@ -100,7 +100,7 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
     working-set budget is the full call's whatever the mask (their dW chunking, so its bits, must not depend on it)."""
     name = path.name
     if name == "depthwise":
-        workers = _share(p, blas_workers(), "backward", depthwise_cv.serves(p))
+        workers = _share(p, blas_workers(), "backward", depthwise.backward_as_jobs(p))
         return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
     if name in _SMALL:
         _small_scratch(p, need_dx, need_dw)
@@ -201,7 +201,7 @@ def fprop(x, w, b, p: ConvParams):
         return columns.fprop(x, w, b, p)
     _note(path, ["output"], rule)
     if name == "depthwise":
-        return depthwise.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", depthwise_cv.serves(p)))
+        return depthwise.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", depthwise.fprop_as_jobs(p)))
     if name == "small-c":
         return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":

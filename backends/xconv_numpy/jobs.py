@@ -22,7 +22,8 @@ from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the
 
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
          "sgemm": 7, "sgemm_batch": 8, "im2col": 9, "col2im": 10, "stem_rows": 11,
-         "stem_phases": 12, "stem_wgrad": 13}
+         "stem_phases": 12, "stem_wgrad": 13, "dw_fprop": 14,
+         "dw_backward": 15}
 
 
 class Jobs:
@@ -79,7 +80,8 @@ class Jobs:
             if gomp is not None:
                 lib.xconv_jobs_parallel(at, n, st, threads, gomp)
             else:
-                workers.run([()] * threads, lambda _ws, _i: lib.xconv_jobs_work(at, n, st), lambda: None, threads)
+                workers.run([()] * threads, lambda _ws, _i: lib.xconv_jobs_work(at, n, st), lambda: None, threads,
+                            pin_blas=False)          # the loops call no BLAS; sgemm jobs' callers pin it
         return int(state[1]) * scratch_floats * 4
 
 

@@ -2,13 +2,15 @@
 
 NumPy's matrix products and copies, and the compiled loops of :mod:`.depthwise` and :mod:`.dense`, release the
 GIL, so chunks run in parallel; BLAS itself runs one thread meanwhile (:func:`run` holds the pin of
-:mod:`.blas` around every parallel run, so no BLAS call inside one is threaded). What a chunk computes never
+:mod:`.blas` around every parallel run, so no BLAS call inside one is threaded; C job lists, whose loops call no BLAS
+and whose sgemm jobs' callers pin it, run without it). What a chunk computes never
 depends on which thread runs it, so results do not depend on the number of workers. A forked child starts
 with no pool (the parent's threads are not in it) and a fresh lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -67,7 +69,7 @@ def cap_workers(workers: int, budget: int, chunk_bytes: int) -> int:
     return max(1, min(workers, budget // max(chunk_bytes, 1)))
 
 
-def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
+def run(chunks, task, make_workspace, workers: int, on_error=None, pin_blas: bool = True) -> None:
     """task(workspace, index, *chunk) for every chunk, on up to ``workers`` threads, started in chunk order.
 
     The calling thread is one of them; each thread takes the next chunk index in turn (so chunks
@@ -116,7 +118,9 @@ def run(chunks, task, make_workspace, workers: int, on_error=None) -> None:
     if workers == 1:
         loop()
     else:
-        with single_threaded_blas():            # never threaded BLAS inside xconv's own parallel region
+        with single_threaded_blas() if pin_blas else contextlib.nullcontext():   # never threaded BLAS inside
+            #                                                   xconv's own parallel region (pin_blas=False: the
+            #                                                   caller's tasks call no BLAS, or pinned it already)
             if not omp_team.parallel(loop, workers):    # torch's OpenMP threads when torch is here,
                 helpers = [executor(workers - 1).submit(loop) for _ in range(workers - 1)]     # else Python threads
                 loop()

@@ -11,7 +11,8 @@
 #define XJ_LEN 24
 enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6,
        XJ_SGEMM = 7, XJ_SGEMM_BATCH = 8,
-       XJ_IM2COL = 9, XJ_COL2IM = 10, XJ_STEM_ROWS = 11, XJ_STEM_PHASES = 12, XJ_STEM_WGRAD = 13 };
+       XJ_IM2COL = 9, XJ_COL2IM = 10, XJ_STEM_ROWS = 11, XJ_STEM_PHASES = 12, XJ_STEM_WGRAD = 13,
+       XJ_DW_FPROP = 14, XJ_DW_BACKWARD = 15 };
 /* NumPy's own ILP64 cblas_sgemm (its address a job's first argument): C = A @ B, row-major, as numpy.matmul calls it */
 typedef void (*xj_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                            int64_t, float, float *, int64_t);
@@ -71,6 +72,15 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
         break;
     case XJ_STEM_WGRAD:     /* phase rows, dy, dw, geo, Co, jobs [j0, j1) */
         xconv_stem_wgrad(P(0), P(1), P(2), P(3), a[4], a[5], a[6]);
+        break;
+    case XJ_DW_FPROP:       /* x, w, y, geo, taps, tab, the scratch's second part at float a[6], planes [a[7], a[8])
+                             * (depthwise_impl.h, float32; the thread's scratch holds g, then xph) */
+        xconv_depthwise_fprop_f32(P(0), P(1), P(2), P(3), P(4), P(5), scratch, scratch + a[6], a[7], a[8]);
+        break;
+    case XJ_DW_BACKWARD:    /* dy, x, w, dx, dwp, dbp, geo, taps, tab, the scratch's parts at floats a[9] and a[10],
+                             * planes [a[11], a[12]) (depthwise_impl.h, float32; the scratch holds g, xph, acc) */
+        xconv_depthwise_backward_f32(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), scratch, scratch + a[9],
+                                     scratch + a[10], a[11], a[12]);
         break;
     default:
         break;

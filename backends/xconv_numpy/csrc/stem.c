@@ -23,12 +23,14 @@ static inline float stem_lane_sum(stem_v16 v) {
     return s;
 }
 
-/* Output channels per register block: 12 x 2 vectors of accumulators fill AVX-512's 32 registers; AVX2's 16 (a
- * vector is two of them there) take 6 (the baseline build, four SSE registers per vector, the same: spills). */
+/* Output channels x vectors of 16 positions per register block: 12 x 2 accumulators in AVX-512's 32 registers; 4 x 1
+ * in AVX2's 16 (a vector is two of them there; the baseline build, four SSE registers per vector, the same). */
 #if defined(__AVX512F__)
 #define STEM_KT 12
+#define STEM_VW 2
 #else
-#define STEM_KT 6
+#define STEM_KT 4
+#define STEM_VW 1
 #endif
 
 /* One input row (W elements at stride xw) as its sw phase rows of lq floats: phase q's element j is
@@ -99,9 +101,9 @@ static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const f
     int64_t k = 0;
 #define STEM_BLOCKS(KT)                                                                                     \
     for (; k + (KT) <= Co; k += (KT))                                                                       \
-        for (int64_t ow0 = 0; ow0 < OW; ow0 += 32) {                                                        \
+        for (int64_t ow0 = 0; ow0 < OW; ow0 += 16 * STEM_VW) {                                              \
             const float *bk = bias ? bias + k : 0;                                                          \
-            if (OW - ow0 > 16)                                                                              \
+            if (STEM_VW == 2 && OW - ow0 > 16)                                                              \
                 stem_block((KT), 2, rows, widx, nt, w + k * CK, CK, KW, kwo, sw, lq, ow0, OW, bk, y + k * plane, \
                            plane);                                                                          \
             else                                                                                            \
@@ -111,8 +113,8 @@ static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const f
     STEM_BLOCKS(STEM_KT)
 #if STEM_KT > 8
     STEM_BLOCKS(8)
-#endif
     STEM_BLOCKS(4)
+#endif
     STEM_BLOCKS(1)
 #undef STEM_BLOCKS
 }
