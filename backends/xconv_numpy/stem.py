@@ -94,7 +94,9 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 def wgrad(dy, x, p: ConvParams, workers: int):
     """dW (float32 compute, inputs finite): x's rows in their phases (jobs by rows), then the blocks of output
-    channels x tap rows (jobs), on up to ``workers`` threads."""
+    channels x tap rows (jobs), on up to ``workers`` threads. Only for calls :func:`serves` (rows of 16 or more)."""
+    if not serves(p):
+        raise ValueError(f"the stem loops do not serve this call (stem.serves): {p}")
     x, geo = small_c.im2col_input(x, p, np.float32)
     dy = np.ascontiguousarray(dy, np.float32)
     ph = np.empty(_phase_floats(p), np.float32)

@@ -172,26 +172,26 @@ void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, 
 /* Output channels x taps of a row per block: KT * KWC accumulators, KT dy vectors and one x vector within the
  * registers (AVX-512's 32; a vector is two of AVX2's 16, and four of the baseline's: one tap at a time there). */
 #if defined(__AVX512F__)
-#define STEM_WT(KW) ((KW) == 7 ? 3 : (KW) == 5 || (KW) == 3 ? 4 : 12)
+#define STEM_WT(KW) ((KW) == 7 ? 4 : (KW) == 5 ? 5 : (KW) == 3 ? 8 : 16)
 #else
 #define STEM_WT(KW) 3
 #endif
 
 /* The blocks (stem_wblock.h), named stem_w<channels>x<taps>: the full blocks (STEM_WT channels x all
  * taps of a row: 7, 5, 3 on AVX-512; else one tap at a time) and one-channel tails. */
-#define WKT 3
+#define WKT 4
 #define WKC 7
 #define WTAIL 0
-#define WNAME stem_w3x7
+#define WNAME stem_w4x7
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 3
+#define WKT 4
 #define WKC 7
 #define WTAIL 1
-#define WNAME stem_w3x7t
+#define WNAME stem_w4x7t
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
@@ -206,19 +206,19 @@ void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, 
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 4
+#define WKT 5
 #define WKC 5
 #define WTAIL 0
-#define WNAME stem_w4x5
+#define WNAME stem_w5x5
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 4
+#define WKT 5
 #define WKC 5
 #define WTAIL 1
-#define WNAME stem_w4x5t
+#define WNAME stem_w5x5t
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
@@ -233,19 +233,19 @@ void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, 
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 4
+#define WKT 8
 #define WKC 3
 #define WTAIL 0
-#define WNAME stem_w4x3
+#define WNAME stem_w8x3
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 4
+#define WKT 8
 #define WKC 3
 #define WTAIL 1
-#define WNAME stem_w4x3t
+#define WNAME stem_w8x3t
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
@@ -260,19 +260,19 @@ void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, 
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 12
+#define WKT 16
 #define WKC 1
 #define WTAIL 0
-#define WNAME stem_w12x1
+#define WNAME stem_w16x1
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
 #undef WTAIL
 #undef WNAME
-#define WKT 12
+#define WKT 16
 #define WKC 1
 #define WTAIL 1
-#define WNAME stem_w12x1t
+#define WNAME stem_w16x1t
 #include "stem_wblock.h"
 #undef WKT
 #undef WKC
@@ -331,8 +331,8 @@ void xconv_stem_wgrad(const float *ph, const float *dy, float *dw, const int64_t
                 for (int64_t k = k0; k < k0 + kn; k++) TAIL(ph, dy, dw, g, Co, k, t, 0, kwo, lq);            \
             continue;                                                                                        \
         }
-        STEM_W(7, stem_w3x7, stem_w1x7) STEM_W(5, stem_w4x5, stem_w1x5) STEM_W(3, stem_w4x3, stem_w1x3)
-#define STEM_W1 stem_w12x1
+        STEM_W(7, stem_w4x7, stem_w1x7) STEM_W(5, stem_w5x5, stem_w1x5) STEM_W(3, stem_w8x3, stem_w1x3)
+#define STEM_W1 stem_w16x1
 #else
 #define STEM_W1 stem_w3x1
 #endif

@@ -35,13 +35,11 @@ static __attribute__((unused)) void WNAME(const float *ph, const float *dy, floa
                     }
                 }
 #if WTAIL
-                if (tail) {         /* the last OW % 16 positions: the row's last 16, those before masked out */
-                    stem_v16 dv[WKT];
-                    for (int kt = 0; kt < WKT; kt++)
-                        dv[kt] = stem_load(dr + kt * plane + at) * mask;
-                    for (int j = 0; j < WKC; j++) {
-                        const stem_v16 xv = stem_load(xr + kwo[kw0 + j] + at);
-                        for (int kt = 0; kt < WKT; kt++) acc[kt][j] += dv[kt] * xv;
+                if (tail) {         /* the last OW % 16 positions: the row's last 16, those before masked out (one
+                                     * dy vector at a time: the registers are the accumulators') */
+                    for (int kt = 0; kt < WKT; kt++) {
+                        const stem_v16 dv = stem_load(dr + kt * plane + at) * mask;
+                        for (int j = 0; j < WKC; j++) acc[kt][j] += dv * stem_load(xr + kwo[kw0 + j] + at);
                     }
                 }
 #endif
