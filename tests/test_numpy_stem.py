@@ -11,10 +11,11 @@ import pytest
 import xconv
 
 from core_helpers import assert_same_non_finite
-from xconv_numpy import native, paths, stem
+from xconv_numpy import paths, stem
 
-needs_loops = pytest.mark.skipif(native.library() is None, reason="compiled loops not built (XCONV_NUMPY_C=0 or no "
-                                                                  "compiler at install)")
+needs_loops = pytest.mark.skipif(stem.built_for() not in stem.ISAS,
+                                 reason=f"the stem loops serve the {stem.ISAS} builds only; this process loaded "
+                                        f"{stem.built_for()} (None: XCONV_NUMPY_C=0, or no compiler at install)")
 pytestmark = needs_loops
 
 # x shape, w shape, stride, padding, dilation: 1-D/2-D/3-D, strides 1-3, dilation, asymmetric padding (legalized),
@@ -127,7 +128,6 @@ def _params(x, w, kw):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_inputs_are_summed_in_float32(dtype):
-    import ml_dtypes  # noqa: F401  (xconv's bfloat16)
     from xconv.dtypes import DTYPES
     dt = DTYPES[dtype]
     x, w, b = _arrays((2, 3, 20, 40), (16, 3, 3, 3), seed=4)
@@ -221,6 +221,14 @@ def test_weight_gradient_with_non_finite_inputs_takes_the_detour(where):
     want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), stride=2,
                                       padding=1, output_mask=(False, True, False), backend="numpy-exact")[1]
     assert_same_non_finite([dw], [want], rtol=1e-5)
+
+
+def test_builds_without_avx512_do_not_serve(monkeypatch):
+    x, w, _ = _arrays((2, 3, 9, 40), (4, 3, 3, 3))
+    p = _params(x, w, dict(padding=1))
+    assert stem.serves(p)
+    monkeypatch.setattr(stem, "ISAS", ())
+    assert not stem.serves(p)
 
 
 def test_rows_shorter_than_a_vector_are_not_served():

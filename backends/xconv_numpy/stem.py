@@ -40,13 +40,26 @@ MAX_CHANNELS = 4
 MAX_SCRATCH = 1 << 16
 #: Jobs per worker (rows of the output in equal ranges).
 JOBS_PER_WORKER = 4
+#: The builds the loops serve on: the AVX2 build ran them 3-4x slower than the AVX-512 one on the same Zen 4 (GCC's
+#: 16-float vectors as pairs of AVX2 registers: ResNet's 7x7 stem forward 8.4 ms against grid-forward's 2.4, its
+#: weight gradient 11.3 against colgemm's 3.8), so they are off there (as the dense loops are).
+ISAS = ("avx512",)
+
+
+#: The switch of these loops (the settings field of ``$XCONV_NUMPY_C``), as the other compiled loops'.
+SWITCH = "numpy_c"
+
+
+def built_for() -> str | None:
+    """The instruction set of the compiled loops this process runs (None: none loaded, or ``XCONV_NUMPY_C=0``)."""
+    return native.isa(native.library()) if native.part_on(SWITCH) else None
 
 
 def serves(p: ConvParams) -> bool:
-    """Whether this path computes ``p``'s forward and weight gradient: the compiled loops and their jobs built, float32
-    compute, one group of at most MAX_CHANNELS input channels, output rows of at least 16 positions (one vector), a
+    """Whether this path computes ``p``'s forward and weight gradient: the compiled loops built for an ISA of ISAS,
+    float32 compute, one group of at most MAX_CHANNELS input channels, output rows of at least 16 positions (one vector), a
     row's scratch within MAX_SCRATCH."""
-    return (not p.transposed and p.groups == 1 and p.dtype != "float64" and native.library() is not None
+    return (not p.transposed and p.groups == 1 and p.dtype != "float64" and built_for() in ISAS
             and p.input_shape[1] <= MAX_CHANNELS and p.output_shape[-1] >= 16 and scratch_floats(p) <= MAX_SCRATCH)
 
 
