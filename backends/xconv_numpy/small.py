@@ -115,6 +115,11 @@ def from_channel_major(a: np.ndarray, N: int, shape, dt) -> np.ndarray:
     return out
 
 
+def channel_major_into(t: np.ndarray, out: np.ndarray) -> None:
+    """out (C, N, n) = t (N, C, spatial) with its first two axes swapped (in out's dtype)."""
+    _swap_rows(t.reshape(out.shape[1], out.shape[0], -1), out)
+
+
 def dy_channel_major(dy: np.ndarray, f: Plan, cdt) -> np.ndarray:
     """dy as (g, C_out/g, N * Q) in the compute dtype."""
     out = np.empty((f.Co, f.N, f.Q), cdt)
