@@ -1,5 +1,6 @@
-/* The forward of convolutions with few input channels per output (a network's stem: 3 colour channels, 7x7 or 3x3
- * taps, stride 2) in float32: direct loops vectorized along an output row (see ../stem.py).
+/* The forward and weight gradient of convolutions with few input channels (a network's stem: 3 colour channels, 7x7
+ * or 3x3 taps, stride 2) in float32: direct loops vectorized along output rows (see ../stem.py). The weight gradient
+ * is below its own comment further down; the forward:
  *
  * Per output row (n, od, oh): each input row a tap row (c, kd, kh) reads is copied once into `stride w` phase rows
  * (phase r holds x[..., j * sw + r - pw], zero outside the input), so every tap (kw) of the row is a contiguous
