@@ -89,14 +89,20 @@ def _rows(p: ConvParams) -> int:
     return p.input_shape[0] * math.prod(p.output_shape[2:-1])
 
 
+def _copies(given, used) -> int:
+    """Bytes of the float32 copies made of the inputs (those not used where they lie)."""
+    return sum(u.nbytes for g, u in zip(given, used) if u is not None and u is not g)
+
+
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias (inputs finite), rows of the output in jobs on up to ``workers`` threads."""
+    given = (x, w, bias)
     x, geo = small_c.im2col_input(x, p, np.float32)
     w = np.ascontiguousarray(w, np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, np.float32)
     y = np.empty(p.output_shape, np.float32)
     rows, scratch = _rows(p), scratch_floats(p)
-    tracing.note(workspace_bytes=4 * workers * scratch)
+    tracing.note(workspace_bytes=4 * workers * scratch + _copies(given, (x, w, b)))
     run = jobs.Jobs()
     run.split("stem_rows", (native.address(x), native.address(w), 0 if b is None else native.address(b),
                             native.address(y), native.address(geo), p.output_shape[1]), 6,
@@ -110,12 +116,13 @@ def wgrad(dy, x, p: ConvParams, workers: int):
     channels x tap rows (jobs), on up to ``workers`` threads. Only for calls :func:`serves` (rows of 16 or more)."""
     if not serves(p):
         raise ValueError(f"the stem loops do not serve this call (stem.serves): {p}")
+    given = (dy, x)
     x, geo = small_c.im2col_input(x, p, np.float32)
     dy = np.ascontiguousarray(dy, np.float32)
     ph = np.empty(_phase_floats(p), np.float32)
     dw = np.empty(p.weight_shape, np.float32)
     co = p.output_shape[1]
-    tracing.note(workspace_bytes=4 * ph.size)
+    tracing.note(workspace_bytes=4 * ph.size + _copies(given, (dy, x)))
     xrows = math.prod(p.input_shape[:-1])
     run = jobs.Jobs()
     parts = jobs.ranges(xrows, 2 * workers)
