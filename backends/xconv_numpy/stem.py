@@ -40,10 +40,10 @@ MAX_CHANNELS = 4
 MAX_SCRATCH = 1 << 16
 #: Jobs per worker (rows of the output in equal ranges).
 JOBS_PER_WORKER = 4
-#: The builds the loops serve on: the AVX2 build ran them 3-4x slower than the AVX-512 one on the same Zen 4 (GCC's
-#: 16-float vectors as pairs of AVX2 registers: ResNet's 7x7 stem forward 8.4 ms against grid-forward's 2.4, its
-#: weight gradient 11.3 against colgemm's 3.8), so they are off there (as the dense loops are).
-ISAS = ("avx512",)
+#: The builds the loops serve on (measured on a Zen 4, two threads, ms, stem loops vs the other paths' pick): AVX-512,
+#: and AVX2 with 8-float vectors (ResNet's 7x7 stem forward 1.7 vs 3.6, weight gradient 3.6 vs 5.3; MobileNetV2's
+#: stem weight gradient 0.58 vs 1.8; the 3-D stem's 3.1 vs 8.5). Not the baseline (SSE2, no FMA: not measured).
+ISAS = ("avx512", "avx2")
 
 
 #: The switch of these loops (the settings field of ``$XCONV_NUMPY_C``), as the other compiled loops'.

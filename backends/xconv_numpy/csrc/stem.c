@@ -4,7 +4,7 @@
  *
  * Per output row (n, od, oh): each input row a tap row (c, kd, kh) reads is copied once into `stride w` phase rows
  * (phase r holds x[..., j * sw + r - pw], zero outside the input), so every tap (kw) of the row is a contiguous
- * vector load at a constant offset whatever the stride. Then blocks of KT output channels x 2 vectors of 16 output
+ * vector load at a constant offset whatever the stride. Then blocks of KT output channels x 2 vectors of STEM_L output
  * positions sum, in registers, over the tap rows in order and each row's taps in order; the block is stored
  * (plus the bias, added last) into y (N, Co, OD, OH, OW; contiguous). Every output element is one such sum in one
  * fixed order, whatever thread runs its row: bitwise reproducible. Padding zeros are multiplied (the caller routes
@@ -14,25 +14,30 @@
 
 #include "layout.h"
 
-typedef float stem_v16 __attribute__((vector_size(64)));
+/* STEM_L floats per vector: one register of the build (AVX-512 16, AVX2 8, SSE 4: a wider GCC vector than the
+ * registers goes through memory on every operation); its 32 or 16 registers set the register blocks. */
+#if defined(__AVX512F__)
+#define STEM_L 16
+#define STEM_KT 12
+#elif defined(__AVX2__)
+#define STEM_L 8
+#define STEM_KT 6
+#else
+#define STEM_L 4
+#define STEM_KT 6
+#endif
+/* Forward: STEM_KT output channels x 2 vectors of positions per block (24 accumulators of 32 registers, or 12 of 16) */
+#define STEM_VW 2
 
-static inline stem_v16 stem_load(const float *p) { stem_v16 v; memcpy(&v, p, sizeof v); return v; }
+typedef float stem_vec __attribute__((vector_size(4 * STEM_L)));
+
+static inline stem_vec stem_load(const float *p) { stem_vec v; memcpy(&v, p, sizeof v); return v; }
 /* The lanes of v added in order. */
-static inline float stem_lane_sum(stem_v16 v) {
+static inline float stem_lane_sum(stem_vec v) {
     float s = 0.0f;
-    for (int l = 0; l < 16; l++) s += v[l];
+    for (int l = 0; l < STEM_L; l++) s += v[l];
     return s;
 }
-
-/* Output channels x vectors of 16 positions per register block: 12 x 2 accumulators in AVX-512's 32 registers; 4 x 1
- * in AVX2's 16 (a vector is two of them there; the baseline build, four SSE registers per vector, the same). */
-#if defined(__AVX512F__)
-#define STEM_KT 12
-#define STEM_VW 2
-#else
-#define STEM_KT 4
-#define STEM_VW 1
-#endif
 
 /* One input row (W elements at stride xw) as its sw phase rows of lq floats: phase q's element j is
  * x[j * sw + q - pw], 0 outside the row. */
@@ -63,20 +68,20 @@ int64_t xconv_stem_scratch(const int64_t *g) {
     return rows * sw * lq + 2 * (rows + g[S_KW]) + 16;
 }
 
-/* y[k0 .. k0 + KT) x [ow0, ow0 + 16 * VW) of one output row: KT and VW constants (inlined per block shape). */
+/* y[k0 .. k0 + KT) x [ow0, ow0 + STEM_L * VW) of one output row: KT and VW constants (inlined per block shape). */
 static inline __attribute__((always_inline)) void stem_block(
     const int KT, const int VW, const float *rows, const int64_t *widx, int64_t nt, const float *w, int64_t CK,
     int64_t KW, const int64_t *kwo, int64_t sw, int64_t lq, int64_t ow0, int64_t OW, const float *bias, float *y,
     int64_t plane) {
-    stem_v16 acc[STEM_KT][2];
+    stem_vec acc[STEM_KT][2];
     for (int kt = 0; kt < KT; kt++)
-        for (int v = 0; v < VW; v++) acc[kt][v] = (stem_v16){0};
+        for (int v = 0; v < VW; v++) acc[kt][v] = (stem_vec){0};
     for (int64_t t = 0; t < nt; t++) {
         const float *buf = rows + t * sw * lq + ow0, *wt = w + widx[t];
         for (int64_t kw = 0; kw < KW; kw++) {
             const float *xs = buf + kwo[kw];
-            stem_v16 xv[2];
-            for (int v = 0; v < VW; v++) xv[v] = stem_load(xs + 16 * v);
+            stem_vec xv[2];
+            for (int v = 0; v < VW; v++) xv[v] = stem_load(xs + STEM_L * v);
             for (int kt = 0; kt < KT; kt++) {
                 const float s = wt[kt * CK + kw];
                 for (int v = 0; v < VW; v++) acc[kt][v] += s * xv[v];
@@ -86,9 +91,9 @@ static inline __attribute__((always_inline)) void stem_block(
     for (int kt = 0; kt < KT; kt++) {
         const float b = bias ? bias[kt] : 0.0f;
         for (int v = 0; v < VW; v++) {
-            const int64_t at = ow0 + 16 * v, lanes = OW - at < 16 ? OW - at : 16;
+            const int64_t at = ow0 + STEM_L * v, lanes = OW - at < STEM_L ? OW - at : STEM_L;
             if (lanes <= 0) break;
-            stem_v16 r = acc[kt][v];
+            stem_vec r = acc[kt][v];
             if (bias) r += b;
             memcpy(y + kt * plane + at, &r, (size_t)lanes * sizeof(float));
         }
@@ -102,9 +107,9 @@ static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const f
     int64_t k = 0;
 #define STEM_BLOCKS(KT)                                                                                     \
     for (; k + (KT) <= Co; k += (KT))                                                                       \
-        for (int64_t ow0 = 0; ow0 < OW; ow0 += 16 * STEM_VW) {                                              \
+        for (int64_t ow0 = 0; ow0 < OW; ow0 += STEM_L * STEM_VW) {                                          \
             const float *bk = bias ? bias + k : 0;                                                          \
-            if (STEM_VW == 2 && OW - ow0 > 16)                                                              \
+            if (OW - ow0 > STEM_L)                                                                          \
                 stem_block((KT), 2, rows, widx, nt, w + k * CK, CK, KW, kwo, sw, lq, ow0, OW, bk, y + k * plane, \
                            plane);                                                                          \
             else                                                                                            \
@@ -114,8 +119,8 @@ static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const f
     STEM_BLOCKS(STEM_KT)
 #if STEM_KT > 8
     STEM_BLOCKS(8)
-    STEM_BLOCKS(4)
 #endif
+    STEM_BLOCKS(4)
     STEM_BLOCKS(1)
 #undef STEM_BLOCKS
 }
@@ -170,142 +175,84 @@ void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, 
     }
 }
 
-/* Output channels x taps of a row per block: KT * KWC accumulators, KT dy vectors and one x vector within the
- * registers (AVX-512's 32; a vector is two of AVX2's 16, and four of the baseline's: one tap at a time there). */
+/* Output channels x taps of a row per block (stem_wblock.h): KT * KWC accumulators and KT dy vectors fill the
+ * registers (the x vectors are FMA memory operands): blocks for 7, 5 and 3 taps a row at once, else one tap at a time;
+ * STEM_W<taps>: (channels, taps). */
 #if defined(__AVX512F__)
-#define STEM_WT(KW) ((KW) == 7 ? 4 : (KW) == 5 ? 5 : (KW) == 3 ? 8 : 16)
+#define STEM_W7 4
+#define STEM_W5 5
+#define STEM_W3 8
+#define STEM_W1 16
 #else
-#define STEM_WT(KW) 3
+#define STEM_W7 2
+#define STEM_W5 2
+#define STEM_W3 4
+#define STEM_W1 8
 #endif
+#define STEM_WT(KW) ((KW) == 7 ? STEM_W7 : (KW) == 5 ? STEM_W5 : (KW) == 3 ? STEM_W3 : STEM_W1)
 
-/* The blocks (stem_wblock.h), named stem_w<channels>x<taps>: the full blocks (STEM_WT channels x all
- * taps of a row: 7, 5, 3 on AVX-512; else one tap at a time) and one-channel tails. */
-#define WKT 4
+/* The blocks, stem_w<taps>[t] (full; t: rows not a multiple of STEM_L) and stem_w<taps>_1 (one channel, tails).
+ * stem_wblock.h undefines its parameters. */
+#define WKT STEM_W7
 #define WKC 7
 #define WTAIL 0
-#define WNAME stem_w4x7
+#define WNAME stem_w7
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 4
+#define WKT STEM_W7
 #define WKC 7
 #define WTAIL 1
-#define WNAME stem_w4x7t
+#define WNAME stem_w7t
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
 #define WKT 1
 #define WKC 7
 #define WTAIL 1
-#define WNAME stem_w1x7
+#define WNAME stem_w7_1
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 5
+#define WKT STEM_W5
 #define WKC 5
 #define WTAIL 0
-#define WNAME stem_w5x5
+#define WNAME stem_w5
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 5
+#define WKT STEM_W5
 #define WKC 5
 #define WTAIL 1
-#define WNAME stem_w5x5t
+#define WNAME stem_w5t
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
 #define WKT 1
 #define WKC 5
 #define WTAIL 1
-#define WNAME stem_w1x5
+#define WNAME stem_w5_1
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 8
+#define WKT STEM_W3
 #define WKC 3
 #define WTAIL 0
-#define WNAME stem_w8x3
+#define WNAME stem_w3
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 8
+#define WKT STEM_W3
 #define WKC 3
 #define WTAIL 1
-#define WNAME stem_w8x3t
+#define WNAME stem_w3t
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
 #define WKT 1
 #define WKC 3
 #define WTAIL 1
-#define WNAME stem_w1x3
+#define WNAME stem_w3_1
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 16
+#define WKT STEM_W1
 #define WKC 1
 #define WTAIL 0
-#define WNAME stem_w16x1
+#define WNAME stem_w1
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 16
+#define WKT STEM_W1
 #define WKC 1
 #define WTAIL 1
-#define WNAME stem_w16x1t
+#define WNAME stem_w1t
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 3
-#define WKC 1
-#define WTAIL 0
-#define WNAME stem_w3x1
-#include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
-#define WKT 3
-#define WKC 1
-#define WTAIL 1
-#define WNAME stem_w3x1t
-#include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
 #define WKT 1
 #define WKC 1
 #define WTAIL 1
-#define WNAME stem_w1x1
+#define WNAME stem_w1_1
 #include "stem_wblock.h"
-#undef WKT
-#undef WKC
-#undef WTAIL
-#undef WNAME
 
 /* The number of weight-gradient jobs of a call (blocks of output channels x tap rows). */
 int64_t xconv_stem_wjobs(const int64_t *g, int64_t Co) {
@@ -314,7 +261,7 @@ int64_t xconv_stem_wjobs(const int64_t *g, int64_t Co) {
 }
 
 /* Jobs [j0, j1) of dw (Co, C, KD, KH, KW; contiguous) from x's phase rows and dy (N, Co, OD, OH, OW; contiguous);
- * OW >= 16. */
+ * OW >= 16 (so >= STEM_L). */
 void xconv_stem_wgrad(const float *ph, const float *dy, float *dw, const int64_t *g, int64_t Co, int64_t j0,
                       int64_t j1) {
     const int64_t KW = g[S_KW], rows = g[S_C] * g[S_KD] * g[S_KH], lq = stem_lq(g), sw = g[S_SW], dw_ = g[S_DW];
@@ -323,28 +270,23 @@ void xconv_stem_wgrad(const float *ph, const float *dy, float *dw, const int64_t
     for (int64_t j = j0; j < j1; j++) {
         const int64_t t = j % rows, k0 = j / rows * STEM_WT(KW);
         const int64_t kn = Co - k0 < STEM_WT(KW) ? Co - k0 : STEM_WT(KW);
-#if defined(__AVX512F__)
-#define STEM_W(KWV, FULL, TAIL)                                                                              \
+        const int row_tail = g[S_OW] % STEM_L != 0;
+#define STEM_W(KWV, FULL, FULLT, ONE)                                                                        \
         if (KW == (KWV)) {                                                                                   \
             if (kn == STEM_WT(KWV))                                                                          \
-                (g[S_OW] % 16 ? XCONV_CAT(FULL, t) : FULL)(ph, dy, dw, g, Co, k0, t, 0, kwo, lq);            \
+                (row_tail ? FULLT : FULL)(ph, dy, dw, g, Co, k0, t, 0, kwo, lq);                             \
             else                                                                                             \
-                for (int64_t k = k0; k < k0 + kn; k++) TAIL(ph, dy, dw, g, Co, k, t, 0, kwo, lq);            \
+                for (int64_t k = k0; k < k0 + kn; k++) ONE(ph, dy, dw, g, Co, k, t, 0, kwo, lq);             \
             continue;                                                                                        \
         }
-        STEM_W(7, stem_w4x7, stem_w1x7) STEM_W(5, stem_w5x5, stem_w1x5) STEM_W(3, stem_w8x3, stem_w1x3)
-#define STEM_W1 stem_w16x1
-#else
-#define STEM_W1 stem_w3x1
-#endif
-        const int row_tail = g[S_OW] % 16 != 0;
+        STEM_W(7, stem_w7, stem_w7t, stem_w7_1) STEM_W(5, stem_w5, stem_w5t, stem_w5_1)
+        STEM_W(3, stem_w3, stem_w3t, stem_w3_1)
 #undef STEM_W
         for (int64_t kw = 0; kw < KW; kw++) {
             if (kn == STEM_WT(1))
-                (row_tail ? XCONV_CAT(STEM_W1, t) : STEM_W1)(ph, dy, dw, g, Co, k0, t, kw, kwo, lq);
+                (row_tail ? stem_w1t : stem_w1)(ph, dy, dw, g, Co, k0, t, kw, kwo, lq);
             else
-                for (int64_t k = k0; k < k0 + kn; k++) stem_w1x1(ph, dy, dw, g, Co, k, t, kw, kwo, lq);
+                for (int64_t k = k0; k < k0 + kn; k++) stem_w1_1(ph, dy, dw, g, Co, k, t, kw, kwo, lq);
         }
-#undef STEM_W1
     }
 }
