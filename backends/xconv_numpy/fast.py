@@ -193,9 +193,10 @@ def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
     path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     name = path.name
-    if name in ("dense", "stem") and not np.isfinite(w).all():   # the dual's loops add a non-finite weight's terms
-        path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"   # after, never at the padding; the
-    #                                                     stem loops skip the tap rows that read padding (0 * inf)
+    # a non-finite weight: the dense loops (the dual's) add its terms after, never at the padding, and the stem loops
+    # skip the tap rows that read padding, where the definition has 0 * inf
+    if name in ("dense", "stem") and not np.isfinite(w).all():
+        path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, _words(path, ["output"], rule))
         return columns.fprop(x, w, b, p)
