@@ -132,6 +132,7 @@ def test_estimates_are_positive_and_rank_thin_products_slower():
     ((8, 256, 28, 28), (128, 256, 1, 1), 1, 1, None),           # a 1x1: the pointwise path stays
     ((8, 256, 28, 28), (256, 256, 3, 3), 2, 1, None),           # stride 2
     ((8, 128, 8, 8), (128, 128, 3, 3), 1, 1, None),             # 64 positions per sample
+    ((2, 3, 8, 56, 56), (32, 3, 3, 3, 3), 1, 1, None),          # a stem (3 channels): the model, the stem loops
 ])
 def test_builds_without_dense_loops_run_large_stride_1_backward_calls_on_the_grid(xs, ws, stride, groups, want,
                                                                                   monkeypatch):

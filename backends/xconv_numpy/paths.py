@@ -155,9 +155,10 @@ GRID_MACS = 1 << 25
 GRID_POSITIONS = 256
 
 
-def _grid_without_dense(p, mask):
+def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gradient is the stem loops' (the AVX2
+    #                                     build's 3-D stem at 2x3x8x56x56: 3.1 ms against grid-b's 8.5)
     return (not dense.available() and not p.transposed and all(s == 1 for s in p.stride) and not geom(p).pointwise
-            and math.prod(p.output_shape[2:]) >= GRID_POSITIONS and cost.macs(p) >= GRID_MACS)
+            and math.prod(p.output_shape[2:]) >= GRID_POSITIONS and cost.macs(p) >= GRID_MACS and not stem.serves(p))
 
 #: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
 #: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
