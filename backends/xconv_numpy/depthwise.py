@@ -143,6 +143,30 @@ class _Plan:
         holds them in order."""
         return self.F + (self.Lh + 1) * self.Lw, self.nslots * (self.Lh + 1) * self.Lw
 
+    def run_planes(self, fn, kind: str, args, n0: int, n1: int, workers: int, cdt, need_acc) -> list:
+        """``fn(*args, g, xph[, acc], p0, p1)`` over the plane chunks of samples [n0, n1) (planes counted from the
+        block's start; ``need_acc`` None: the forward's loop, which takes no acc), as C jobs of ``kind`` (float32 on
+        several workers: on torch's team where it is loaded; each thread's scratch holds g, xph, acc in order) or on
+        the Python workers: the same chunks either way. Returns the chunks."""
+        C = self.in4[1]
+        parts = 2 if need_acc is None else 3
+        if cdt == np.float32 and workers > 1:
+            chunks = self.chunks(n0, n1, workers, as_jobs=True)
+            g_n, xph_n = self.scratch_floats()
+            offsets = (g_n, g_n + xph_n)[:parts - 1]              # where xph (and acc) start in a thread's scratch
+            jobs = Jobs()
+            jobs.split(kind, tuple(0 if a is None else a for a in args) + offsets, len(args) + len(offsets),
+                       [(a - n0 * C, b - n0 * C) for a, b in chunks])
+            jobs.run(workers, g_n + xph_n + (0 if need_acc is None else xph_n if need_acc else 1))
+            return chunks
+
+        def task(ws, _i, a, b):
+            fn(*args, *(address(s) for s in ws[:parts]), a - n0 * C, b - n0 * C)
+
+        chunks = self.chunks(n0, n1, workers)
+        run(chunks, task, lambda: self.scratch(cdt, bool(need_acc)), workers)
+        return chunks
+
     def sample_blocks(self, per_sample_bytes: int, io_bytes: int):
         """[n0, n1) blocks of samples whose converted copies fit the block budget (one sample at least)."""
         nb = max(1, min(BLOCK_BYTES, io_bytes // 2) // max(per_sample_bytes, 1))
@@ -232,20 +256,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                 dbb_all + n0 * Co * cdt.itemsize if need_db else None,
                 address(geo), plan.taps_at, plan.tab_at)
 
-        if cdt == np.float32 and workers > 1:          # C jobs (on torch's team where it is loaded): same chunks
-            chunks = plan.chunks(n0, n1, workers, as_jobs=True)
-            g_n, xph_n = plan.scratch_floats()
-            run_jobs = Jobs()
-            run_jobs.split("dw_backward", tuple(0 if a is None else a for a in args) + (g_n, g_n + xph_n), 11,
-                           [(a - n0 * C, b - n0 * C) for a, b in chunks])
-            run_jobs.run(workers, g_n + xph_n + (xph_n if need_dx else 1))
-        else:
-            def task(ws, _i, a, b, args=args, n0=n0):
-                g, xph, acc = ws
-                fn(*args, address(g), address(xph), address(acc), a - n0 * C, b - n0 * C)
-
-            chunks = plan.chunks(n0, n1, workers)
-            run(chunks, task, lambda: plan.scratch(cdt, need_dx), workers)
+        chunks = plan.run_planes(fn, "dw_backward", args, n0, n1, workers, cdt, need_dx)
         copies = sum(a.nbytes for a in (dyb, xb, dxb) if a is not None and a.base is None)   # converted copies
         peak = max(peak, copies + min(workers, len(chunks)) * plan.scratch_bytes(cdt, need_dx))
         if need_dx and out_dt != cdt:
@@ -262,14 +273,9 @@ def _sum_samples(parts: np.ndarray) -> np.ndarray:
     return parts.sum(axis=0)
 
 
-def fprop_as_jobs(p: ConvParams) -> bool:
-    """Whether the forward of ``p`` runs as C jobs (:mod:`.jobs`): the loops across channels, or the plane loops in
-    float32 compute (a hand-off to them costs microseconds on torch's team, not a Python worker's 30-100 us)."""
-    return depthwise_cv.serves(p) or accumulation_dtype(p.dtype) == np.float32
-
-
-def backward_as_jobs(p: ConvParams) -> bool:
-    """Whether the backward of ``p`` runs as C jobs: float32 compute (the loops across channels, or the plane loops)."""
+def runs_as_jobs(p: ConvParams) -> bool:
+    """Whether ``p``'s loops run as C jobs (:mod:`.jobs`; a hand-off costs microseconds on torch's team, not a Python
+    worker's 30-100 us): float32 compute, so the loops across channels (float32 only) and the plane loops there."""
     return accumulation_dtype(p.dtype) == np.float32
 
 
@@ -295,18 +301,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
         yb = y[n0:n1] if out_dt == cdt else np.empty((n1 - n0,) + plan.out4[1:], cdt)
         geo = plan.geo(False, False, False, _elem_strides(xb, plan.in4), (0, 0, 0, 0))
         args = (address(xb), address(w2), address(yb), address(geo), plan.taps_at, plan.tab_at)
-        if cdt == np.float32 and workers > 1:          # C jobs (on torch's team where it is loaded): same chunks
-            chunks = plan.chunks(n0, n1, workers, as_jobs=True)
-            run_jobs = Jobs()
-            run_jobs.split("dw_fprop", args + (plan.scratch_floats()[0],), 7,
-                           [(a - n0 * C, b_ - n0 * C) for a, b_ in chunks])
-            run_jobs.run(workers, sum(plan.scratch_floats()))
-        else:
-            def task(ws, _i, a, b_, args=args, n0=n0):
-                fn(*args, address(ws[0]), address(ws[1]), a - n0 * C, b_ - n0 * C)
-
-            chunks = plan.chunks(n0, n1, workers)
-            run(chunks, task, lambda: plan.scratch(cdt, False), workers)
+        chunks = plan.run_planes(fn, "dw_fprop", args, n0, n1, workers, cdt, None)
         copies = sum(a.nbytes for a in (xb, yb) if a.base is None)                            # converted copies
         peak = max(peak, copies + min(workers, len(chunks)) * plan.scratch_bytes(cdt, False))
         if b is not None:

@@ -100,7 +100,7 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
     working-set budget is the full call's whatever the mask (their dW chunking, so its bits, must not depend on it)."""
     name = path.name
     if name == "depthwise":
-        workers = _share(p, blas_workers(), "backward", depthwise.backward_as_jobs(p))
+        workers = _share(p, blas_workers(), "backward", depthwise.runs_as_jobs(p))
         return depthwise.backward(dy, x, w, p, need_dx, need_dw, need_db, workers)
     if name in _SMALL:
         _small_scratch(p, need_dx, need_dw)
@@ -202,7 +202,7 @@ def fprop(x, w, b, p: ConvParams):
         return columns.fprop(x, w, b, p)
     _note(path, ["output"], rule)
     if name == "depthwise":
-        return depthwise.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", depthwise.fprop_as_jobs(p)))
+        return depthwise.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", depthwise.runs_as_jobs(p)))
     if name == "small-c":
         return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":
