@@ -59,6 +59,8 @@ from __future__ import annotations
 
 import math
 
+from . import stem as stem_loops
+
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
 CORES = 2
 BLAS_MACS = 45e9
@@ -183,13 +185,10 @@ def stem(p, output: str = "y") -> float:
     """The stem loops (forward, weight gradient): the sums at their rate, plus the copy of the input rows into their
     stride phases (per output row for the forward), over the cores."""
     N, C, Co, g, K, Q = _sizes(p)
-    kw, sw = p.kernel[-1], p.stride[-1]
-    ow = p.output_shape[-1]
-    lq = -(-ow // 32) * 32 + (kw - 1) * p.dilation[-1] // sw + 1
-    if output == "dw":                               # x's rows, once per call
-        phase_rows = math.prod(p.input_shape[:-1]) * sw * lq
-    else:                                            # each output row's tap rows
-        phase_rows = N * Q // ow * C * (K // kw) * sw * lq
+    kw, sw, ow = p.kernel[-1], p.stride[-1], p.output_shape[-1]
+    phase_rows = sw * stem_loops.phase_row_length(p) * (      # elements copied into stride phases
+        math.prod(p.input_shape[:-1]) if output == "dw"          # x's rows, once per call
+        else N * Q // ow * C * (K // kw))                        # each output row's tap rows
     sums = macs(p) / (STEM_MACS * Co / (Co + STEM_K0)) * (STEM_DW if output == "dw" else 1.0)
     return STEM_CALL + (sums + COPY * phase_rows) / CORES
 

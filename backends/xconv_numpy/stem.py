@@ -78,11 +78,16 @@ def bound(p: ConvParams) -> int:
                 + math.prod(p.weight_shape) + math.prod(p.output_shape))
 
 
-def _phase_floats(p: ConvParams) -> int:
-    """Floats of x's rows in their stride phases (csrc/stem.c's stem_lq per row and phase)."""
+def phase_row_length(p: ConvParams) -> int:
+    """Floats of one stride phase of an input row (csrc/stem.c's stem_lq: room for 32-lane blocks past the last output
+    and the widest tap)."""
     ow, kw, sw, dw = p.output_shape[-1], p.kernel[-1], p.stride[-1], p.dilation[-1]
-    lq = -(-ow // 32) * 32 + (kw - 1) * dw // sw + 1
-    return math.prod(p.input_shape[:-1]) * sw * lq
+    return -(-ow // 32) * 32 + (kw - 1) * dw // sw + 1
+
+
+def _phase_floats(p: ConvParams) -> int:
+    """Floats of x's rows in their stride phases (the weight gradient's copy)."""
+    return math.prod(p.input_shape[:-1]) * p.stride[-1] * phase_row_length(p)
 
 
 def _rows(p: ConvParams) -> int:
