@@ -278,3 +278,53 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
         for i, got in enumerate(together):
             for a, b in zip(got, alone[i % len(jobs)]):
                 assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding, dilation", [
+    ((2, 32, 4, 4), (3, 3), 1, 1, 1),                         # every row at an edge skips a tap row
+    ((2, 16, 3, 5, 6), (3, 3, 3), 1, 1, 1),                    # 3-D: the hull of two leading dims' taps
+    ((2, 32, 7, 6), (3, 3), 2, ((2, 1), (1, 1)), 1),           # stride 2: phases of tap subsets
+    ((1, 32, 9, 9), (5, 3), 1, ((4, 2), (1, 1)), (2, 1)),      # dilated, rows reading no dy at all
+    ((2, 16, 2, 2), (7, 7), 1, 3, 1),
+])
+def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dilation, monkeypatch):
+    """The input-gradient loops skip, per row, the taps that read only dy's zero rows (dense._row_taps): the same bits
+    as every tap run (the fallback range (0, T) on every row), forward and backward, and near the float64 oracle."""
+    rng = np.random.default_rng(11)
+    co = 32
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((co, shape[1]) + kernel).astype(np.float32)
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    dy = rng.standard_normal(xconv.conv_fprop(x, w, backend="numpy-exact", **kw).shape).astype(np.float32)
+
+    def run():
+        dense._plan.cache_clear()
+        with paths.force("dense"):
+            out = [xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy", **kw)[0]]
+            if stride == 1:
+                out.append(xconv.conv_fprop(x, w, backend="numpy", **kw))
+        return out
+
+    skipping = run()
+    monkeypatch.setattr(dense, "_row_taps", lambda idx, lo, lead, *a: np.tile(
+        np.array([[0, len(idx)]], np.int64), (int(np.prod(lead)), 1)))
+    every = run()
+    monkeypatch.undo()
+    dense._plan.cache_clear()
+    assert [a.tobytes() for a in skipping] == [b.tobytes() for b in every]
+    exact = xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy-exact", **kw)[0]
+    np.testing.assert_allclose(skipping[0], exact, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("groups, a, b, flip", [(1, 32, 16, True), (2, 16, 48, True), (1, 32, 16, False),
+                                               (3, 16, 32, False)])
+def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip):
+    """dense.tap_major and dense._taps_last (one C copy each) hold exactly NumPy's transposes."""
+    w = np.random.default_rng(2).standard_normal((groups * a, b, 3, 2)).astype(np.float32)
+    t = w.reshape(groups, a, b, 6)
+    want = t[..., ::-1].transpose(0, 3, 2, 1) if flip else t.transpose(0, 3, 1, 2)
+    for workers in (1, 2):
+        assert dense.tap_major(w, groups, flip, workers).tobytes() == np.ascontiguousarray(want).tobytes()
+        back = dense._taps_last(np.ascontiguousarray(t.transpose(0, 3, 1, 2)), workers)
+        assert back.tobytes() == w.tobytes()
+    assert dense.tap_major(w[:, :, ::-1], groups, flip, 1) is None           # not contiguous: NumPy's copy instead

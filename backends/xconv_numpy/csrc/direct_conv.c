@@ -114,16 +114,24 @@ static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw,
     if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
 }
 
-/* Input gradient of rows [r0, r1) of one group (row r: dy from dy + rin[r], dx at dx + rout[r] with position
- * step os, row_len positions), Cg % 16 == 0: 32 channels at a time in ceil(row_len / 14) blocks of (nearly)
- * equal length (8 to 14 positions: no short block at a row's end), then 16 channels at a time. */
+/* Input gradient of rows [r0, r1) of one group (row r: dy from dy + rin[3 r], dx at dx + rout[r] with position
+ * step os, row_len positions; only taps [rin[3 r + 1], rin[3 r + 2]) of the T, the others reading only the dy grid's
+ * zero rows for this row: their terms are +0 and leave every sum's bits as they are), Cg % 16 == 0: 32 channels
+ * at a time in ceil(row_len / 14) blocks of (nearly) equal length (8 to 14 positions: no short block at a row's
+ * end), then 16 channels at a time. */
 static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
                     int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
                     const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
     int64_t nblk = (row_len + 13) / 14;
+    const int64_t *off_all = off;
+    const float *w_all = w;
+    (void)T;
     for (int64_t r = r0; r < r1; r++) {
-        const float *dyr = dy + rin[r];
+        const float *dyr = dy + rin[3 * r];
         float *dxr = dx + rout[r];
+        off = off_all + rin[3 * r + 1];
+        w = w_all + rin[3 * r + 1] * Cog * ldw;
+        T = rin[3 * r + 2] - rin[3 * r + 1];
         int64_t cb = 0;
         for (; cb + 32 <= Cg; cb += 32)
             for (int64_t b = 0, j = 0; b < nblk; b++) {
@@ -237,6 +245,24 @@ void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int6
         for (; u < u1; u++)
             for (int64_t c = 0; c < 16; c++) d[pos[u] * Cg + c] = s[c * ldc + u];
     }
+}
+
+/* Rows [r0, r1) of dst = src transposed, dst[r * K + t] = src[t * R + r] for t < K: the weight gradient from the
+ * loops' tap-major sums to the weights' layout (taps last). 16 rows at a time in a register transposition when
+ * K <= 16 and the compiler has vector shuffles, else (and for the last rows) element by element. */
+void xconv_taps_last(const float *src, int64_t K, int64_t R, float *dst, int64_t r0, int64_t r1) {
+    int64_t r = r0;
+#ifdef HAVE_TILE16
+    if (K <= 16)
+        for (; r + 16 <= r1; r += 16) {
+            v16 t[16];
+            for (int i = 0; i < 16; i++) t[i] = i < K ? load16(src + i * R + r) : (v16){0};
+            transpose16(t);
+            for (int i = 0; i < 16; i++) memcpy(dst + (r + i) * K, &t[i], K * sizeof(float));
+        }
+#endif
+    for (; r < r1; r++)
+        for (int64_t t = 0; t < K; t++) dst[r * K + t] = src[t * R + r];
 }
 
 /* Rows [r0, r1) of one sample's dy (C channels of n positions, channel c at src + c * n) into its zero-padded
