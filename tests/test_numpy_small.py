@@ -248,3 +248,71 @@ def test_rows_swapped_whole_are_numpys_transposing_copy(dtype, shape):
             small._swap_rows(src, dst)
             want = src.transpose(1, 0, 2).astype(out_dtype)
             assert dst.tobytes() == want.tobytes()
+
+
+def _numpy_im2col(x, p):
+    """cols[c K + t, n Q + q] by NumPy slicing of x padded with zeros (the definition the C copy keeps)."""
+    nd = p.nd
+    xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(ab) for ab in p.padding])
+    O = p.output_shape[2:]
+    parts = []
+    for t in np.ndindex(*p.kernel):
+        sl = tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in zip(t, p.dilation, O, p.stride))
+        parts.append(xp[(slice(None), slice(None)) + sl])               # (N, C, *O)
+    cols = np.stack(parts, 2)                                           # (N, C, K, *O)
+    return cols.reshape(x.shape[0], x.shape[1] * len(parts), -1).transpose(1, 0, 2).reshape(x.shape[1] * len(parts), -1)
+
+
+@pytest.mark.skipif(native.library() is None, reason=f"compiled loops unavailable: {native.load_error()}")
+@pytest.mark.parametrize("spatial, kernel, stride, padding, dilation", [
+    ((4, 4), (3, 3), 1, 1, 1), ((2, 2), (3, 3), 1, 1, 1), ((3, 5), (3, 3), 1, ((2, 0), (1, 1)), 1),    # planes <= 16
+    ((4, 4), (3, 3), 2, 1, 1), ((4, 4), (2, 2), 1, 0, 2), ((2, 2, 4), (3, 1, 3), 1, 1, 1), ((16,), (5,), 1, 2, 1),
+    ((1, 17), (1, 3), 1, ((0, 0), (1, 1)), 1),                          # 17 elements: the row copies
+    ((8, 8), (3, 3), 1, 1, 1), ((6, 16), (3, 3), 1, 1, 1), ((7, 7), (3, 3), 2, 1, 1), ((5, 20), (3, 3), 1, 1, 1),
+])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_column_copies_are_numpys_slices(spatial, kernel, stride, padding, dilation, layout):
+    """The C column copy (small_cols_impl.h: its plane-in-a-register permutations for planes of at most 16 elements
+    and its masked row copies on AVX-512 builds, its row loops elsewhere) writes exactly NumPy's slices of x padded
+    with zeros, for contiguous and strided x, 1-3 dims, strides, dilation, asymmetric padding."""
+    from xconv.params import make_params
+    from xconv_numpy import small_c
+
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((3, 5) + tuple(s * 2 for s in spatial)).astype(np.float32)
+    x = np.ascontiguousarray(base[(Ellipsis,) + tuple(slice(0, s) for s in spatial)]) if layout == "contiguous" \
+        else base[(Ellipsis,) + tuple(slice(0, 2 * s, 2) for s in spatial)]
+    p = make_params(x.shape, (4, 5) + kernel, stride=stride, padding=padding, dilation=dilation)
+    xr, geo = small_c.im2col_input(x, p, np.float32)
+    want = _numpy_im2col(x, p)
+    cols = np.full(want.shape, np.nan, np.float32)
+    native.library().xconv_small_im2col_f32(xr.ctypes.data, cols.ctypes.data, geo.ctypes.data)
+    assert cols.tobytes() == want.tobytes()
+
+
+@pytest.mark.skipif(native.library() is None, reason=f"compiled loops unavailable: {native.load_error()}")
+@pytest.mark.parametrize("spatial, kernel, stride, padding, dilation", [
+    ((4, 4), (3, 3), 1, 1, 1), ((2, 2), (3, 3), 1, 1, 1), ((3, 5), (3, 3), 1, ((2, 0), (1, 1)), 1),
+    ((4, 4), (3, 3), 2, 1, 1), ((4, 4), (2, 2), 1, 0, 2), ((2, 2, 4), (3, 1, 3), 1, 1, 1), ((16,), (5,), 1, 2, 1),
+    ((1, 17), (1, 3), 1, ((0, 0), (1, 1)), 1), ((8, 8), (3, 3), 1, 1, 1), ((7, 7), (3, 3), 2, 1, 1),
+])
+def test_column_sums_are_numpys_tap_by_tap_sums(spatial, kernel, stride, padding, dilation):
+    """The C col2im (small_cols_impl.h: one permutation per tap for planes of at most 16 elements on AVX-512 builds,
+    its row loops elsewhere): the bits of NumPy adding each tap's columns into dx in tap order, -0 columns included."""
+    from xconv.params import make_params
+    from xconv_numpy import small_c
+
+    rng = np.random.default_rng(6)
+    p = make_params((3, 5) + spatial, (4, 5) + kernel, stride=stride, padding=padding, dilation=dilation)
+    K, Q = int(np.prod(kernel)), int(np.prod(p.output_shape[2:]))
+    dcols = rng.standard_normal((5 * K, 3 * Q)).astype(np.float32)
+    dcols[:, ::3] = -0.0
+    want = np.zeros((3, 5) + tuple(s + a + b for s, (a, b) in zip(spatial, p.padding)), np.float32)
+    taps = dcols.reshape(5, K, 3, *p.output_shape[2:]).transpose(2, 0, 1, *range(3, 3 + p.nd))
+    for i, t in enumerate(np.ndindex(*kernel)):
+        sl = tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+                   for k, d, o, s in zip(t, p.dilation, p.output_shape[2:], p.stride))
+        want[(slice(None), slice(None)) + sl] += taps[:, :, i]
+    want = want[(Ellipsis,) + tuple(slice(a, a + s) for s, (a, _) in zip(spatial, p.padding))]
+    dx = small_c.col2im(dcols.reshape(1, 5 * K, 3 * Q), p, None, np.float32)
+    assert dx.tobytes() == np.ascontiguousarray(want).tobytes()

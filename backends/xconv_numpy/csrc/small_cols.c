@@ -23,14 +23,27 @@ static inline void xconv_valid_range(int64_t off, int64_t s, int64_t L, int64_t 
     *hi = b;
 }
 
+/* float rows of at most 16 elements at stride 1 copy by one masked load and store on AVX-512 builds (the row loop's
+ * per-row work cost more than the copy: 8x256x4x4 3x3, 0.3 ms of a 1.2 ms forward on two threads) */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define XCONV_HAVE_MASKED_ROWS 1
+#else
+#define XCONV_HAVE_MASKED_ROWS 0
+#endif
+
 #define T float
 #define SUF _f32
+#define XCONV_MASKED_ROWS XCONV_HAVE_MASKED_ROWS
 #include "small_cols_impl.h"
+#undef XCONV_MASKED_ROWS
 #undef T
 #undef SUF
 
 #define T double
 #define SUF _f64
+#define XCONV_MASKED_ROWS 0
 #include "small_cols_impl.h"
+#undef XCONV_MASKED_ROWS
 #undef T
 #undef SUF

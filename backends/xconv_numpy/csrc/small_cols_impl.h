@@ -10,6 +10,39 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
     const int64_t Q = OD * OH * OW, NQ = N * Q;
     T *row = cols + c0 * KD * KH * KW * NQ;
     (void)C;
+#if XCONV_MASKED_ROWS
+    if (D * H * W <= 16 && Q <= 16 && KD * KH * KW <= 64 && xw == 1 && xh == W && (D == 1 || xd == H * W)) {
+        /* planes of at most 16 elements (a deep layer's 4x4, 2x2): a (sample, channel) plane in one register, each
+         * tap's Q columns one permutation of it (its positions outside the input zeroed by the mask) */
+        const int64_t K = KD * KH * KW;
+        __m512i idx[64];
+        __mmask16 ok[64];
+        for (int64_t t = 0; t < K; t++) {
+            const int64_t kd = t / (KH * KW), kh = t / KW % KH, kw = t % KW;
+            int32_t lane[16] = {0};
+            unsigned m = 0;
+            for (int64_t q = 0; q < Q; q++) {
+                const int64_t od = q / (OH * OW), oh = q / OW % OH, ow = q % OW;
+                const int64_t id = od * sd - pd + kd * dd, ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
+                if (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W) {
+                    lane[q] = (int32_t)((id * H + ih) * W + iw);
+                    m |= 1u << q;
+                }
+            }
+            idx[t] = _mm512_loadu_si512(lane);
+            ok[t] = (__mmask16)m;
+        }
+        const __mmask16 in_mask = (__mmask16)((1u << (D * H * W)) - 1), out_mask = (__mmask16)((1u << Q) - 1);
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t n = 0; n < N; n++) {
+                const __m512 plane = _mm512_maskz_loadu_ps(in_mask, x + n * xn + c * xc);
+                T *out = row + (c - c0) * K * NQ + n * Q;
+                for (int64_t t = 0; t < K; t++, out += NQ)
+                    _mm512_mask_storeu_ps(out, out_mask, _mm512_maskz_permutexvar_ps(ok[t], idx[t], plane));
+            }
+        return;
+    }
+#endif
     for (int64_t c = c0; c < c1; c++)
         for (int64_t kd = 0; kd < KD; kd++)
             for (int64_t kh = 0; kh < KH; kh++)
@@ -28,6 +61,15 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
                                     continue;
                                 }
                                 const T *in = x + n * xn + c * xc + id * xd + ih * xh + offw * xw;
+#if XCONV_MASKED_ROWS
+                                if (OW <= 16 && sw == 1 && xw == 1) {  /* one masked load and store (lanes
+                                    * outside [lo, hi) not read: AVX-512 suppresses their faults) */
+                                    const __mmask16 valid = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                                    _mm512_mask_storeu_ps(out, (__mmask16)((1u << OW) - 1),
+                                                          _mm512_maskz_loadu_ps(valid, in));
+                                    continue;
+                                }
+#endif
                                 for (int64_t o = 0; o < lo; o++) out[o] = 0;
                                 if (sw == 1 && xw == 1)
                                     for (int64_t o = lo; o < hi; o++) out[o] = in[o];
@@ -51,6 +93,40 @@ void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, 
     const int64_t sd = g[S_SD], sh = g[S_SH], sw = g[S_SW], dd = g[S_DD], dh = g[S_DH], dw = g[S_DW];
     const int64_t pd = g[S_PD], ph = g[S_PH], pw = g[S_PW];
     const int64_t K = KD * KH * KW, Q = OD * OH * OW, NQ = N * Q, P = D * H * W;
+#if XCONV_MASKED_ROWS
+    if (P <= 16 && Q <= 16 && K <= 64) {
+        /* planes of at most 16 elements: each tap's Q columns moved to the input positions they read by one
+         * permutation (a tap reads each input position at most once) and added, taps in order: the sums of the row
+         * loops below, in their order (lanes without a term add +0 to a sum that is never -0) */
+        __m512i inv[64];
+        __mmask16 ok[64];
+        for (int64_t t = 0; t < K; t++) {
+            const int64_t kd = t / (KH * KW), kh = t / KW % KH, kw = t % KW;
+            int32_t lane[16] = {0};
+            unsigned m = 0;
+            for (int64_t q = 0; q < Q; q++) {
+                const int64_t od = q / (OH * OW), oh = q / OW % OH, ow = q % OW;
+                const int64_t id = od * sd - pd + kd * dd, ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
+                if (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W) {
+                    lane[(id * H + ih) * W + iw] = (int32_t)q;
+                    m |= 1u << ((id * H + ih) * W + iw);
+                }
+            }
+            inv[t] = _mm512_loadu_si512(lane);
+            ok[t] = (__mmask16)m;
+        }
+        const __mmask16 in_mask = (__mmask16)((1u << Q) - 1), out_mask = (__mmask16)((1u << P) - 1);
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t n = 0; n < N; n++) {
+                __m512 acc = _mm512_setzero_ps();
+                const T *row = dcols + c * K * NQ + n * Q;
+                for (int64_t t = 0; t < K; t++, row += NQ)
+                    acc = _mm512_add_ps(acc, _mm512_maskz_permutexvar_ps(ok[t], inv[t], _mm512_maskz_loadu_ps(in_mask, row)));
+                _mm512_mask_storeu_ps(dx + (n * C + c) * P, out_mask, acc);
+            }
+        return;
+    }
+#endif
     for (int64_t c = c0; c < c1; c++)
         for (int64_t n = 0; n < N; n++) {
             T *plane = dx + (n * C + c) * P;
