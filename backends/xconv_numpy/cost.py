@@ -17,7 +17,9 @@ the path keeps busy, :data:`CORES` assumed):
 - ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
   per second, Q the output positions per sample (the loops vectorize and block along a sample's
   positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
-  grids more: a larger Q0), times ``LOOP_BIG_WEIGHTS`` when one group's weights outgrow a core's L2;
+  grids more: a larger Q0), times ``LOOP_BIG_WEIGHTS`` when one group's weights outgrow a core's L2; for dx
+  and the forward only the multiply-adds the loops run (``dense.dx_tap_share``: taps that read only padding rows are
+  skipped);
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
   small path's estimate over the cores; ``grid-forward`` (the grid engine's x-columns forward): colgemm's
   product model, columns only for kernels with several taps;
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import math
 
+from . import dense as dense_loops
 from . import stem as stem_loops
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
@@ -115,7 +118,7 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
 def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     """The dense C loops (any output)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
-    macs = N * g * Cog * Cg * K * Q
+    macs = N * g * Cog * Cg * K * Q * (dense_loops.dx_tap_share(p) if output == "dx" else 1.0)
     q0 = LOOP_Q0[len(p.kernel)]
     big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
     return call + big * macs / (LOOP_MACS * Q / (Q + q0)) / cores
@@ -161,7 +164,8 @@ def dense_forward(p, output: str = "y") -> float:
     S = math.prod(p.input_shape[2:])
     q0 = LOOP_Q0[len(p.kernel)]
     big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
-    return CALL + big * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
+    share = dense_loops.dx_tap_share(dense_loops.dual(p)) if dense_loops.computes_fprop(p) else 1.0
+    return CALL + big * share * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
 
 
 def dense(p, output: str) -> float:

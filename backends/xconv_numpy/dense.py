@@ -164,6 +164,28 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _grids(p: ConvParams) -> tuple:
+    """(S, O, kernel, dilation, stride, padding before, X, Y): the spatial dims of x, dy and the grids (see _plan)."""
+    S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
+    st, pre, X = tuple(p.stride), tuple(a for a, _ in p.padding), padded(p)
+    qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
+    return S, O, k, d, st, pre, X, tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))
+
+
+@functools.lru_cache(maxsize=256)
+def dx_tap_share(p: ConvParams) -> float:
+    """The share of the input gradient's (position, tap) terms the loops run, each row skipping the taps that read
+    only dy's zero rows (:func:`_row_taps`): 1.0 where no row skips (the cost model's, a function of the geometry)."""
+    S, O, k, d, st, pre, X, Y = _grids(p)
+    gY = [math.prod(Y[i + 1:]) for i in range(p.nd)]
+    run = total = 0
+    for rho, idx, _, lo, cnt in _phase_plan(S, X, Y, st, d, k, pre, gY):
+        taps = _row_taps(idx, lo, cnt[:-1], O, k, d, rho, st)
+        run += int((taps[:, 1] - taps[:, 0]).sum()) * cnt[-1]
+        total += len(taps) * len(idx) * cnt[-1]
+    return run / total if total else 1.0
+
+
 @functools.lru_cache(maxsize=64)       # above a real model's dense configurations (ResNet-18: 12)
 def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNamespace:
     """What :func:`backward` needs that does not depend on the data (cached): the grids' geometry, samples per
@@ -176,14 +198,9 @@ def _plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNam
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
     Co = p.output_shape[1]
-    S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
-    st = tuple(p.stride)
-    pre = tuple(a for a, _ in p.padding)
+    S, O, k, d, st, pre, X, Y = _grids(p)
     f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
-                        K=math.prod(k), out_dt=DTYPES[p.dtype])
-    f.X = X = padded(p)
-    qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
-    f.Y = Y = tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))
+                        K=math.prod(k), out_dt=DTYPES[p.dtype], X=X, Y=Y)
     gX = [math.prod(X[i + 1:]) for i in range(nd)]
     gY = [math.prod(Y[i + 1:]) for i in range(nd)]
     f.Xn, f.Yn, f.Sn = Xn, Yn, Sn = math.prod(X), math.prod(Y), math.prod(S)
