@@ -127,18 +127,25 @@ def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
 def small(p, output: str) -> float:
     """The small path (one core, little per-call work): its grid loops at stride 1 (whose weight gradient blocks
     over taps: few taps run it at a fraction of the rate), else its columns and one BLAS product."""
-    if all(s == 1 for s in p.stride):
+    if all(s == 1 for s in p.stride) and math.prod(p.kernel) > 1:
         N, Cg, Cog, g, K, Q = _sizes(p)
         rate, q0, k0 = SMALL_LOOPS[output]
         return SMALL_CALL + N * g * Cog * Cg * K * Q / (rate * Q / (Q + q0) * K / (K + k0))
     return colgemm(p, output, 1, SMALL_CALL)
 
 
+#: The pointwise path's time per call outside its products (its job table, the weights' copy, one product call per
+#: sample): measured 55-75 us on two threads, forward, where its products take 25-50 (8x16x12x12 -> 96 119 us,
+#: 8x96x12x12 -> 16 106, 8x32x6x6 -> 192 116, 8x96x6x6 -> 32 100; the small path's columns and one product 103, 116,
+#: 90, 67), against CALL's 20 before.
+POINTWISE_CALL = 60e-6
+
+
 def pointwise(p, output: str) -> float:
     """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
-    return CALL + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
+    return POINTWISE_CALL + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
 
 
 def grid(p, output: str) -> float:

@@ -174,8 +174,9 @@ def cost_pick(p, output: str):
     need_dx = output == "dx"
     served = small.serves(p, need_dx)                                # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
-    small_path = "small-c" if small.grid_compiled(p) else "small-cols"
-    cands = [small_path] if served or (same and small.grid_compiled(p)) else []  # its stride-1 loops at any size
+    loops = small.grid_compiled(p) and math.prod(p.kernel) > 1     # a 1x1's columns are x: one product beats the loops
+    small_path = "small-c" if loops else "small-cols"
+    cands = [small_path] if served or (same and loops) else []      # its stride-1 loops at any size
     if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
         return small_path
     if output == "y":
