@@ -50,6 +50,21 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
                     const int64_t offw = kw * dw - pw;
                     int64_t lo, hi;
                     xconv_valid_range(offw, sw, W, OW, &lo, &hi);
+#if XCONV_MASKED_ROWS
+                    /* a row of at most 16 elements spanning at most 16 inputs: one masked load of the lanes it reads
+                     * (the others not read: AVX-512 suppresses their faults), one permutation at a stride, one masked
+                     * store */
+                    const int masked = xw == 1 && OW <= 16 && (OW - 1) * sw < 16;
+                    unsigned ld = 0, keep = 0;
+                    int32_t lane[16] = {0};
+                    for (int64_t o = lo; masked && o < hi; o++) {
+                        ld |= 1u << (o * sw);
+                        keep |= 1u << o;
+                        lane[o] = (int32_t)(o * sw);
+                    }
+                    const __m512i pick = _mm512_loadu_si512(lane);
+                    const __mmask16 out_mask = (__mmask16)((1u << OW) - 1);
+#endif
                     for (int64_t n = 0; n < N; n++) {
                         T *out = row + n * Q;
                         for (int64_t od = 0; od < OD; od++) {
@@ -62,11 +77,10 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
                                 }
                                 const T *in = x + n * xn + c * xc + id * xd + ih * xh + offw * xw;
 #if XCONV_MASKED_ROWS
-                                if (OW <= 16 && sw == 1 && xw == 1) {  /* one masked load and store (lanes
-                                    * outside [lo, hi) not read: AVX-512 suppresses their faults) */
-                                    const __mmask16 valid = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                                    _mm512_mask_storeu_ps(out, (__mmask16)((1u << OW) - 1),
-                                                          _mm512_maskz_loadu_ps(valid, in));
+                                if (masked) {
+                                    const __m512 v = _mm512_maskz_loadu_ps((__mmask16)ld, in);
+                                    _mm512_mask_storeu_ps(out, out_mask, sw == 1 ? v
+                                                          : _mm512_maskz_permutexvar_ps((__mmask16)keep, pick, v));
                                     continue;
                                 }
 #endif
