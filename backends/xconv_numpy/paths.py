@@ -160,6 +160,9 @@ def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gr
     return (not dense.available() and not p.transposed and all(s == 1 for s in p.stride) and not geom(p).pointwise
             and math.prod(p.output_shape[2:]) >= GRID_POSITIONS and cost.macs(p) >= GRID_MACS and not stem.serves(p))
 
+#: colgemm's forward is a candidate in one chunk of samples, or in up to cost.CORES chunks where the dense loops cannot
+#: take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on the small path's columns -> 0.69 in two chunks,
+#: 2x64x56x56 -> 128 2.67 -> 1.6; a stride-1 2x256x14x14 in two chunks 2.8 against the dense loops' 2.45).
 #: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
 #: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
 COLGEMM_FORWARD_COLUMNS = 4096
@@ -180,14 +183,16 @@ def cost_pick(p, output: str):
     if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
         return small_path
     if output == "y":
-        if colgemm.fits(p, False, False, True) and len(colgemm.sample_chunks(p, False, False, True)) == 1 \
+        dense_fwd = dense.available() and dense.computes_fprop(p) and dense.serves(dense.dual(p))
+        chunks = len(colgemm.sample_chunks(p, False, False, True))    # 0: colgemm does not fit the contract
+        if 0 < chunks <= (1 if dense_fwd else cost.CORES) \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
-            cands.append("colgemm")
+            cands.append("colgemm")                        # in chunks where the dense loops cannot take the forward
         if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
             cands.append("small-c-blocks")
         if geom(p).pointwise:
             cands.append("pointwise")
-        if dense.available() and dense.computes_fprop(p) and dense.serves(dense.dual(p)):
+        if dense_fwd:
             cands.append("dense")                          # the dense loops' input gradient of the dual call
         if not served:
             cands.append("grid-forward")
