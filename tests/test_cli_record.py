@@ -10,8 +10,9 @@ def test_run_prints_record():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("record: ")]
-    # 1 MiB admits the small-call path (its scratch bound fits: a limit that constrains nothing changes no path)
-    assert "backward on numpy" in line and "small-c: small-call C grid loops" in line
+    # 1 MiB admits the small-call path (its scratch bound fits: a limit that constrains nothing changes no path); a 1x1
+    # takes its columns and one product (paths.cost_pick), not its grid loops
+    assert "backward on numpy" in line and "small-cols: small-call C columns" in line
     assert "deterministic=batch_invariant" in line and "workspace_bytes=" in line
 
 
