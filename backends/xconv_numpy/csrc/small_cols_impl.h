@@ -17,21 +17,7 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
         const int64_t K = KD * KH * KW;
         __m512i idx[64];
         __mmask16 ok[64];
-        for (int64_t t = 0; t < K; t++) {
-            const int64_t kd = t / (KH * KW), kh = t / KW % KH, kw = t % KW;
-            int32_t lane[16] = {0};
-            unsigned m = 0;
-            for (int64_t q = 0; q < Q; q++) {
-                const int64_t od = q / (OH * OW), oh = q / OW % OH, ow = q % OW;
-                const int64_t id = od * sd - pd + kd * dd, ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
-                if (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W) {
-                    lane[q] = (int32_t)((id * H + ih) * W + iw);
-                    m |= 1u << q;
-                }
-            }
-            idx[t] = _mm512_loadu_si512(lane);
-            ok[t] = (__mmask16)m;
-        }
+        xconv_plane_perms(g, 0, idx, ok);
         const __mmask16 in_mask = (__mmask16)((1u << (D * H * W)) - 1), out_mask = (__mmask16)((1u << Q) - 1);
         for (int64_t c = c0; c < c1; c++)
             for (int64_t n = 0; n < N; n++) {
@@ -114,21 +100,7 @@ void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, 
          * loops below, in their order (lanes without a term add +0 to a sum that is never -0) */
         __m512i inv[64];
         __mmask16 ok[64];
-        for (int64_t t = 0; t < K; t++) {
-            const int64_t kd = t / (KH * KW), kh = t / KW % KH, kw = t % KW;
-            int32_t lane[16] = {0};
-            unsigned m = 0;
-            for (int64_t q = 0; q < Q; q++) {
-                const int64_t od = q / (OH * OW), oh = q / OW % OH, ow = q % OW;
-                const int64_t id = od * sd - pd + kd * dd, ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
-                if (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W) {
-                    lane[(id * H + ih) * W + iw] = (int32_t)q;
-                    m |= 1u << ((id * H + ih) * W + iw);
-                }
-            }
-            inv[t] = _mm512_loadu_si512(lane);
-            ok[t] = (__mmask16)m;
-        }
+        xconv_plane_perms(g, 1, inv, ok);
         const __mmask16 in_mask = (__mmask16)((1u << Q) - 1), out_mask = (__mmask16)((1u << P) - 1);
         for (int64_t c = c0; c < c1; c++)
             for (int64_t n = 0; n < N; n++) {
