@@ -123,28 +123,26 @@ static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, c
                     int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
                     const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
     int64_t nblk = (row_len + 13) / 14;
-    const int64_t *off_all = off;
-    const float *w_all = w;
-    (void)T;
+    (void)T;                             /* the phase's taps: each row's range lies within them */
     for (int64_t r = r0; r < r1; r++) {
         const float *dyr = dy + rin[3 * r];
         float *dxr = dx + rout[r];
-        off = off_all + rin[3 * r + 1];
-        w = w_all + rin[3 * r + 1] * Cog * ldw;
-        T = rin[3 * r + 2] - rin[3 * r + 1];
+        const int64_t *offr = off + rin[3 * r + 1];                 /* the row's taps */
+        const float *wr = w + rin[3 * r + 1] * Cog * ldw;
+        const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
         int64_t cb = 0;
         for (; cb + 32 <= Cg; cb += 32)
             for (int64_t b = 0, j = 0; b < nblk; b++) {
                 int64_t n = row_len / nblk + (b < row_len % nblk);
-                dx_span2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, n, cb);
+                dx_span2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, n, cb);
                 j += n;
             }
         for (; cb < Cg; cb += 16) {      /* one vector of channels: as many 12-blocks as fit (one load per FMA) */
             int64_t j = 0;
-            for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-            for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-            for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
-            for (; j < row_len; j++) dx_1x1(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+            for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+            for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+            for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+            for (; j < row_len; j++) dx_1x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
         }
     }
 }
