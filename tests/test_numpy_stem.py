@@ -213,7 +213,8 @@ def test_weight_gradient_with_non_finite_inputs_takes_the_detour(where):
     assert_same_non_finite([dw], [want], rtol=1e-5)
 
 
-def test_builds_without_avx512_do_not_serve(monkeypatch):
+def test_builds_outside_the_stem_isas_do_not_serve(monkeypatch):
+    """stem.serves holds only where the loaded build is one of stem.ISAS (AVX-512, AVX2 today)."""
     x, w, _ = _arrays((2, 3, 9, 40), (4, 3, 3, 3))
     p = _params(x, w, dict(padding=1))
     assert stem.serves(p)
