@@ -73,3 +73,37 @@ def test_pointwise_forward_keeps_non_finite_values_where_the_definition_has_them
     np.testing.assert_array_equal(np.isnan(y), np.isnan(ye))
     np.testing.assert_array_equal(np.isinf(y), np.isinf(ye))
     assert np.isnan(y[1, 1, 0, 1]) and np.isinf(y[1, 0, 0, 1]) and np.isfinite(y[0]).all()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_planned_forward_is_the_chunked_forwards_bits(case):
+    """fprop_planned (the sgemm jobs from a table kept per configuration) gives fprop's bits, for every worker count,
+    with and without bias, on a second call with other arrays (the table's offsets, not the first call's addresses)."""
+    xs, co, g = case
+    nd = len(xs) - 2
+    ws = (co, xs[1] // g) + (1,) * nd
+    p = make_params(xs, ws, stride=(1,) * nd, padding=((0, 0),) * nd, dilation=(1,) * nd, groups=g, dtype="float32")
+    rng = np.random.default_rng(2)
+    for k in (1, 2, 3):
+        for bias in (None, rng.standard_normal(co).astype(np.float32)):
+            x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+            planned = pointwise.fprop_planned(p, x, w, bias, k)
+            if planned is None:              # sgemm jobs refused (a dimension of 1): fprop's own loop serves it
+                assert min(xs[0], co // g, xs[1] // g) == 1 or int(np.prod(xs[2:])) == 1
+                continue
+            assert np.array_equal(planned, _run(x, w, bias, p, k))
+            assert np.array_equal(planned, _run(np.asfortranarray(x), w, bias, p, k))   # another layout, same bits
+
+
+def test_planned_forward_refuses_what_it_cannot_take_as_it_lies():
+    xs, ws = (4, 16, 5, 5), (8, 16, 1, 1)
+    p = make_params(xs, ws, stride=(1, 1), padding=((0, 0),) * 2, dilation=(1, 1), groups=1, dtype="float32")
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    assert pointwise.fprop_planned(p, np.asfortranarray(x), w, None, 2) is None
+    assert pointwise.fprop_planned(p, x, w.astype(np.float64), None, 2) is None
+    buf = np.zeros(x.size + w.size, np.float32)                 # w inside x's buffer: numpy.matmul's own case
+    xo, wo = buf[:x.size].reshape(xs), buf[x.size - 8:x.size - 8 + w.size].reshape(ws)
+    assert pointwise.fprop_planned(p, xo, wo, None, 2) is None
+    y = xconv.conv_fprop(x, w)                                  # through the path table: the planned forward
+    assert np.array_equal(y, _run(x, w, None, p, 2))

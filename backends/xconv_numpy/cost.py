@@ -134,10 +134,11 @@ def small(p, output: str) -> float:
     return colgemm(p, output, 1, SMALL_CALL)
 
 
-#: The pointwise path's time per call outside its products (its job table, the weights' copy, one product call per
-#: sample): measured 55-75 us on two threads, forward, where its products take 25-50 (8x16x12x12 -> 96 119 us,
-#: 8x96x12x12 -> 16 106, 8x32x6x6 -> 192 116, 8x96x6x6 -> 32 100; the small path's columns and one product 103, 116,
-#: 90, 67), against CALL's 20 before.
+#: The pointwise path's time per call outside its products, for the gradients (their chunks of samples in Python,
+#: the weights' copy, one product call per sample): measured 55-75 us on two threads (forward, before its job table
+#: was kept per configuration: 8x16x12x12 -> 96 119 us, 8x96x12x12 -> 16 106, 8x32x6x6 -> 192 116, 8x96x6x6 -> 32
+#: 100; the small path's columns and one product 103, 116, 90, 67), against CALL's 20. The forward's sgemm jobs come
+#: from a table kept per configuration (grid/pointwise.fprop_planned): CALL (the same four: 60, 58, -, -).
 POINTWISE_CALL = 60e-6
 
 
@@ -145,7 +146,8 @@ def pointwise(p, output: str) -> float:
     """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
-    return POINTWISE_CALL + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
+    call = CALL if output == "y" else POINTWISE_CALL
+    return call + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
 
 
 def grid(p, output: str) -> float:

@@ -215,9 +215,13 @@ def fprop(x, w, b, p: ConvParams):
         with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
             return dense.fprop(x, w, b, p, _share(p, workers, "fprop", True), budget, lease)
     if name == "pointwise":
-        with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
+        with pinned_blas_workers() as workers:
             workers = _share(p, workers, "fprop", p.dtype == "float32" and jobs.sgemm_available())    # sgemm jobs
-            return pointwise.fprop(geom(p), x, w, b, workers, lease)
+            y = pointwise.fprop_planned(p, x, w, b, workers)
+            if y is not None:
+                return y
+            with Lease(p.workspace_limit) as lease:
+                return pointwise.fprop(geom(p), x, w, b, workers, lease)
     if name == "colgemm":
         with pinned_blas_workers() as workers:
             return colgemm.fprop(x, w, b, p, _share(p, workers, "fprop", colgemm.runs_as_jobs(p)))

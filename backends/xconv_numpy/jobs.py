@@ -62,26 +62,60 @@ class Jobs:
     def run(self, threads: int, scratch_floats: int = 0) -> int:
         """Run every job on up to ``threads`` threads, each with ``scratch_floats`` floats of scratch; returns the
         scratch bytes used."""
-        n = self.count
-        if n == 0:
+        if self.count == 0:
             return 0
-        lib = native.library()
         table = self.blocks[0] if len(self.blocks) == 1 else np.concatenate(self.blocks)
-        threads = max(1, min(threads, n))
-        scratch = np.empty(max(1, threads * scratch_floats), np.float32)
-        state = np.zeros(STATE, np.int64)
-        state[6], state[7] = native.address(scratch), scratch_floats
-        at, st = native.address(table), native.address(state)
-        if threads == 1:
-            lib.xconv_jobs_work(at, n, st)
+        return _execute(table, threads, scratch_floats)
+
+    def template(self, bases, addresses) -> "Template":
+        """These jobs as a :class:`Template`: each argument of ``bases`` = {argument: k}, built from the address
+        ``addresses[k]``, held as its offset from it (so :meth:`Template.run` with other arrays' addresses)."""
+        table = np.array(self.blocks[0] if len(self.blocks) == 1 else np.concatenate(self.blocks), np.int64)
+        for arg, k in bases.items():
+            table[:, 4 + arg] -= addresses[k]
+        return Template(table, bases)
+
+
+class Template:
+    """A job list fixed by a call's configuration: address arguments held as offsets from the call's arrays, so a
+    repeated call adds its arrays' addresses to a copy of the table and runs it (no Python per job, no rebuilding)."""
+
+    __slots__ = ("table", "adds")
+
+    def __init__(self, table: np.ndarray, bases):
+        self.table = table
+        self.table.flags.writeable = False
+        self.adds = tuple((4 + arg, base) for arg, base in sorted(bases.items()))
+
+    def run(self, addresses, threads: int, scratch_floats: int = 0) -> int:
+        """Run the jobs with base ``addresses`` (by number) on up to ``threads`` threads, as :meth:`Jobs.run`."""
+        table = self.table.copy()
+        for col, base in self.adds:
+            table[:, col] += addresses[base]
+        return _execute(table, threads, scratch_floats)
+
+
+def _execute(table: np.ndarray, threads: int, scratch_floats: int) -> int:
+    """Run the jobs of ``table`` (rows of LEN) on up to ``threads`` threads; the scratch bytes used."""
+    n = len(table)
+    if n == 0:
+        return 0
+    lib = native.library()
+    threads = max(1, min(threads, n))
+    scratch = np.empty(max(1, threads * scratch_floats), np.float32)
+    state = np.zeros(STATE, np.int64)
+    state[6], state[7] = native.address(scratch), scratch_floats
+    at, st = native.address(table), native.address(state)
+    if threads == 1:
+        lib.xconv_jobs_work(at, n, st)
+    else:
+        gomp = omp_team.gomp_parallel_address()
+        if gomp is not None:
+            lib.xconv_jobs_parallel(at, n, st, threads, gomp)
         else:
-            gomp = omp_team.gomp_parallel_address()
-            if gomp is not None:
-                lib.xconv_jobs_parallel(at, n, st, threads, gomp)
-            else:
-                workers.run([()] * threads, lambda _ws, _i: lib.xconv_jobs_work(at, n, st), lambda: None, threads,
-                            pin_blas=False)          # the loops call no BLAS; sgemm jobs' callers pin it
-        return int(state[1]) * scratch_floats * 4
+            workers.run([()] * threads, lambda _ws, _i: lib.xconv_jobs_work(at, n, st), lambda: None, threads,
+                        pin_blas=False)          # the loops call no BLAS; sgemm jobs' callers pin it
+    return int(state[1]) * scratch_floats * 4
 
 
 def sgemm_available() -> bool:
@@ -110,15 +144,25 @@ def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> 
     job: no Python per product); False, nothing run, where :func:`sgemm` would refuse. ``out`` is written in
     place: it must not overlap ``a`` or ``b``, nor itself across items (numpy.matmul would copy first; the callers
     pass new arrays). Like :func:`sgemm`, for calls made with BLAS pinned to one thread (:mod:`.blas`)."""
+    jobs = sgemm_stack_jobs(a, b, out, workers)
+    if jobs is None:
+        return False
+    jobs.run(workers)
+    return True
+
+
+def sgemm_stack_jobs(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> Jobs | None:
+    """The jobs :func:`sgemm_stack` runs (arguments 6, 8 and 10 of each: a's, b's and out's addresses), or None
+    where it would refuse."""
     batch = out.shape[:-2]
     if not (a.shape[:-2] == b.shape[:-2] == batch and len(batch) >= 1) or 0 in out.shape[:-2]:
-        return False
+        return None
     rest = list(itertools.product(*map(range, batch[1:])))
     calls = sgemm_calls([(a[(0,) + r], b[(0,) + r], out[(0,) + r]) for r in rest])
     n = batch[0]
     steps = (a.strides[0], b.strides[0], out.strides[0])
     if calls is None or any(_same_buffer(c[6], c[8], steps[0], steps[1], n) for c in calls):
-        return False
+        return None
     lo = np.arange(n, dtype=np.int64) if n <= 64 else np.array([r[0] for r in ranges(n, 8 * workers)], np.int64)
     table = np.empty((len(calls), len(lo), 17), np.int64)
     table[:, :, :15] = np.array([c + steps for c in calls], np.int64)[:, None, :]
@@ -126,8 +170,7 @@ def sgemm_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -> 
     table[:, :, 16] = np.append(lo[1:], n)
     jobs = Jobs()
     jobs.rows("sgemm_batch", table.reshape(-1, 17))
-    jobs.run(workers)
-    return True
+    return jobs
 
 
 def ranges(n: int, parts: int) -> list:

@@ -6,7 +6,8 @@ import numpy as np
 
 from xconv.dtypes import DTYPES
 
-from .. import jobs
+from .. import jobs, native
+from ..plans import per_params
 from ..workers import cap_workers as _cap_workers
 from .chunks import MIN_CHUNKS, budget as _budget, split as _split
 from .geometry import Geom, compute_dtype, io_bytes as _io_bytes
@@ -46,6 +47,40 @@ def _sgemm_jobs(x, wm, y, g: int, Cg: int, Cog: int, P: int, N: int, workers: in
     NumPy's ILP64 sgemm is there; False (nothing run) otherwise."""
     return jobs.sgemm_stack(np.broadcast_to(wm, (N, g, Cog, Cg)), x.reshape(N, g, Cg, P), y.reshape(N, g, Cog, P),
                             workers)
+
+
+@per_params
+def _fprop_templates(p) -> dict:
+    """{workers: the forward's sgemm jobs (jobs.Template on w, x, y; None where they cannot run)} of ``p``."""
+    return {}
+
+
+def fprop_planned(p, x, w, bias, workers: int):
+    """The forward as :func:`fprop` computes it (the same sgemm calls: the same bits) from a job table kept per
+    configuration and worker count, when x and w are C-contiguous float32 and do not overlap; else None."""
+    if not (x.dtype == w.dtype == np.float32 and x.flags.c_contiguous and w.flags.c_contiguous):
+        return None
+    xa, wa = native.address(x), native.address(w)
+    if xa < wa + w.nbytes and wa < xa + x.nbytes:
+        return None
+    y = np.empty(p.output_shape, np.float32)
+    templates = _fprop_templates(p)
+    template = templates.get(workers, False)
+    if template is False:
+        N, g = p.input_shape[0], p.groups
+        Cg, Cog = p.input_shape[1] // g, p.weight_shape[0] // g
+        P = y.size // (N * g * Cog)
+        made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)), x.reshape(N, g, Cg, P),
+                                     y.reshape(N, g, Cog, P), workers)
+        template = None if made is None else made.template({6: 0, 8: 1, 10: 2}, (wa, xa, native.address(y)))
+        templates[workers] = template
+    if template is None:
+        return None
+    template.run((wa, xa, native.address(y)), workers)
+    if bias is not None:
+        y.reshape(p.input_shape[0], p.groups, p.weight_shape[0] // p.groups, -1)[...] += np.asarray(
+            bias, np.float32).reshape(1, p.groups, -1, 1)
+    return y
 
 
 def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, workers: int,
