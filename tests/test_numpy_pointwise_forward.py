@@ -13,7 +13,7 @@ from xconv.params import make_params
 
 from test_numpy_fast import check_close  # noqa: E402
 
-from xconv_numpy.grid import pointwise
+from xconv_numpy.grid import pointwise, pointwise_planned
 from xconv_numpy.grid.geometry import geom
 from xconv_numpy.grid.scratch import Lease
 
@@ -87,7 +87,7 @@ def test_planned_forward_is_the_chunked_forwards_bits(case):
     for k in (1, 2, 3):
         for bias in (None, rng.standard_normal(co).astype(np.float32)):
             x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-            planned = pointwise.fprop_planned(p, x, w, bias, k)
+            planned = pointwise_planned.fprop(p, x, w, bias, k)
             if planned is None:              # sgemm jobs refused (a dimension of 1): fprop's own loop serves it
                 assert min(xs[0], co // g, xs[1] // g) == 1 or int(np.prod(xs[2:])) == 1
                 continue
@@ -100,10 +100,10 @@ def test_planned_forward_refuses_what_it_cannot_take_as_it_lies():
     p = make_params(xs, ws, stride=(1, 1), padding=((0, 0),) * 2, dilation=(1, 1), groups=1, dtype="float32")
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    assert pointwise.fprop_planned(p, np.asfortranarray(x), w, None, 2) is None
-    assert pointwise.fprop_planned(p, x, w.astype(np.float64), None, 2) is None
+    assert pointwise_planned.fprop(p, np.asfortranarray(x), w, None, 2) is None
+    assert pointwise_planned.fprop(p, x, w.astype(np.float64), None, 2) is None
     buf = np.zeros(x.size + w.size, np.float32)                 # w inside x's buffer: numpy.matmul's own case
     xo, wo = buf[:x.size].reshape(xs), buf[x.size - 8:x.size - 8 + w.size].reshape(ws)
-    assert pointwise.fprop_planned(p, xo, wo, None, 2) is None
+    assert pointwise_planned.fprop(p, xo, wo, None, 2) is None
     y = xconv.conv_fprop(x, w)                                  # through the path table: the planned forward
     assert np.array_equal(y, _run(x, w, None, p, 2))

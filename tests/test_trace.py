@@ -9,7 +9,7 @@ import xconv
 from core_helpers import SpyBackend, count_calls
 from xconv import legalize, tracing
 from xconv_numpy import columns, dense, depthwise, paths, small_c
-from xconv_numpy.grid import pointwise, strategy_a, strategy_b
+from xconv_numpy.grid import pointwise, pointwise_planned, strategy_a, strategy_b
 
 
 @pytest.fixture(autouse=True)
@@ -40,12 +40,13 @@ def test_no_trace_no_record():
 
 
 def test_pointwise_backward_reports_pointwise(monkeypatch):
-    ran = count_calls(monkeypatch, pointwise, "backward")
+    ran = count_calls(monkeypatch, pointwise_planned, "backward")      # float32, C-contiguous: its job table
+    chunked = count_calls(monkeypatch, pointwise, "backward")
     x, w, dy = _conv(np.random.default_rng(0), (2, 8, 6, 6), (4, 8, 1, 1))
     with xconv.trace() as t:
         xconv.convolution_backward(dy, x, w, math="allow_tf32")
     (r,) = t.records
-    assert len(ran) == 1
+    assert len(ran) == 1 and len(chunked) == 0
     assert (r.op, r.backend, r.path) == ("backward", "numpy", "pointwise: pointwise per-sample GEMM [grad_input, "
                                                           "grad_weight: 1x1 kernel, stride 1, no padding] + bias-sum: "
                                                           "float64 row sums in sample order [grad_bias: always]")

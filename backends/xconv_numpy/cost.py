@@ -137,8 +137,9 @@ def small(p, output: str) -> float:
 #: The pointwise path's time per call outside its products, for the gradients (their chunks of samples in Python,
 #: the weights' copy, one product call per sample): measured 55-75 us on two threads (forward, before its job table
 #: was kept per configuration: 8x16x12x12 -> 96 119 us, 8x96x12x12 -> 16 106, 8x32x6x6 -> 192 116, 8x96x6x6 -> 32
-#: 100; the small path's columns and one product 103, 116, 90, 67), against CALL's 20. The forward's sgemm jobs come
-#: from a table kept per configuration (grid/pointwise.fprop_planned): CALL (the same four: 60, 58, -, -).
+#: 100; the small path's columns and one product 103, 116, 90, 67), against CALL's 20. Float32 calls run their sgemm
+#: jobs from a table kept per configuration (grid/pointwise_planned.py): CALL (the same four forwards: 58, 55, 56,
+#: 46 us; backward 8x16x12x12 -> 96 240 -> 139, 8x16x24x24 -> 96 610 -> 272, 8x48x6x6 -> 288 338 -> 210).
 POINTWISE_CALL = 60e-6
 
 
@@ -146,7 +147,7 @@ def pointwise(p, output: str) -> float:
     """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
-    call = CALL if output == "y" else POINTWISE_CALL
+    call = CALL if p.dtype == "float32" else POINTWISE_CALL
     return call + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
 
 

@@ -42,7 +42,7 @@ from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs
                small, small_c, small_numpy, stem, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
-from .grid import forward, pointwise, strategy_a, strategy_b
+from .grid import forward, pointwise, pointwise_planned, strategy_a, strategy_b
 from .grid.chunks import budget as _budget
 from .grid.geometry import compute_dtype, geom, io_bytes
 from .grid.scratch import Lease, release_memory  # noqa: F401  (release_memory: the backend's public call)
@@ -112,6 +112,11 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
             return colgemm.backward(dy, x, w, p, need_dx, need_dw, workers) + (None,)
     if name == "stem":                               # the weight gradient only (paths.cost_pick)
         return None, stem.wgrad(dy, x, p, _share(p, blas_workers(), "backward", True)), None
+    if name == "pointwise" and p.dtype == "float32" and not need_db and jobs.sgemm_available():
+        with pinned_blas_workers() as workers:
+            done = pointwise_planned.backward(p, dy, x, w, need_dx, need_dw, _share(p, workers, "backward", True))
+            if done is not None:
+                return done + (None,)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         workers = _share(p, workers, "backward", name == "dense")
         if name == "dense":
@@ -217,7 +222,7 @@ def fprop(x, w, b, p: ConvParams):
     if name == "pointwise":
         with pinned_blas_workers() as workers:
             workers = _share(p, workers, "fprop", p.dtype == "float32" and jobs.sgemm_available())    # sgemm jobs
-            y = pointwise.fprop_planned(p, x, w, b, workers)
+            y = pointwise_planned.fprop(p, x, w, b, workers)
             if y is not None:
                 return y
             with Lease(p.workspace_limit) as lease:

@@ -68,30 +68,43 @@ class Jobs:
         return _execute(table, threads, scratch_floats)
 
     def template(self, bases, addresses) -> "Template":
-        """These jobs as a :class:`Template`: each argument of ``bases`` = {argument: k}, built from the address
-        ``addresses[k]``, held as its offset from it (so :meth:`Template.run` with other arrays' addresses)."""
-        table = np.array(self.blocks[0] if len(self.blocks) == 1 else np.concatenate(self.blocks), np.int64)
-        for arg, k in bases.items():
-            table[:, 4 + arg] -= addresses[k]
-        return Template(table, bases)
+        """These jobs as a :class:`Template` (see :meth:`Template.joined`)."""
+        return Template.joined([(self, bases)], addresses)
+
+    def table(self) -> np.ndarray:
+        """The jobs' rows (a copy)."""
+        return np.concatenate(self.blocks) if self.blocks else np.zeros((0, LEN), np.int64)
 
 
 class Template:
     """A job list fixed by a call's configuration: address arguments held as offsets from the call's arrays, so a
     repeated call adds its arrays' addresses to a copy of the table and runs it (no Python per job, no rebuilding)."""
 
-    __slots__ = ("table", "adds")
+    __slots__ = ("table", "cols", "base_of")
 
-    def __init__(self, table: np.ndarray, bases):
-        self.table = table
-        self.table.flags.writeable = False
-        self.adds = tuple((4 + arg, base) for arg, base in sorted(bases.items()))
+    def __init__(self, table: np.ndarray, cols: tuple, base_of: np.ndarray):
+        self.table, self.cols, self.base_of = table, list(cols), base_of
+        for a in (table, base_of):
+            a.flags.writeable = False
+
+    @classmethod
+    def joined(cls, parts, addresses) -> "Template":
+        """One template of the job lists ``parts`` = [(jobs, {argument: k})], in order: each argument of a part's
+        mapping, built from the address ``addresses[k]``, held as its offset from it."""
+        args = sorted({arg for _, bases in parts for arg in bases})
+        tables, base_of = [], []
+        for jobs, bases in parts:
+            table = jobs.table()
+            for arg, k in bases.items():
+                table[:, 4 + arg] -= addresses[k]
+            tables.append(table)
+            base_of.append(np.repeat([[bases.get(arg, len(addresses)) for arg in args]], len(table), axis=0))
+        return cls(np.concatenate(tables), tuple(4 + a for a in args), np.concatenate(base_of).astype(np.intp))
 
     def run(self, addresses, threads: int, scratch_floats: int = 0) -> int:
         """Run the jobs with base ``addresses`` (by number) on up to ``threads`` threads, as :meth:`Jobs.run`."""
         table = self.table.copy()
-        for col, base in self.adds:
-            table[:, col] += addresses[base]
+        table[:, self.cols] += np.array(tuple(addresses) + (0,), np.int64)[self.base_of]
         return _execute(table, threads, scratch_floats)
 
 

@@ -1,0 +1,129 @@
+"""The pointwise path's float32 calls from job tables kept per configuration (no Python per chunk or product).
+
+The forward and the backward of :mod:`.pointwise` as C sgemm jobs (:mod:`..jobs`): each product the
+``cblas_sgemm`` call numpy.matmul makes for it in :func:`.pointwise.fprop` / :func:`.pointwise.backward`, and dW's
+per-sample products summed in their order (:func:`.pointwise.backward_chunks`), so the bits are those paths'. The job
+table is built once per configuration, worker count and mask (a :class:`..jobs.Template`: offsets from the call's
+arrays) and run on torch's OpenMP team where it is loaded. Taken when the operands are C-contiguous float32 that do
+not overlap, and (backward) without a workspace limit and with dW's per-sample products within
+:data:`PER_SAMPLE_ELEMENTS` or twice the call's dy and x;
+otherwise (None) the chunked paths run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xconv import tracing
+
+from .. import jobs, native
+from ..plans import per_params
+from .geometry import geom
+from .pointwise import backward_chunks, dw_dy_rows
+
+
+#: dW's per-sample products are kept (N x the weights' elements) up to twice the call's dy and x, or this many elements.
+PER_SAMPLE_ELEMENTS = 1 << 20
+
+
+@per_params
+def _templates(p) -> dict:
+    """{(op, workers, mask): jobs.Template or None (the sgemm jobs refused)} of configuration ``p``."""
+    return {}
+
+
+def _plain(*arrays) -> bool:
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def _apart(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays' buffers do not overlap (numpy.matmul runs a product of one buffer otherwise)."""
+    pa, pb = native.address(a), native.address(b)
+    return pa + a.nbytes <= pb or pb + b.nbytes <= pa
+
+
+def fprop(p, x, w, bias, workers: int):
+    """y as :func:`.pointwise.fprop` computes it (the same sgemm calls), or None (see the module docstring)."""
+    if not (_plain(x, w) and _apart(x, w)):
+        return None
+    y = np.empty(p.output_shape, np.float32)
+    key = ("y", workers)
+    N, g = p.input_shape[0], p.groups
+    Cg, Cog = p.input_shape[1] // g, p.weight_shape[0] // g
+    P = y.size // max(N * g * Cog, 1)
+    addresses = (native.address(w), native.address(x), native.address(y))
+    templates = _templates(p)
+    template = templates.get(key, False)
+    if template is False:
+        made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)), x.reshape(N, g, Cg, P),
+                                     y.reshape(N, g, Cog, P), workers)
+        template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, addresses)
+    if template is None:
+        return None
+    template.run(addresses, workers)
+    if bias is not None:
+        y.reshape(N, g, Cog, P)[...] += np.asarray(bias, np.float32).reshape(1, g, Cog, 1)
+    return y
+
+
+def backward(p, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
+    """(dx, dw) as :func:`.pointwise.backward` computes them (None where not needed), or None (see the module
+    docstring): dx[n] = W^T @ dy[n] and dW's per-sample products as one list of sgemm jobs, then dW's sums in the
+    chunked path's order."""
+    geo = geom(p)
+    g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
+    if p.workspace_limit is not None or not _plain(dy, *([w] if need_dx else []), *([x] if need_dw else [])):
+        return None
+    if need_dw and (N * g * Cog * Cg > max(2 * N * g * P * (Cg + Cog), PER_SAMPLE_ELEMENTS) or not _apart(x, dy)):
+        return None                        # dW's per-sample products past the call's bytes: the chunks bound them
+    dy_rows = dw_dy_rows(geo)
+    dx = np.empty(p.input_shape, np.float32) if need_dx else None
+    wt = np.ascontiguousarray(w.reshape(g, Cog, Cg).transpose(0, 2, 1)) if need_dx else None     # (g, Cg, Cog)
+    per = np.empty((N, g) + ((Cog, Cg) if dy_rows else (Cg, Cog)), np.float32) if need_dw else None
+    dy4 = dy.reshape(N, g, Cog, P)
+    addresses = tuple(0 if a is None else native.address(a) for a in (wt, dy, x, dx, per))
+    key = ("backward", workers, need_dx, need_dw)
+    templates = _templates(p)
+    template = templates.get(key, False)
+    if template is False:
+        template = templates[key] = _backward_template(geo, dy4, x, wt, dx, per, dy_rows, workers, addresses)
+    if template is None:
+        return None
+    template.run(addresses, workers)
+    tracing.workspace((wt.nbytes if need_dx else 0) + (per.nbytes if need_dw else 0))
+    dw = None
+    if need_dw:
+        chunks, slots, _, _ = backward_chunks(geo)
+        accs = [None] * slots
+        for i, (n0, n1) in enumerate(chunks):           # pointwise.backward's sums: per chunk, per slot, the slots
+            part = np.sum(per[n0:n1], axis=0)
+            if accs[i % slots] is None:
+                accs[i % slots] = part
+            else:
+                accs[i % slots] += part
+        total = accs[0]
+        for more in accs[1:]:
+            if more is not None:
+                total += more
+        dw = np.empty(p.weight_shape, np.float32)
+        dw.reshape(g, Cog, Cg)[...] = total if dy_rows else total.transpose(0, 2, 1)
+    return dx, dw
+
+
+def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, addresses):
+    """The sgemm jobs of dx and dW's per-sample products as one template on (wt, dy, x, dx, per), or None."""
+    g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
+    parts = []
+    if dx is not None:
+        made = jobs.sgemm_stack_jobs(np.broadcast_to(wt, (N, g, Cg, Cog)), dy4, dx.reshape(N, g, Cg, P), workers)
+        if made is None:
+            return None
+        parts.append((made, {6: 0, 8: 1, 10: 3}))
+    if per is not None:
+        x4 = x.reshape(N, g, Cg, P)
+        a, b = (dy4, x4.transpose(0, 1, 3, 2)) if dy_rows else (x4, dy4.transpose(0, 1, 3, 2))
+        made = jobs.sgemm_stack_jobs(a, b, per, workers)
+        if made is None:
+            return None
+        parts.append((made, {6: 1, 8: 2, 10: 4} if dy_rows else {6: 2, 8: 1, 10: 4}))
+    return jobs.Template.joined(parts, addresses)
