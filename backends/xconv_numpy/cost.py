@@ -151,9 +151,18 @@ def pointwise(p, output: str) -> float:
     return call + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
 
 
+def grid_block_samples(p) -> int:
+    """Samples per block of the sample-block forward (grid_blocks.py): blocks of at least GRID_BLOCK_ELEMENTS output
+    elements (the last may hold fewer), at most 8 blocks."""
+    N = p.input_shape[0]
+    per = math.prod(p.output_shape[1:])
+    return max(1, -(-GRID_BLOCK_ELEMENTS // max(per, 1)), -(-N // 8))
+
+
 def grid(p, output: str) -> float:
-    """The small path's stride-1 loops in sample blocks on the cores (forward)."""
-    return CALL + (small(p, output) - SMALL_CALL) / CORES
+    """The small path's stride-1 loops in sample blocks on the cores (forward; one block: the small path itself)."""
+    blocks = -(-p.input_shape[0] // grid_block_samples(p))
+    return CALL + (small(p, output) - SMALL_CALL) / min(CORES, blocks)
 
 
 def blas_grid(p, output: str) -> float:

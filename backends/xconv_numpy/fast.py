@@ -211,7 +211,7 @@ def fprop(x, w, b, p: ConvParams):
     if name == "small-c":
         return small_c.grid_fprop(x, w, b, p)
     if name == "small-c-blocks":
-        return grid_blocks.fprop(x, w, b, p, _share(p, blas_workers(), "fprop"))
+        return grid_blocks.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", p.dtype == "float32"))   # C jobs
     if name == "stem":
         return stem.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", True))
     if name == "dense":                              # the dual call's input gradient, its working-set budget

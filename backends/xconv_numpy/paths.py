@@ -188,8 +188,10 @@ def cost_pick(p, output: str):
         if 0 < chunks <= (1 if dense_fwd else cost.CORES) \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
             cands.append("colgemm")                        # in chunks where the dense loops cannot take the forward
-        if all(s == 1 for s in p.stride) and not served:   # the small path's loops past its size, in sample blocks
-            cands.append("small-c-blocks")
+        if all(s == 1 for s in p.stride) and (not served or (loops and p.dtype == "float32"
+                                                             and p.input_shape[0] >= 2 * cost.CORES)):
+            cands.append("small-c-blocks")         # the small path's loops in sample blocks (float32: as C jobs;
+            #                                        a small call of 2 samples, 2x256x14x14 3x3, ran 2.55 ms so, 2.36 dense)
         if geom(p).pointwise:
             cands.append("pointwise")
         if dense_fwd:

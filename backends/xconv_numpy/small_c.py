@@ -236,3 +236,7 @@ def cols_fprop(x, w, bias, p: ConvParams):
 def cols_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
     """(dx, dw), any stride (``small-cols``), None where not needed (inputs finite)."""
     return _backward_compiled(dy, x, w, p, plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
+
+
+#: The names the sample-block forward (grid_blocks.py) builds its C jobs from.
+readable, s1_plan, strides, scratch_failed = _readable, _s1_plan, _strides, _scratch_failed
