@@ -196,7 +196,8 @@ def test_builds_load_from_the_package_by_absolute_path_and_never_through_a_link(
 @pytest.mark.parametrize("isa", ["baseline", "avx2"])
 def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
     """The lower instruction-set builds (XCONV_NUMPY_ISA) compute the same convolutions within tolerance: the
-    depthwise loops, and the dense loops when called (the backend routes dense shapes to BLAS on these builds)."""
+    depthwise loops, and the dense loops when called (the backend routes dense shapes to BLAS on the baseline
+    build; the AVX2 build has its own blocks of 8-float vectors)."""
     from xconv_numpy import native
 
     if native.library_path(isa) is None:
@@ -208,7 +209,7 @@ def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
     monkeypatch.setattr(native.LIBRARY, "_value", lib)            # the one loaded library, this build
     dense_case = dict(input=[2, 32, 7, 6], weight=[32, 32, 3, 3], stride=[1, 1], padding=[(1, 1), (1, 1)],
                  dilation=[1, 1], groups=1, transposed=False, output_padding=[0, 0], dtype="float32")
-    assert not dense.available() and isa in dense.build_error()
+    assert dense.available() == (isa == "avx2") and (isa == "avx2" or isa in dense.build_error())
     monkeypatch.setattr(dense, "DENSE_ISAS", (isa,))
     calls = count_calls(monkeypatch, dense, "backward")
     for c in (dense_case, dict(input=[2, 4, 9, 8], weight=[8, 1, 3, 3], stride=[2, 1], padding=[(1, 1), (1, 1)],
@@ -216,6 +217,44 @@ def test_every_build_the_cpu_runs_matches_the_exact_path(isa, monkeypatch):
         x, w, dy = random_arrays(np.random.default_rng(3), c)
         compare(c, x, w, dy, (True, True, True))
     assert len(calls) == 1
+
+
+def test_the_avx2_builds_dense_loops_give_the_avx512_builds_bits(monkeypatch):
+    """Each output element is one sum in one order whatever the vector width of the blocks (csrc/direct_conv.c): the
+    AVX2 build's 8-float blocks give the AVX-512 build's bits, forward and every gradient, 1-D to 3-D."""
+    from xconv_numpy import native
+
+    if native.library() is None or native.isa(native.library()) != "avx512" or native.library_path("avx2") is None:
+        pytest.skip("needs the AVX-512 build loaded and the AVX2 build installed (an AVX-512 CPU)")
+    cases = [((2, 32, 9), (16, 32, 3), dict(padding=1)),
+             ((3, 32, 8, 8), (48, 32, 3, 3), dict(padding=1)),
+             ((2, 32, 7, 6), (16, 32, 3, 3), dict(stride=2, padding=1)),
+             ((2, 32, 9, 9), (32, 16, 3, 3), dict(padding=2, dilation=2, groups=2)),
+             ((2, 16, 4, 5, 5), (16, 16, 3, 3, 3), dict(padding=1)),
+             ((8, 64, 2, 2), (64, 64, 3, 3), dict(padding=1))]
+    rng = np.random.default_rng(11)
+    data = []
+    for xs, ws, kw in cases:
+        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+        dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw)).astype(np.float32)
+        data.append((x, w, dy, kw))
+
+    def outputs():
+        with paths.force("dense"), xconv.trace() as tr:
+            outs = [[xconv.conv_fprop(x, w, **kw), *xconv.convolution_backward(dy, x, w, **kw)[:2]]
+                    for x, w, dy, kw in data]
+        assert sum(r.path.startswith("dense") for r in tr.records) >= len(data)     # the backward calls at least
+        return outs
+
+    wide = outputs()
+    monkeypatch.setenv("XCONV_NUMPY_ISA", "avx2")
+    lib = native.load()
+    assert native.isa(lib) == "avx2"
+    monkeypatch.setattr(native.LIBRARY, "_value", lib)
+    assert dense.available()
+    narrow = outputs()
+    for a, b in zip(wide, narrow):
+        assert all(np.array_equal(u, v) for u, v in zip(a, b))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -18,6 +18,17 @@ typedef double v8d __attribute__((vector_size(64)));
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline v8f load8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+
+/* The AVX2 build's blocks hold 8-float vectors (one AVX register each: the 16-float blocks would need 56 registers
+ * of 16): dx8_6x2 (6 positions x 16 channels, 12 accumulators) and dw8_4x2 (4 output x 16 input channels). Each
+ * output element is still one sum in the same order (taps, then channels; rows, then positions): the AVX-512
+ * build's bits. */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define DENSE_V8 1
+#else
+#define DENSE_V8 0
+#endif
 
 #if defined(__GNUC__) && !defined(__clang__)
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -100,6 +111,34 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
 #define NV 1
 #include "direct_dx_block.h"
 
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dx8_
+#define NR 6
+#define NV 2
+#include "direct_dx_block.h"
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dx8_
+#define NR 4
+#define NV 2
+#include "direct_dx_block.h"
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dx8_
+#define NR 2
+#define NV 2
+#include "direct_dx_block.h"
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dx8_
+#define NR 1
+#define NV 2
+#include "direct_dx_block.h"
 
 typedef void (*dx_block_fn)(const float *, int64_t, const float *, int64_t, const int64_t *, int64_t, int64_t, float *,
                             int64_t, int64_t, int64_t, int64_t);
@@ -131,6 +170,16 @@ static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, c
         const float *wr = w + rin[3 * r + 1] * Cog * ldw;
         const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
         int64_t cb = 0;
+        if (DENSE_V8) {                  /* AVX2: 16 channels at a time, 6 positions, then 4, 2, 1 */
+            for (; cb < Cg; cb += 16) {
+                int64_t j = 0;
+                for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+                for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+                for (; j + 2 <= row_len; j += 2) dx8_2x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+                for (; j < row_len; j++) dx8_1x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+            }
+            continue;
+        }
         for (; cb + 32 <= Cg; cb += 32)
             for (int64_t b = 0, j = 0; b < nblk; b++) {
                 int64_t n = row_len / nblk + (b < row_len % nblk);
@@ -168,6 +217,13 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
 #define RC 8
 #define NV 2
 #include "direct_dw_block.h"
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dw8_
+#define RC 4
+#define NV 2
+#include "direct_dw_block.h"
 
 
 /* Weight gradient of the tasks [k0, k1) of the list (t, co block, ci block), in that order, over rows r < nrows of
@@ -197,7 +253,12 @@ static void dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, i
             for (int64_t k = k0; k < k1; k++) {
                 int64_t t = k / (nco * nci), c0 = (k / nci) % nco * bco, cb = k % nci * bci;
                 float *out = dw + (t * Cog + c0) * Cg + cb;
-                if (wide)
+                if (DENSE_V8) {          /* AVX2: the task in blocks of 4 output x 16 input channels */
+                    for (int64_t c = 0; c < bco; c += 4)
+                        for (int64_t i = 0; i < bci; i += 16)
+                            dw8_4x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, r0, r1, o0, o1, c0 + c, cb + i,
+                                    out + c * Cg + i, Cg);
+                } else if (wide)
                     dw_8x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, r0, r1, o0, o1, c0, cb, out, Cg);
                 else
                     dw_16x1(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, r0, r1, o0, o1, c0, cb, out, Cg);
