@@ -11,7 +11,7 @@ from xconv_numpy import dense, depthwise_cv, jobs, native, omp_team, paths
 from xconv_numpy.grid.scratch import Lease
 
 pytestmark = pytest.mark.skipif(native.library() is None or native.isa(native.library()) != "avx512",
-                                reason="the dense loops and the channel-vector loops run on the AVX-512 build only "
+                                reason="the channel-vector loops (depthwise_cv.ISAS) run on the AVX-512 build only "
                                        "(this CPU or install has none)")
 
 CASES = [  # (x shape, w shape, stride, padding, groups): dense 3x3, dense strided, depthwise small planes

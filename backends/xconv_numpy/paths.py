@@ -144,7 +144,7 @@ def _strategy_a(p, mask):   # the costs of the full call (dx and dw): the same s
 
 _GRADS = ("grad_input", "grad_weight")
 
-#: Where the build has no dense loops (below AVX-512), stride-1 backward calls of at least GRID_MACS multiply-adds per
+#: Where the build has no dense loops (the baseline build), stride-1 backward calls of at least GRID_MACS multiply-adds per
 #: output and GRID_POSITIONS output positions per sample run on the grid strategies: the cost model (fitted where the
 #: dense loops compete) sends them to colgemm or the small loops, which run them slower there (AVX2 build and
 #: OpenBLAS Haswell kernel on a Zen 4, backward ms, grid-a against the model's pick: 8x64x56x56 3x3 34 vs colgemm 53,
