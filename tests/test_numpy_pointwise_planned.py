@@ -102,3 +102,20 @@ def test_planned_backward_refuses_what_it_cannot_take_as_it_lies():
                        groups=1, dtype="float32")           # 8 x 2^18 = 2^21 elements, past both bounds
     xh = np.ones(huge.input_shape, np.float32)
     assert pointwise_planned.backward(huge, np.ones(huge.output_shape, np.float32), xh, wb, False, True, 2) is None
+
+
+def test_tables_past_max_jobs_are_not_kept():
+    """A call whose job table would pass MAX_JOBS (samples x groups) is left to the chunked path (None), so the tables
+    kept per configuration stay small."""
+    p, ws = _params(((64, 40, 3, 3), 40, 8))                 # 64 samples x 8 groups: 512 jobs per output
+    rng = np.random.default_rng(12)
+    x, w = rng.standard_normal(p.input_shape).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    dy = rng.standard_normal(p.output_shape).astype(np.float32)
+    assert p.input_shape[0] * p.groups > pointwise_planned.MAX_JOBS
+    assert pointwise_planned.backward(p, dy, x, w, True, True, 2) is None
+    assert pointwise_planned.fprop(p, x, w, None, 2) is None
+    with paths.force("pointwise"):
+        gx, gw, _ = xconv.convolution_backward(dy, x, w, groups=8, output_mask=(True, True, False))
+    ex, ew, _ = xconv.convolution_backward(dy, x, w, groups=8, output_mask=(True, True, False), backend="numpy-exact")
+    np.testing.assert_allclose(gx, ex, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw, ew, rtol=1e-4, atol=1e-3)

@@ -22,6 +22,9 @@ from .geometry import geom
 from .pointwise import backward_chunks, dw_dy_rows
 
 
+#: Most jobs of one output's table (a job per sample, or range of samples, and group): the tables kept per
+#: configuration stay small (the chunked path serves calls of more, e.g. a 1x1 in 64 groups of 64 samples).
+MAX_JOBS = 256
 #: dW's per-sample products are kept (N x the weights' elements) up to twice the call's dy and x, or this many elements.
 PER_SAMPLE_ELEMENTS = 1 << 20
 
@@ -57,7 +60,8 @@ def fprop(p, x, w, bias, workers: int):
     if template is False:
         made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)), x.reshape(N, g, Cg, P),
                                      y.reshape(N, g, Cog, P), workers)
-        template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, addresses)
+        template = templates[key] = None if made is None or len(made) > MAX_JOBS else made.template(
+            {6: 0, 8: 1, 10: 2}, addresses)
     if template is None:
         return None
     template.run(addresses, workers)
@@ -116,14 +120,14 @@ def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, ad
     parts = []
     if dx is not None:
         made = jobs.sgemm_stack_jobs(np.broadcast_to(wt, (N, g, Cg, Cog)), dy4, dx.reshape(N, g, Cg, P), workers)
-        if made is None:
+        if made is None or len(made) > MAX_JOBS:
             return None
         parts.append((made, {6: 0, 8: 1, 10: 3}))
     if per is not None:
         x4 = x.reshape(N, g, Cg, P)
         a, b = (dy4, x4.transpose(0, 1, 3, 2)) if dy_rows else (x4, dy4.transpose(0, 1, 3, 2))
         made = jobs.sgemm_stack_jobs(a, b, per, workers)
-        if made is None:
+        if made is None or len(made) > MAX_JOBS:
             return None
         parts.append((made, {6: 1, 8: 2, 10: 4} if dy_rows else {6: 2, 8: 1, 10: 4}))
     return jobs.Template.joined(parts, addresses)
