@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import math
 
 import numpy as np
 

@@ -82,7 +82,6 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, w
     p = geo.p
     cdt = compute_dtype(p)
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
-    it = cdt.itemsize
     out_dt = DTYPES[p.dtype]
     copy_dy = _copied(dy, (N, g, Cog, P), cdt)
     copy_x = need_dw and _copied(x, (N, g, Cg, P), cdt)
