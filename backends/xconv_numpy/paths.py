@@ -160,6 +160,13 @@ def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gr
     return (not dense.available() and not p.transposed and all(s == 1 for s in p.stride) and not geom(p).pointwise
             and math.prod(p.output_shape[2:]) >= GRID_POSITIONS and cost.macs(p) >= GRID_MACS and not stem.serves(p))
 
+#: A small call (small.serves) is a candidate for the small loops in sample blocks (float32, C jobs on torch's team) with
+#: 2 * cost.CORES samples and BLOCKS_MIN_MACS multiply-adds or more: below, the team's hand-off costs what the second
+#: core saves (two threads, a torch call between, us: 64x16x8x8 -> 32 in 4 groups, 4.7M, 323 one call -> 271 in blocks;
+#: 32 samples, 2.4M, 234 -> 249, and 177 -> 222 with OMP_WAIT_POLICY=PASSIVE; 2x256x14x14 3x3, 2 samples, 2.36 ms on
+#: the dense loops -> 2.55).
+BLOCKS_MIN_MACS = 1 << 22
+
 #: colgemm's forward is a candidate in one chunk of samples, or in up to cost.CORES chunks where the dense loops cannot
 #: take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on the small path's columns -> 0.69 in two chunks,
 #: 2x64x56x56 -> 128 2.67 -> 1.6; a stride-1 2x256x14x14 in two chunks 2.8 against the dense loops' 2.45).
@@ -189,9 +196,9 @@ def cost_pick(p, output: str):
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
             cands.append("colgemm")                        # in chunks where the dense loops cannot take the forward
         if all(s == 1 for s in p.stride) and (not served or (loops and p.dtype == "float32"
-                                                             and p.input_shape[0] >= 2 * cost.CORES)):
-            cands.append("small-c-blocks")         # the small path's loops in sample blocks (float32: as C jobs;
-            #                                        a small call of 2 samples, 2x256x14x14 3x3, ran 2.55 ms so, 2.36 dense)
+                                                             and p.input_shape[0] >= 2 * cost.CORES
+                                                             and cost.macs(p) >= BLOCKS_MIN_MACS)):
+            cands.append("small-c-blocks")         # the small path's loops in sample blocks (float32: as C jobs)
         if geom(p).pointwise:
             cands.append("pointwise")
         if dense_fwd:
