@@ -15,7 +15,7 @@ from xconv_numpy.grid import pointwise, pointwise_planned
 from xconv_numpy.grid.geometry import geom
 from xconv_numpy.grid.scratch import Lease
 
-CASES = [   # input, C_out, groups: both dW orientations, groups, several chunks and slots (N = 64, 1-D and 3-D)
+CASES = [   # input, C_out, groups: both dW orientations, groups, 1-D and 3-D, two chunks (N = 64; more: the wrap test)
     ((8, 16, 6, 6), 96, 1),
     ((8, 96, 6, 6), 16, 1),
     ((3, 6, 5, 7), 4, 2),
@@ -119,3 +119,24 @@ def test_tables_past_max_jobs_are_not_kept():
     ex, ew, _ = xconv.convolution_backward(dy, x, w, groups=8, output_mask=(True, True, False), backend="numpy-exact")
     np.testing.assert_allclose(gx, ex, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gw, ew, rtol=1e-4, atol=1e-3)
+
+
+def test_dw_sums_wrap_around_the_slots_as_the_chunked_path_does():
+    """Many chunks over fewer slots (chunk i added to slot i % slots, later chunks through scratch): the planned dW
+    sums in the same order (a tight chunk budget makes the chunks; the bits are compared with the chunked path's)."""
+    from xconv_numpy import tuning
+
+    p, ws = _params(((40, 24, 5, 5), 32, 1))
+    rng = np.random.default_rng(13)
+    x, w = rng.standard_normal(p.input_shape).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    dy = rng.standard_normal(p.output_shape).astype(np.float32)
+    with tuning.tuned(chunk_bytes=(1, 4000)):
+        chunks, slots, _, _ = pointwise.backward_chunks(geom(p))
+        assert len(chunks) > 2 * slots > 2                     # several rounds of every slot
+        got = pointwise_planned.backward(p, dy, x, w, False, True, 2)
+        want = _chunked(p, dy, x, w, (False, True), 2)
+    assert got is not None and np.array_equal(got[1], want[1])
+    with tuning.tuned(chunk_bytes=(1, 4000 * 64)):             # other chunks: other sums (the test can fail)
+        assert len(pointwise.backward_chunks(geom(p))[0]) < len(chunks)
+        other = _chunked(p, dy, x, w, (False, True), 2)
+    assert not np.array_equal(other[1], want[1])

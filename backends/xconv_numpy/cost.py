@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 
 from . import dense as dense_loops
+from .grid import pointwise_planned
 from . import stem as stem_loops
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
@@ -147,7 +148,8 @@ def pointwise(p, output: str) -> float:
     """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
-    call = CALL if p.dtype == "float32" else POINTWISE_CALL
+    planned = pointwise_planned.takes(p)[output == "dw"]           # its job tables kept: float32, within bounds
+    call = CALL if planned else POINTWISE_CALL
     return call + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
 
 

@@ -14,12 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from xconv import ConvParams
+from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from xconv import tracing
-
-from . import jobs, native, small_c
+from . import jobs, native, small, small_c
 from .cost import grid_block_samples
 from .workers import run
 
@@ -35,8 +33,9 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias, stride 1, by the grid loops per block of samples."""
     cdt = accumulation_dtype(p.dtype)
     blocks = sample_blocks(p)
-    if len(blocks) == 1 or workers == 1:            # the same bits in one call (blocks on one thread: 20% slower)
-        return small_c.grid_fprop(x, w, bias, p)
+    if len(blocks) == 1 or (workers == 1 and small.serves(p)):
+        return small_c.grid_fprop(x, w, bias, p)    # the same bits in one call (a small call's blocks on one thread:
+        #                                             20% slower; past the small size the blocks bound the scratch)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
@@ -48,9 +47,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     contexts = {n0: contextvars.copy_context() for n0, _ in blocks}
 
     def task(_, __, n0, n1):
-        q = dataclasses.replace(p, input_shape=(n1 - n0,) + tuple(p.input_shape[1:]),
-                                output_shape=(n1 - n0,) + tuple(p.output_shape[1:]))
-        y[n0:n1] = contexts[n0].run(small_c.grid_fprop, x[n0:n1], w, b, q)
+        y[n0:n1] = contexts[n0].run(small_c.grid_fprop, x[n0:n1], w, b, _block_params(p, n1 - n0))
 
     run(blocks, task, lambda: None, workers)
     return y

@@ -144,8 +144,8 @@ def _strategy_a(p, mask):   # the costs of the full call (dx and dw): the same s
 
 _GRADS = ("grad_input", "grad_weight")
 
-#: Where the build has no dense loops (the baseline build), stride-1 backward calls of at least GRID_MACS multiply-adds per
-#: output and GRID_POSITIONS output positions per sample run on the grid strategies: the cost model (fitted where the
+#: Where the build has no dense loops (the baseline build), stride-1 backward calls of at least GRID_MACS multiply-adds
+#: per output and GRID_POSITIONS output positions per sample run on the grid strategies: the cost model (fitted where the
 #: dense loops compete) sends them to colgemm or the small loops, which run them slower there (AVX2 build and
 #: OpenBLAS Haswell kernel on a Zen 4, backward ms, grid-a against the model's pick: 8x64x56x56 3x3 34 vs colgemm 53,
 #: 8x256x28x28 g8 25 vs 48, dilated 2 at 28x28 29 vs 43, 3-D 2x32x8x28x28 22 vs the small loops' 35, 8x64x16x16 3.5
@@ -160,8 +160,8 @@ def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gr
     return (not dense.available() and not p.transposed and all(s == 1 for s in p.stride) and not geom(p).pointwise
             and math.prod(p.output_shape[2:]) >= GRID_POSITIONS and cost.macs(p) >= GRID_MACS and not stem.serves(p))
 
-#: A small call (small.serves) is a candidate for the small loops in sample blocks (float32, C jobs on torch's team) with
-#: 2 * cost.CORES samples and BLOCKS_MIN_MACS multiply-adds or more: below, the team's hand-off costs what the second
+#: A small call (small.serves) is a candidate for the small loops in sample blocks (float32, C jobs on torch's team)
+#: with 2 * cost.CORES samples and BLOCKS_MIN_MACS multiply-adds or more: below, the team's hand-off costs what the second
 #: core saves (two threads, a torch call between, us: 64x16x8x8 -> 32 in 4 groups, 4.7M, 323 one call -> 271 in blocks;
 #: 32 samples, 2.4M, 234 -> 249, and 177 -> 222 with OMP_WAIT_POLICY=PASSIVE; 2x256x14x14 3x3, 2 samples, 2.36 ms on
 #: the dense loops -> 2.55).

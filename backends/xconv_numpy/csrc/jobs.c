@@ -85,8 +85,8 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
     case XJ_TAPS_LAST:      /* src, K, R, dst, rows [r0, r1) (direct_conv.c) */
         xconv_taps_last(P(0), a[1], a[2], P(3), a[4], a[5]);
         break;
-    case XJ_SMALL_FPROP:    /* x, w, bias (0: none), y, plan, x's strides, out: {status, scratch bytes} (float32; a block
-                             * of samples: the plan's N; small_grid_impl.h) */
+    case XJ_SMALL_FPROP:    /* x, w, bias (0: none), y, plan, x's strides, out: {status, scratch bytes} (float32; a
+                             * block of samples: the plan's N; small_grid_impl.h) */
         ((int64_t *)P(6))[0] = xconv_small_s1_fprop_f32(P(0), P(1), P(2), P(3), P(4), P(5), (int64_t *)P(6) + 1);
         break;
     default:

@@ -4,10 +4,9 @@ The forward and the backward of :mod:`.pointwise` as C sgemm jobs (:mod:`..jobs`
 ``cblas_sgemm`` call numpy.matmul makes for it in :func:`.pointwise.fprop` / :func:`.pointwise.backward`, and dW's
 per-sample products summed in their order (:func:`.pointwise.backward_chunks`), so the bits are those paths'. The job
 table is built once per configuration, worker count and mask (a :class:`..jobs.Template`: offsets from the call's
-arrays) and run on torch's OpenMP team where it is loaded. Taken when the operands are C-contiguous float32 that do
-not overlap, and (backward) without a workspace limit and with dW's per-sample products within
-:data:`PER_SAMPLE_ELEMENTS` or twice the call's dy and x;
-otherwise (None) the chunked paths run.
+arrays) and run on torch's OpenMP team where it is loaded. Taken (:func:`takes`) for float32 calls of at most
+MAX_JOBS jobs whose operands are C-contiguous and do not overlap; the backward also without a workspace limit and with
+dW's per-sample products within their bound (the forward needs no scratch). Otherwise (None) the chunked paths run.
 """
 
 from __future__ import annotations
@@ -22,11 +21,24 @@ from .geometry import geom
 from .pointwise import backward_chunks, dw_dy_rows
 
 
-#: Most jobs of one output's table (a job per sample, or range of samples, and group): the tables kept per
-#: configuration stay small (the chunked path serves calls of more, e.g. a 1x1 in 64 groups of 64 samples).
+#: Most jobs of one output's table (a job per sample, up to 64, and group): the tables kept per configuration stay
+#: small (the chunked path serves calls of more, e.g. a 1x1 in 8 groups of 64 samples).
 MAX_JOBS = 256
-#: dW's per-sample products are kept (N x the weights' elements) up to twice the call's dy and x, or this many elements.
+#: dW's per-sample products (N x the weights' elements) are kept up to this many elements, or up to half the call's x
+#: and dy elements (the chunked path sums them chunk by chunk within its budget: a 128x512x14x14 -> 512 backward would
+#: keep 129 MiB here against the chunks' 39).
 PER_SAMPLE_ELEMENTS = 1 << 20
+
+
+@per_params
+def takes(p) -> tuple:
+    """(forward and dx, dW): whether this module serves them for ``p``, from its shapes alone (float32, its tables
+    within MAX_JOBS, dW's per-sample products within their bound, no workspace limit: the chunked path leases and
+    keeps to one); a call is still refused where its arrays are not C-contiguous float32 or overlap."""
+    geo = geom(p)
+    small = p.dtype == "float32" and geo.g * min(geo.N, 64) <= MAX_JOBS
+    per, io = geo.N * geo.g * geo.Cog * geo.Cg, geo.N * geo.g * geo.P * (geo.Cg + geo.Cog)
+    return small, small and p.workspace_limit is None and per <= max(PER_SAMPLE_ELEMENTS, io // 2)
 
 
 @per_params
@@ -47,21 +59,19 @@ def _apart(a: np.ndarray, b: np.ndarray) -> bool:
 
 def fprop(p, x, w, bias, workers: int):
     """y as :func:`.pointwise.fprop` computes it (the same sgemm calls), or None (see the module docstring)."""
-    if not (_plain(x, w) and _apart(x, w)):
+    if not (takes(p)[0] and _plain(x, w) and _apart(x, w)):
         return None
+    geo = geom(p)
+    g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
     y = np.empty(p.output_shape, np.float32)
     key = ("y", workers)
-    N, g = p.input_shape[0], p.groups
-    Cg, Cog = p.input_shape[1] // g, p.weight_shape[0] // g
-    P = y.size // max(N * g * Cog, 1)
     addresses = (native.address(w), native.address(x), native.address(y))
     templates = _templates(p)
     template = templates.get(key, False)
     if template is False:
         made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)), x.reshape(N, g, Cg, P),
                                      y.reshape(N, g, Cog, P), workers)
-        template = templates[key] = None if made is None or len(made) > MAX_JOBS else made.template(
-            {6: 0, 8: 1, 10: 2}, addresses)
+        template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, addresses)
     if template is None:
         return None
     template.run(addresses, workers)
@@ -76,10 +86,12 @@ def backward(p, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
     chunked path's order."""
     geo = geom(p)
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
-    if p.workspace_limit is not None or not _plain(dy, *([w] if need_dx else []), *([x] if need_dw else [])):
+    serves = takes(p)
+    if p.workspace_limit is not None or not serves[0] or not _plain(dy, *([w] if need_dx else []),
+                                                                     *([x] if need_dw else [])):
         return None
-    if need_dw and (N * g * Cog * Cg > max(2 * N * g * P * (Cg + Cog), PER_SAMPLE_ELEMENTS) or not _apart(x, dy)):
-        return None                        # dW's per-sample products past the call's bytes: the chunks bound them
+    if need_dw and not (serves[1] and _apart(x, dy)):
+        return None                        # dW's per-sample products past their bound: the chunks keep to it
     dy_rows = dw_dy_rows(geo)
     dx = np.empty(p.input_shape, np.float32) if need_dx else None
     wt = np.ascontiguousarray(w.reshape(g, Cog, Cg).transpose(0, 2, 1)) if need_dx else None     # (g, Cg, Cog)
@@ -120,14 +132,14 @@ def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, ad
     parts = []
     if dx is not None:
         made = jobs.sgemm_stack_jobs(np.broadcast_to(wt, (N, g, Cg, Cog)), dy4, dx.reshape(N, g, Cg, P), workers)
-        if made is None or len(made) > MAX_JOBS:
+        if made is None:
             return None
         parts.append((made, {6: 0, 8: 1, 10: 3}))
     if per is not None:
         x4 = x.reshape(N, g, Cg, P)
         a, b = (dy4, x4.transpose(0, 1, 3, 2)) if dy_rows else (x4, dy4.transpose(0, 1, 3, 2))
         made = jobs.sgemm_stack_jobs(a, b, per, workers)
-        if made is None or len(made) > MAX_JOBS:
+        if made is None:
             return None
         parts.append((made, {6: 1, 8: 2, 10: 4} if dy_rows else {6: 2, 8: 1, 10: 4}))
     return jobs.Template.joined(parts, addresses)
