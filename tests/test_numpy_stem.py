@@ -66,6 +66,34 @@ def test_stem_matches_float64_sums_of_the_definition(case):
         np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
 
 
+@pytest.mark.parametrize("pad", range(6))
+def test_stride_two_phase_rows_at_every_padding_and_width(pad):
+    """Stride 2 on contiguous rows takes both phases from one pair of vector loads where the row holds them, element
+    by element at the ends and zeros past them (csrc/stem.c, stem_phase_pairs): every padding 0-5 and row widths around
+    the 16-lane loads (odd and even, a last block that overlaps the one before), forward and weight gradient, against
+    float64 sums of the definition."""
+    for width in (31, 32, 33, 47, 66, 97):
+        for k in (3, 7):
+            if (width + 2 * pad - k) // 2 + 1 < 16:
+                continue                                    # rows shorter than a vector: not the stem's
+            xs, ws = (2, 3, 5, width), (6, 3, 3, k)
+            x, w, b = _arrays(xs, ws, seed=width + pad)
+            kw = dict(stride=2, padding=(1, pad))
+            y, path = _forced(x, w, b, kw)
+            assert path.startswith("stem"), path
+            want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
+                                    backend="numpy-exact", **kw)
+            scale = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max()
+            np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
+            dy = np.random.default_rng(pad).standard_normal(y.shape).astype(np.float32)
+            with xconv.trace() as t, paths.force("stem"):
+                _, dw, _ = xconv.convolution_backward(dy, x, w, output_mask=(False, True, False), **kw)
+            assert t.records[0].path.startswith("stem"), t.records[0].path
+            _, ew, _ = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                                  output_mask=(False, True, False), backend="numpy-exact", **kw)
+            np.testing.assert_allclose(dw, ew, rtol=0, atol=1e-5 * np.abs(dy).max() * np.abs(x).max() * dy[0, 0].size)
+
+
 def test_stem_matches_pytorch():
     torch = pytest.importorskip("torch")
     x, w, b = _arrays((4, 3, 37, 52), (24, 3, 7, 7), seed=3)

@@ -39,9 +39,48 @@ static inline float stem_lane_sum(stem_vec v) {
     return s;
 }
 
+/* Stride 2, a contiguous row: both phase rows at once, STEM_L elements of each from two loads (the even and the odd
+ * lanes; phase q's element j is src[2 j + q - pw]) where the row holds them, element by element at the ends. */
+static void stem_phase_pairs(const float *src, int64_t W, int64_t pw, int64_t lq, float *buf) {
+    int64_t j = 0;
+    for (; j < lq && 2 * j - pw < 0; j++) {                 /* the left end: the padding's zeros */
+        buf[j] = 0.0f;
+        buf[lq + j] = 2 * j + 1 - pw >= 0 && 2 * j + 1 - pw < W ? src[2 * j + 1 - pw] : 0.0f;
+    }
+#if defined(__GNUC__) && !defined(__clang__)
+    typedef int32_t stem_idx __attribute__((vector_size(4 * STEM_L)));
+    stem_idx ev, od;
+    for (int l = 0; l < STEM_L; l++) { ev[l] = 2 * l; od[l] = 2 * l + 1; }
+    const int64_t pairs = (W + pw) / 2 < lq ? (W + pw) / 2 : lq;     /* j < pairs: both elements inside the row */
+    if (pairs - j >= STEM_L)
+        for (;;) {
+            const float *s = src + 2 * j - pw;
+            const stem_vec a = stem_load(s), b = stem_load(s + STEM_L);
+            const stem_vec e = __builtin_shuffle(a, b, ev), o = __builtin_shuffle(a, b, od);
+            memcpy(buf + j, &e, sizeof e);
+            memcpy(buf + lq + j, &o, sizeof o);
+            if (j + STEM_L == pairs) break;
+            j = j + 2 * STEM_L <= pairs ? j + STEM_L : pairs - STEM_L;   /* the last block overlaps the one before */
+        }
+    if (pairs - j >= STEM_L) j = pairs;
+#endif
+    for (; j < lq && 2 * j - pw < W; j++) {                /* the right end (2 j - pw >= 0 past the left end) */
+        buf[j] = src[2 * j - pw];
+        buf[lq + j] = 2 * j + 1 - pw < W ? src[2 * j + 1 - pw] : 0.0f;
+    }
+    if (j < lq) {                                          /* past the row: zeros */
+        memset(buf + j, 0, (size_t)(lq - j) * sizeof(float));
+        memset(buf + lq + j, 0, (size_t)(lq - j) * sizeof(float));
+    }
+}
+
 /* One input row (W elements at stride xw) as its sw phase rows of lq floats: phase q's element j is
  * x[j * sw + q - pw], 0 outside the row. */
 static void stem_phase_row(const float *src, int64_t xw, int64_t W, int64_t pw, int64_t sw, int64_t lq, float *buf) {
+    if (sw == 2 && xw == 1) {           /* the stems' stride on a contiguous row */
+        stem_phase_pairs(src, W, pw, lq, buf);
+        return;
+    }
     for (int64_t q = 0; q < sw; q++) {
         float *out = buf + q * lq;
         int64_t lo = q - pw >= 0 ? 0 : (pw - q + sw - 1) / sw;
