@@ -14,10 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from xconv import ConvParams, tracing
+from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import jobs, native, small, small_c
+from . import small, small_c
 from .cost import grid_block_samples
 from .workers import run
 
@@ -39,8 +39,9 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     y = np.empty(p.output_shape, DTYPES[p.dtype])
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
-    if cdt == np.float32 and y.dtype == cdt:
-        return _fprop_jobs(x, w, b, y, p, blocks, workers)
+    if cdt == np.float32 and y.dtype == cdt:                 # C jobs, one per block
+        return small_c.grid_fprop_blocks(x, w, b, y, p, [(n0, n1, _block_params(p, n1 - n0)) for n0, n1 in blocks],
+                                         workers)
 
     # one copy of the caller's context per block: the worker threads' small calls note their scratch in the
     # caller's trace record (a context is entered by one thread at a time)
@@ -57,23 +58,3 @@ def _block_params(p: ConvParams, n: int) -> ConvParams:
     """``p`` for a block of ``n`` samples."""
     return dataclasses.replace(p, input_shape=(n,) + tuple(p.input_shape[1:]),
                                output_shape=(n,) + tuple(p.output_shape[1:]))
-
-
-def _fprop_jobs(x, w, b, y, p: ConvParams, blocks, workers: int):
-    """The blocks' small-path calls (float32) as C jobs (:mod:`.jobs`: torch's OpenMP team where it is loaded), each
-    the C call :func:`small_c.grid_fprop` makes for its block."""
-    x = small_c.readable(x, np.float32)
-    plans = {n1 - n0: small_c.s1_plan(_block_params(p, n1 - n0)) for n0, n1 in blocks}      # held while C runs
-    xs, xs_at = small_c.strides(x, plans[blocks[0][1] - blocks[0][0]].lift)
-    out = np.zeros((len(blocks), 2), np.int64)                         # per block: status, scratch bytes
-    xa, ya, wa, oa = (native.address(a) for a in (x, y, w, out))
-    ba = 0 if b is None else native.address(b)
-    table = [(xa + n0 * x.strides[0], wa, ba, ya + n0 * y.strides[0], plans[n1 - n0].address, xs_at, oa + 16 * i)
-             for i, (n0, n1) in enumerate(blocks)]
-    run = jobs.Jobs()
-    run.rows("small_fprop", table)
-    run.run(workers)
-    if out[:, 0].any():
-        raise small_c.scratch_failed(p)
-    tracing.workspace(int(out[:min(workers, len(blocks)), 1].sum()))      # the blocks running at once, at most
-    return y

@@ -17,7 +17,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
-from . import native
+from . import jobs, native
 from .layout import SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES
 from .plans import per_params
 from .small import Grid, Plan, dy_channel_major, from_channel_major, grids, plan
@@ -238,5 +238,21 @@ def cols_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
     return _backward_compiled(dy, x, w, p, plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
 
 
-#: The names the sample-block forward (grid_blocks.py) builds its C jobs from.
-readable, s1_plan, strides, scratch_failed = _readable, _s1_plan, _strides, _scratch_failed
+def grid_fprop_blocks(x, w, b, y, p: ConvParams, blocks, workers: int):
+    """``y`` (float32, preallocated) = conv(x, w) + b at stride 1 for blocks [(n0, n1, q)] of samples, q the block's
+    parameters, as C jobs (:mod:`.jobs`: torch's OpenMP team where it is loaded), each the C call :func:`grid_fprop`
+    makes for its block: one small call's bits (grid_blocks.py). w and b float32 and contiguous."""
+    x = _readable(x, np.float32)
+    plans = {q: _s1_plan(q) for _, _, q in blocks}                     # held while C runs
+    xs, xs_at = _strides(x, plans[blocks[0][2]].lift)
+    out = np.zeros((len(blocks), 2), np.int64)                         # per block: status, scratch bytes
+    xa, ya, wa, oa = (_address(a) for a in (x, y, w, out))
+    ba = 0 if b is None else _address(b)
+    run = jobs.Jobs()
+    run.rows("small_fprop", [(xa + n0 * x.strides[0], wa, ba, ya + n0 * y.strides[0], plans[q].address, xs_at,
+                              oa + 16 * i) for i, (n0, _, q) in enumerate(blocks)])
+    run.run(workers)
+    if out[:, 0].any():
+        raise _scratch_failed(p)
+    tracing.workspace(int(out[:min(workers, len(blocks)), 1].sum()))      # the blocks running at once, at most
+    return y

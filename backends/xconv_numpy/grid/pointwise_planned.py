@@ -19,6 +19,7 @@ from .. import jobs, native
 from ..plans import per_params
 from .geometry import geom
 from .pointwise import backward_chunks, dw_dy_rows
+from .scratch import slot_order_sum
 
 
 #: Most jobs of one output's table (a job per sample, up to 64, and group): the tables kept per configuration stay
@@ -109,18 +110,8 @@ def backward(p, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
     tracing.workspace((wt.nbytes if need_dx else 0) + (per.nbytes if need_dw else 0))
     dw = None
     if need_dw:
-        chunks, slots, _, _ = backward_chunks(geo)
-        accs = [None] * slots
-        for i, (n0, n1) in enumerate(chunks):           # pointwise.backward's sums: per chunk, per slot, the slots
-            part = np.sum(per[n0:n1], axis=0)
-            if accs[i % slots] is None:
-                accs[i % slots] = part
-            else:
-                accs[i % slots] += part
-        total = accs[0]
-        for more in accs[1:]:
-            if more is not None:
-                total += more
+        chunks, slots, _, _ = backward_chunks(geo)       # pointwise.backward's sums: per chunk, then as its slots
+        total = slot_order_sum((np.sum(per[n0:n1], axis=0) for n0, n1 in chunks), slots)
         dw = np.empty(p.weight_shape, np.float32)
         dw.reshape(g, Cog, Cg)[...] = total if dy_rows else total.transpose(0, 2, 1)
     return dx, dw

@@ -219,6 +219,23 @@ class Slots:
         return acc
 
 
+def slot_order_sum(parts, n_slots: int):
+    """The sum of ``parts`` (chunk partials, in chunk order) as :class:`Slots` adds them, on one thread: chunk i into
+    slot i % n_slots in chunk order, then the slots in order (for callers that have every chunk's partial at once:
+    the same bits as the concurrent slots)."""
+    accs = [None] * n_slots
+    for i, part in enumerate(parts):
+        if accs[i % n_slots] is None:
+            accs[i % n_slots] = part
+        else:
+            accs[i % n_slots] += part
+    total = accs[0]
+    for more in accs[1:]:
+        if more is not None:
+            total += more
+    return total
+
+
 def n_slots(io_bytes: int, w_bytes: int) -> int:
     """Accumulator slots: up to MAX_WORKERS while their memory stays within a quarter of the call's bytes."""
     return max(1, min(MAX_WORKERS, io_bytes // max(4 * w_bytes, 1)))
