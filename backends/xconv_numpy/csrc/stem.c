@@ -59,10 +59,9 @@ static void stem_phase_pairs(const float *src, int64_t W, int64_t pw, int64_t lq
             const stem_vec e = __builtin_shuffle(a, b, ev), o = __builtin_shuffle(a, b, od);
             memcpy(buf + j, &e, sizeof e);
             memcpy(buf + lq + j, &o, sizeof o);
-            if (j + STEM_L == pairs) break;
+            if (j + STEM_L == pairs) { j = pairs; break; }
             j = j + 2 * STEM_L <= pairs ? j + STEM_L : pairs - STEM_L;   /* the last block overlaps the one before */
         }
-    if (pairs - j >= STEM_L) j = pairs;
 #endif
     for (; j < lq && 2 * j - pw < W; j++) {                /* the right end (2 j - pw >= 0 past the left end) */
         buf[j] = src[2 * j - pw];
