@@ -62,8 +62,8 @@ from __future__ import annotations
 import math
 
 from . import dense as dense_loops
-from .grid import pointwise_planned
 from . import stem as stem_loops
+from .grid import pointwise_planned
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
 CORES = 2
