@@ -25,7 +25,7 @@ from xconv.params import make_params
 from core_helpers import count_calls  # noqa: E402
 from test_numpy_fast import compare, compare_on_poisoned_scratch, random_arrays  # noqa: E402
 
-from xconv_numpy import dense, native, paths
+from xconv_numpy import dense, dense_plan, native, paths
 from xconv_numpy.grid.scratch import Lease  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +231,9 @@ def test_the_avx2_builds_dense_loops_give_the_avx512_builds_bits(monkeypatch):
              ((2, 32, 7, 6), (16, 32, 3, 3), dict(stride=2, padding=1)),
              ((2, 32, 9, 9), (32, 16, 3, 3), dict(padding=2, dilation=2, groups=2)),
              ((2, 16, 4, 5, 5), (16, 16, 3, 3, 3), dict(padding=1)),
-             ((8, 64, 2, 2), (64, 64, 3, 3), dict(padding=1))]
+             ((8, 64, 2, 2), (64, 64, 3, 3), dict(padding=1)),
+             ((2, 32, 19), (32, 32, 3), dict(stride=2)),                      # the strided forward, 1-D
+             ((2, 16, 11, 10), (32, 16, 3, 3), dict(stride=(2, 3), padding=2))]
     rng = np.random.default_rng(11)
     data = []
     for xs, ws, kw in cases:
@@ -278,7 +280,39 @@ def test_cached_plan_serves_new_data_and_every_mask(monkeypatch):
         x, w, dy = random_arrays(rng, c)
         compare(c, x, w, dy, mask)
     assert len(calls) >= 4
-    assert dense._plan.cache_info().hits >= 1
+    assert dense_plan.plan.cache_info().hits >= 1
+
+
+@pytest.mark.parametrize("stride, groups", [(1, 1), (2, 2)])
+def test_kept_job_templates_give_the_block_paths_bits(stride, groups, monkeypatch):
+    """A call of one block with C-contiguous float32 arrays runs the jobs kept on its plan (dense._run_planned: the
+    addresses held as offsets from the call's arrays); later calls with other arrays, other masks and the forward
+    give the bits of the same jobs built per sample (arrays whose samples are contiguous but not the whole batch:
+    dense._block_jobs, no template), and the templates are made once per mask."""
+    rng = np.random.default_rng(5)
+    x_shape, w_shape = (3, 64, 9, 8), (64, 64 // groups, 3, 3)
+    kw = dict(stride=stride, padding=1, groups=groups)
+    dense_plan.plan.cache_clear()
+    built_jobs = count_calls(monkeypatch, dense, "_block_jobs")
+    with paths.force("dense"):
+        for round_ in range(2):                      # the second round from the kept templates, new arrays
+            x = rng.standard_normal(x_shape).astype(np.float32)
+            w = rng.standard_normal(w_shape).astype(np.float32)
+            dy = rng.standard_normal(xconv.output_shape(x_shape, w_shape, **kw)).astype(np.float32)
+            apart = [np.repeat(a, 2, axis=0)[::2] for a in (x, dy)]    # the same values, the batch strided
+            assert not apart[0].flags.c_contiguous and apart[0][0].flags.c_contiguous
+            for mask in ((True, True, True), (True, False, False), (False, True, True)):
+                before = len(built_jobs)
+                kept = xconv.convolution_backward(dy, x, w, output_mask=mask, backend="numpy", **kw)
+                assert len(built_jobs) == before + (round_ == 0)        # jobs built on the first call only
+                built = xconv.convolution_backward(apart[1], apart[0], w, output_mask=mask, backend="numpy", **kw)
+                for a, b in zip(kept, built):
+                    assert (a is None) == (b is None) and (a is None or a.tobytes() == b.tobytes())
+            if stride == 1:
+                fwd = [xconv.conv_fprop(a, w, backend="numpy", **kw) for a in (x, np.asfortranarray(x))]
+                assert fwd[0].tobytes() == fwd[1].tobytes()
+                np.testing.assert_allclose(fwd[0], xconv.conv_fprop(x, w, backend="numpy-exact", **kw),
+                                           rtol=1e-4, atol=1e-3)
 
 
 def test_concurrent_calls_match_sequential_ones(monkeypatch):
@@ -327,7 +361,7 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
     ((2, 16, 2, 2), (7, 7), 1, 3, 1),
 ])
 def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dilation, monkeypatch):
-    """The input-gradient loops skip, per row, the taps that read only dy's zero rows (dense._row_taps): the same bits
+    """The input-gradient loops skip, per row, the taps that read only dy's zero rows (dense_plan.row_taps): the same bits
     as every tap run (the fallback range (0, T) on every row), forward and backward, and near the float64 oracle."""
     rng = np.random.default_rng(11)
     co = 32
@@ -337,7 +371,7 @@ def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dila
     dy = rng.standard_normal(xconv.conv_fprop(x, w, backend="numpy-exact", **kw).shape).astype(np.float32)
 
     def run():
-        dense._plan.cache_clear()
+        dense_plan.plan.cache_clear()
         with paths.force("dense"):
             out = [xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy", **kw)[0]]
             if stride == 1:
@@ -345,11 +379,11 @@ def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dila
         return out
 
     skipping = run()
-    monkeypatch.setattr(dense, "_row_taps", lambda idx, lo, lead, *a: np.tile(
+    monkeypatch.setattr(dense_plan, "row_taps", lambda idx, lo, lead, *a: np.tile(
         np.array([[0, len(idx)]], np.int64), (int(np.prod(lead)), 1)))
     every = run()
     monkeypatch.undo()
-    dense._plan.cache_clear()
+    dense_plan.plan.cache_clear()
     assert [a.tobytes() for a in skipping] == [b.tobytes() for b in every]
     exact = xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy-exact", **kw)[0]
     np.testing.assert_allclose(skipping[0], exact, rtol=1e-4, atol=1e-4)

@@ -62,8 +62,10 @@ def test_dense_forward_bitwise_independent_of_workers():
 
 
 def test_dense_forward_refuses_what_it_cannot_compute():
-    assert not dense.computes_fprop(make_params((1, 16, 8, 8), (16, 16, 3, 3), stride=(2, 2), padding=((1, 1),) * 2,
-                                                dilation=(1, 1), groups=1, dtype="float32"))
+    assert not dense.computes_fprop(make_params((1, 16, 8, 8, 8), (16, 16, 3, 3, 3), stride=2, padding=1,
+                                                dtype="float32"))           # strided 3-D (dense_strided: 1-D, 2-D)
+    assert not dense.computes_fprop(make_params((1, 16, 8, 8), (24, 16, 3, 3), stride=2, padding=1,
+                                                dtype="float32"))           # strided, 24 output channels
     assert not dense.computes_fprop(make_params((1, 16, 8, 8), (16, 16, 3, 3), stride=(1, 1), padding=((3, 0),) * 2,
                                                 dilation=(1, 1), groups=1, dtype="float32"))      # pad past reach
     assert not dense.computes_fprop(make_params((1, 3, 8, 8), (16, 3, 3, 3), stride=(1, 1), padding=((1, 1),) * 2,

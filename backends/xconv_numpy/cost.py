@@ -62,7 +62,9 @@ from __future__ import annotations
 import math
 
 from . import dense as dense_loops
+from . import dense_strided
 from . import stem as stem_loops
+from .dense_plan import dx_tap_share
 from .grid import pointwise_planned
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
@@ -82,6 +84,10 @@ LOOP_Q0 = {1: 10, 2: 10, 3: 70}
 #: 9 GMAC/s, 50 ms against colgemm's 14).
 LOOP_WEIGHTS = 1 << 19
 LOOP_BIG_WEIGHTS = 1.5
+#: Output rows at least this long keep a block of output channels' weights in cache along the row: no LOOP_BIG_WEIGHTS
+#: (the strided forward, measured: the speech encoder's 4x512x1599 -> 512 3-tap stride 2, 26 ms, 2.5 G multiply-adds
+#: at LOOP_MACS on two cores).
+LOOP_LONG_ROW = 64
 CALL = 20e-6
 SMALL_CALL = 3e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
@@ -119,7 +125,7 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
 def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     """The dense C loops (any output)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
-    macs = N * g * Cog * Cg * K * Q * (dense_loops.dx_tap_share(p) if output == "dx" else 1.0)
+    macs = N * g * Cog * Cg * K * Q * (dx_tap_share(p) if output == "dx" else 1.0)
     q0 = LOOP_Q0[len(p.kernel)]
     big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
     return call + big * macs / (LOOP_MACS * Q / (Q + q0)) / cores
@@ -178,14 +184,19 @@ def blas_grid(p, output: str) -> float:
 
 
 def dense_forward(p, output: str = "y") -> float:
-    """The forward through the dense loops' input gradient (:func:`dense.fprop`, stride 1): the loops' model over
+    """The forward through the dense loops' input gradient (:func:`dense.fprop`): at stride 1 the loops' model over
     the input positions per sample (the dual convolution's output) (measured, one core, ms, against the small path's loops in sample blocks: 3-D 32->64 at 8x28x28 14.4 vs 15.6,
     64->128 at 4x14x14 7.4 vs 8.5, 128->128 15.1 vs 16.8; 2-D 64 at 16x16 1.62 vs 1.74, 128 at 8x8 1.78 vs 1.80)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
-    S = math.prod(p.input_shape[2:])
     q0 = LOOP_Q0[len(p.kernel)]
     big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
-    share = dense_loops.dx_tap_share(dense_loops.dual(p)) if dense_loops.computes_fprop(p) else 1.0
+    if any(s != 1 for s in p.stride):          # x's phase rows copied, then the loops over the output's positions
+        big = big if p.output_shape[-1] < LOOP_LONG_ROW else 1.0
+        copies = COPY * dense_strided.phase_floats(p)
+        sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (LOOP_MACS * Q / (Q + q0))
+        return CALL + (sums + copies) / CORES
+    S = math.prod(p.input_shape[2:])
+    share = dx_tap_share(dense_loops.dual(p)) if dense_loops.computes_fprop(p) else 1.0
     return CALL + big * share * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
 
 

@@ -214,9 +214,9 @@ def fprop(x, w, b, p: ConvParams):
         return grid_blocks.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", p.dtype == "float32"))   # C jobs
     if name == "stem":
         return stem.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", True))
-    if name == "dense":                              # the dual call's input gradient, its working-set budget
-        q = dense.dual(p)
-        budget = _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), q)
+    if name == "dense":                              # stride 1: the dual call's input gradient, its working-set budget
+        q = dense.dual(p) if all(s == 1 for s in p.stride) else None
+        budget = None if q is None else _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), q)
         with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
             return dense.fprop(x, w, b, p, _share(p, workers, "fprop", True), budget, lease)
     if name == "pointwise":

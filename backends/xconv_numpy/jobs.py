@@ -60,6 +60,15 @@ class Jobs:
     def __len__(self) -> int:
         return self.count
 
+    @classmethod
+    def concatenated(cls, lists) -> "Jobs":
+        """One list of the jobs of ``lists``, in order (their rows shared, not copied)."""
+        out = cls()
+        for jobs in lists:
+            out.blocks += jobs.blocks
+            out.count += jobs.count
+        return out
+
     def run(self, threads: int, scratch_floats: int = 0) -> int:
         """Run every job on up to ``threads`` threads, each with ``scratch_floats`` floats of scratch; returns the
         scratch bytes used."""

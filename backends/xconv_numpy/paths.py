@@ -67,8 +67,9 @@ PATHS = {p.name: p for p in (
     Path("depthwise", "fprop, backward (dx, dw and db in one pass): one input channel per group, 1-D/2-D",
          "depthwise.fprop / depthwise.backward (csrc/depthwise_impl.h)", "none", False, "keeps",
          "depthwise C loops", bounds.depthwise),
-    Path("dense", "backward (dx, dw): channels per group multiples of 16, AVX-512 build; fprop (float32, stride "
-         "1): the input gradient of the dual call", "dense.backward / dense.fprop (csrc/direct_conv.c)", "pinned", True, "keeps", "C direct loops"),
+    Path("dense", "backward (dx, dw): channels per group multiples of 16, AVX-512 and AVX2 builds; fprop (float32): "
+         "stride 1 the input gradient of the dual call, larger strides the same loops on x's stride-phase rows",
+         "dense.backward / dense.fprop (csrc/direct_conv.c; dense_strided.py)", "pinned", True, "keeps", "C direct loops"),
     Path("small-c", "fprop, backward (dx, dw in one C call): small calls at stride 1, on zero-padded grids",
          "small_c.grid_fprop / small_c.grid_backward (csrc/small_grid.c)", "none", False, "self-check",
          "small-call C grid loops", bounds.small),
@@ -190,7 +191,7 @@ def cost_pick(p, output: str):
     if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
         return small_path
     if output == "y":
-        dense_fwd = dense.available() and dense.computes_fprop(p) and dense.serves(dense.dual(p))
+        dense_fwd = dense.serves_fprop(p)
         chunks = len(colgemm.sample_chunks(p, False, False, True))    # 0: colgemm does not fit the contract
         if 0 < chunks <= (1 if dense_fwd else cost.CORES) \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:

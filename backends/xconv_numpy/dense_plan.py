@@ -1,0 +1,180 @@
+"""The dense loops' plan of a call: what :mod:`.dense` needs that does not depend on the data, cached per configuration.
+
+The grids' geometry (x channels-last per group, dy channel-major with a margin: see :func:`plan`), the input
+gradient's phases with their taps, tap offsets and per-row tap ranges (rows skip the taps that read only dy's zero
+rows: :func:`row_taps`), the weight gradient's rows and segments, the copy tables, and the samples per block. A
+call's job templates are kept on its plan (``templates``), so that they live exactly as long as the tables they
+point into.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from xconv import ConvParams
+from xconv.dtypes import DTYPES
+
+from .grid.geometry import padded
+
+#: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
+DW_SEGMENT_BYTES = 256 << 10
+
+
+def _rows(m: int, lead, dims, first, sample: int, step=None) -> np.ndarray:
+    """Flat offsets of rows (sample n < m, leading indices j_k < lead) of grids with spatial dims ``dims``
+    and ``sample`` elements per sample: n*sample + sum_k (first_k + j_k * step_k) * stride_k, the last
+    dim at first[-1] (``step`` 1 by default)."""
+    gs = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    step = step or (1,) * len(dims)
+    idx = np.full((m,) + tuple(lead), first[-1] * gs[-1], np.int64)
+    idx += (np.arange(m, dtype=np.int64) * sample).reshape((m,) + (1,) * len(lead))
+    for k, n in enumerate(lead):
+        shape = [1] * (len(lead) + 1)
+        shape[k + 1] = n
+        idx += ((first[k] + np.arange(n, dtype=np.int64) * step[k]) * gs[k]).reshape(shape)
+    return idx.ravel()
+
+
+def _box_complement(dims, first, size, lead: int):
+    """Slices (``lead`` leading full axes, then one per dim of ``dims``) that together cover, once each,
+    the positions of a grid of ``dims`` outside the box [first, first + size)."""
+    out = []
+    for k in range(len(dims)):
+        inner = tuple(slice(a, a + n) for a, n in zip(first[:k], size[:k]))
+        rest = (slice(None),) * (len(dims) - k - 1)
+        for sl in (slice(0, first[k]), slice(first[k] + size[k], dims[k])):
+            if sl.stop > sl.start:
+                out.append((slice(None),) * lead + inner + (sl,) + rest)
+    return out
+
+
+def _phase_plan(S, X, Y, s, d, k, pre, gY):
+    """Per phase rho of the strided input (xi = s*m + rho on the x grid): the taps reading it, their flat
+    offsets on the dy grid (o = m - q, q = (t*d - rho) / s), and the range of m holding input positions."""
+    taps = list(np.ndindex(*k))
+    plan = []
+    for rho in np.ndindex(*s):
+        idx = [i for i, t in enumerate(taps) if all((tk * dk - r) % sk == 0 for tk, dk, r, sk in zip(t, d, rho, s))]
+        offs = [sum((tk * dk - r) // sk * g for tk, dk, r, sk, g in zip(taps[i], d, rho, s, gY)) for i in idx]
+        lo = [-(-(a - r) // sk) for a, r, sk in zip(pre, rho, s)]
+        hi = [(a + n - 1 - r) // sk for a, n, r, sk in zip(pre, S, rho, s)]
+        if any(h < lo_ for lo_, h in zip(lo, hi)):
+            continue                                     # no input position in this phase
+        plan.append((rho, idx, np.array(offs or [0], np.int64), lo, [h - lo_ + 1 for lo_, h in zip(lo, hi)]))
+    return plan
+
+
+def row_taps(idx, lo, lead, O, k, d, rho, s) -> np.ndarray:
+    """Per row of a dx phase (leading indices m = lo + j, j < lead, in C order): the range [t0, t1) of the phase's
+    taps (``idx``, flat tap indices) that can read dy there, the smallest holding every tap whose leading dims
+    read inside dy (0 <= m - q < O, q = (t d - rho) / s); (0, 0) where none does. The others read only the dy
+    grid's zero rows: skipped, they change no bit of the sums (their terms are +0, as a sum never is -0)."""
+    nl = len(lead)
+    if nl == 0 or not idx:
+        return np.array([[0, len(idx)]], np.int64).repeat(math.prod(lead), 0)
+    taps = list(np.ndindex(*k))
+    q = np.array([[(taps[i][a] * d[a] - rho[a]) // s[a] for a in range(nl)] for i in idx], np.int64)    # (T, nl)
+    m = np.stack(np.meshgrid(*[lo[a] + np.arange(n, dtype=np.int64) for a, n in enumerate(lead)], indexing="ij"),
+                 -1).reshape(-1, nl)                                                                          # (rows, nl)
+    r = m[:, None, :] - q[None]
+    valid = ((r >= 0) & (r < np.array(O[:nl], np.int64))).all(-1)                                            # (rows, T)
+    any_ = valid.any(1)
+    t0 = np.where(any_, valid.argmax(1), 0)
+    t1 = np.where(any_, len(idx) - valid[:, ::-1].argmax(1), 0)
+    return np.stack([t0, t1], 1).astype(np.int64)
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def _grids(p: ConvParams) -> tuple:
+    """(S, O, kernel, dilation, stride, padding before, X, Y): the spatial dims of x, dy and the grids (see :func:`plan`)."""
+    S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
+    st, pre, X = tuple(p.stride), tuple(a for a, _ in p.padding), padded(p)
+    qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
+    return S, O, k, d, st, pre, X, tuple(max(-(-xx // ss), o + q) for xx, ss, o, q in zip(X, st, O, qmax))
+
+
+@functools.lru_cache(maxsize=256)
+def dx_tap_share(p: ConvParams) -> float:
+    """The share of the input gradient's (position, tap) terms the loops run, each row skipping the taps that read
+    only dy's zero rows (:func:`row_taps`): 1.0 where no row skips (the cost model's, a function of the geometry)."""
+    S, O, k, d, st, pre, X, Y = _grids(p)
+    gY = [math.prod(Y[i + 1:]) for i in range(p.nd)]
+    run = total = 0
+    for rho, idx, _, lo, cnt in _phase_plan(S, X, Y, st, d, k, pre, gY):
+        taps = row_taps(idx, lo, cnt[:-1], O, k, d, rho, st)
+        run += int((taps[:, 1] - taps[:, 0]).sum()) * cnt[-1]
+        total += len(taps) * len(idx) * cnt[-1]
+    return run / total if total else 1.0
+
+
+@functools.lru_cache(maxsize=64)       # above a real model's dense configurations (ResNet-18: 12)
+def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNamespace:
+    """What :func:`backward` needs that does not depend on the data (cached): the grids' geometry, samples per
+    block (``nb``), per-phase row tables and tap offsets of dx, the dw rows and segment, the copy tables.
+
+    x grid: ``X = S + pre + post`` per dim, flattened, x at ``[pre, pre + S)``, per group channels-last (dw loads
+    16 channels; a group's positions contiguous). dy grid: ``Y = max(ceil(X/s), O + q_max)`` per dim, dy at
+    ``[0, O)``, channel-major with a margin of M (the largest tap offset) before each channel row.
+    """
+    nd, g = p.nd, p.groups
+    N, C = p.input_shape[:2]
+    Co = p.output_shape[1]
+    S, O, k, d, st, pre, X, Y = _grids(p)
+    f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
+                        K=math.prod(k), out_dt=DTYPES[p.dtype], X=X, Y=Y)
+    gX = [math.prod(X[i + 1:]) for i in range(nd)]
+    gY = [math.prod(Y[i + 1:]) for i in range(nd)]
+    f.Xn, f.Yn, f.Sn = Xn, Yn, Sn = math.prod(X), math.prod(Y), math.prod(S)
+    phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
+    f.M = M = max([int(ph[2].max()) for ph in phases] + [0])
+    ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
+    f.ldy = ldy = ldy + 16 * ((ldy // 16) % 2 == 0)      # 64 bytes, so 16 channel rows fall in 16 cache sets
+    per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
+    nb = max(1, min(N, budget // max(per_sample, 1)))
+    f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
+    # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
+    # few samples (at least 4 tasks per block where the rows allow)
+    f.copy_parts = max(1, min(-(-4 // nb), Yn // Y[-1], Sn))
+    f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=1)
+    f.x_pad_slices = _box_complement(X, pre, S, lead=1)
+    # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
+    f.dy_rows = np.full(Yn // Y[-1], -1, np.int64)
+    f.dy_rows[_rows(1, O[:-1], Y, (0,) * nd, 0) // Y[-1]] = _rows(1, O[:-1], O, (0,) * nd, 0)
+    f.dx_jobs = []                                       # per phase: taps, their offsets, rows in and out
+    for rho, idx, offs, lo, cnt in phases:
+        lead = cnt[:-1]
+        rin = np.empty((nb * math.prod(lead), 3), np.int64)    # per row: where it reads, its taps [t0, t1)
+        rin[:, 0] = _rows(nb, lead, Y, lo, Co * ldy) + M
+        rin[:, 1:] = np.tile(row_taps(idx, lo, lead, O, k, d, rho, st), (nb, 1))
+        first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
+        rout = _rows(nb, lead, S, first, C * Sn, st)
+        f.dx_jobs.append(SimpleNamespace(taps=idx, offs=frozen(offs), rin=frozen(rin.ravel()), rout=frozen(rout),
+                                         row_len=cnt[-1], rows=len(rin) // nb))
+    f.dx_order = sorted(range(len(f.dx_jobs)), key=lambda j: -len(f.dx_jobs[j].taps) * f.dx_jobs[j].rows)
+    if need_dw:
+        f.off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
+        # rows of dy (O[-1] positions each, not the grid's flat rows: those also cover the padding columns,
+        # 3-14% more work on the suite for zeros, 7% slower on the dilated case)
+        f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
+        f.rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
+        f.dw_len, f.dw_step = O[-1], st[-1]
+        f.dw_rows = len(f.rdy) // nb
+        # positions per segment of the dw loop: its dy (C_out/g channels) and x (C_in/g, at the stride) in ~256 KiB
+        f.dw_seg = int(min(1024, max(16, DW_SEGMENT_BYTES // (4 * (f.Cog + f.Cg * f.dw_step)))))
+        f.dw_blocks = f.K * (f.Cog // 16) * (f.Cg // 16)
+        # where each x position goes in its grid, and the grid positions left zero
+        f.x_pos = (_rows(1, S[:-1], X, pre, 0)[:, None] + np.arange(S[-1], dtype=np.int64)).ravel()
+        free = np.ones(Xn, bool)
+        free[f.x_pos] = False
+        f.x_pad = np.flatnonzero(free).astype(np.int64)
+        for name in ("off_w", "rdy", "rx", "x_pos", "x_pad"):
+            frozen(getattr(f, name))
+    frozen(f.dy_rows)
+    f.templates = {}                                     # the call's job templates (dense.backward)
+    return f

@@ -1,0 +1,110 @@
+"""The forward at strides above 1 through the dense loops' input-gradient rows (csrc/direct_conv.c), on x's rows in
+their stride phases (csrc/stem.c's phase rows).
+
+    y[n, co, oh, ow] = sum over taps t, then input channels ci, of
+                       x[n, ci, s_h oh + kh d_h - p_h, s_w ow + kw d_w - p_w] * w[co, ci, kh, kw]
+
+Each input row (n, c, h) is copied once into its ``s_w`` phase rows of ``lq`` floats (phase q's element j is
+``x[.., s_w j + q - p_w]``, zeros outside the row), so tap (kh, kw) of output row (n, oh) reads a contiguous run at a
+constant offset from the row's start: the dx loops' form, with x's phase rows as their dy grid and the weights in
+the dual's tap-major layout (:func:`.dense.tap_major` with flip: taps in reverse order). A row runs only the tap
+rows whose input row lies inside x (the others read only the top or bottom padding: their terms are +0, and skipping
+them changes no bit: a sum is never -0). Each output element is one job's sum in one order whatever the workers, so
+the bits depend on the configuration and the values only. Served (:func:`computes`): float32, 1-D and 2-D, not
+transposed, a stride above 1, output channels per group a multiple of 16; the weights finite (fast.fprop detours a
+non-finite weight, as for the stride-1 forward).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+
+from xconv import ConvParams, tracing
+
+from . import small_c
+from .dense_plan import frozen
+from .jobs import Jobs
+from .native import address
+from .workers import even_ranges
+
+#: Jobs per worker: the phase copies and the sums each split in this many ranges per worker.
+TASKS_PER_WORKER = 2
+
+
+def computes(p: ConvParams) -> bool:
+    """Whether :func:`fprop` computes ``p``'s forward (see the module docstring)."""
+    return (p.dtype == "float32" and not p.transposed and p.nd <= 2 and any(s > 1 for s in p.stride)
+            and min(p.output_shape) > 0 and min(p.input_shape) > 0 and (p.output_shape[1] // p.groups) % 16 == 0)
+
+
+def _lifted(p: ConvParams) -> tuple:
+    """(H, W, Ho, Wo, KH, KW, s_h, s_w, d_h, d_w, p_h, p_w) of ``p`` as 2-D (a 1-D call: one row)."""
+    one = (1,) if p.nd == 1 else ()
+    (H, W), (Ho, Wo) = one + tuple(p.input_shape[2:]), one + tuple(p.output_shape[2:])
+    (KH, KW), (sh, sw), (dh, dw) = one + tuple(p.kernel), one + tuple(p.stride), one + tuple(p.dilation)
+    (ph, pw) = (0,) * (2 - p.nd) + tuple(a for a, _ in p.padding)
+    return H, W, Ho, Wo, KH, KW, sh, sw, dh, dw, ph, pw
+
+
+@functools.lru_cache(maxsize=64)
+def plan(p: ConvParams) -> SimpleNamespace:
+    """The call's tables (cached): the phase rows' length ``lq`` and the channel stride ``ldy`` of x's phase rows, the
+    taps' offsets (reverse tap order: the flipped weights'), per output row (n, oh) where it reads and its tap range
+    (``rin``, triples) and where it writes (``rout``)."""
+    N, C = p.input_shape[:2]
+    H, W, Ho, Wo, KH, KW, sh, sw, dh, dw, ph, pw = _lifted(p)
+    K = KH * KW
+    lq = Wo + (KW - 1) * dw // sw                       # a row's widest read: Wo positions past the farthest tap
+    ldy = H * sw * lq                                   # one channel's phase rows
+    t = K - 1 - np.arange(K)                            # tap t' of the flipped weights is tap K - 1 - t'
+    kh, kw = t // KW, t % KW
+    offs = -((kh * dh - ph) * sw * lq + (kw * dw) % sw * lq + (kw * dw) // sw)
+    n, oh = np.divmod(np.arange(N * Ho, dtype=np.int64), Ho)
+    top = sh * oh - ph                                  # the input row of tap row 0
+    kh0 = np.clip(np.where(top >= 0, 0, (-top + dh - 1) // dh), 0, KH)    # the first tap row with top + kh dh >= 0
+    kh1 = np.clip(np.where(H - 1 - top < 0, 0, (H - 1 - top) // dh + 1), 0, KH)    # past the last <= H - 1
+    empty = kh1 <= kh0
+    rin = np.stack([n * C * ldy + sh * oh * sw * lq,
+                    np.where(empty, 0, K - kh1 * KW), np.where(empty, 0, K - kh0 * KW)], 1).astype(np.int64)
+    rout = (n * p.output_shape[1] * Ho * Wo + oh * Wo).astype(np.int64)
+    return SimpleNamespace(N=N, C=C, H=H, Ho=Ho, Wo=Wo, K=K, lq=lq, ldy=ldy, offs=frozen(offs.astype(np.int64)),
+                           rin=frozen(rin.ravel()), rout=frozen(rout), rows=N * C * H)
+
+
+def phase_floats(p: ConvParams) -> int:
+    """Floats of x's phase rows (leased scratch)."""
+    f = plan(p)
+    return f.N * f.C * f.ldy
+
+
+def tap_share(p: ConvParams) -> float:
+    """The share of the (output row, tap) pairs the loops run (rows skip tap rows outside x): the cost model's."""
+    f = plan(p)
+    return float((f.rin[2::3] - f.rin[1::3]).sum()) / (len(f.rout) * f.K)
+
+
+def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
+    """y = conv(x, w) + bias for :func:`computes` calls, ``wt`` the weights in the dual's tap-major layout
+    (g, K, C_in/g, C_out/g) float32 C-contiguous (:func:`.dense.tap_major` with flip); x's phase rows in ``lease``."""
+    f, g = plan(p), p.groups
+    Co = p.output_shape[1]
+    Cg, Cog = f.C // g, Co // g
+    Q = f.Ho * f.Wo
+    xr, geo = small_c.im2col_input(x, p, np.float32)
+    phases = lease.empty((phase_floats(p),), np.dtype(np.float32))
+    tracing.note(workspace_bytes=phases.nbytes)
+    y = np.empty(p.output_shape, np.float32)
+    run = Jobs()
+    parts = even_ranges(f.rows, TASKS_PER_WORKER * workers)
+    run.split("stem_phases", (address(xr), address(phases), address(geo), 0, 0, f.lq), 3, parts, signal=0)
+    run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), Cog, f.K * Cg * Cog, address(f.offs), f.K,
+                          Cg, Cog, address(y), Q, Cog * Q, 1, address(f.rin), address(f.rout), f.N * f.Ho, 0, 0,
+                          f.Wo), 17,
+              even_ranges(g * f.N * f.Ho, TASKS_PER_WORKER * workers), wait=(0, len(parts)))
+    run.run(workers)
+    if bias is not None:
+        y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * p.nd)
+    return y

@@ -1,0 +1,101 @@
+"""The forward at strides above 1 through the dense loops (xconv_numpy.dense_strided): against float64 sums, the same
+bits for any worker count and input layout, and where the cost model takes it."""
+
+import numpy as np
+import pytest
+
+import xconv
+from xconv.params import make_params
+from xconv_numpy import dense, dense_strided, paths
+from xconv_numpy.grid import scratch
+from xconv_numpy.grid.scratch import Lease
+
+pytestmark = pytest.mark.skipif(not dense.available(), reason="the dense C loops are not loaded (no AVX2/AVX-512 build)")
+
+CASES = [  # x, w, stride, padding, dilation, groups
+    ((2, 16, 9, 9), (32, 16, 3, 3), 2, 1, 1, 1),
+    ((2, 32, 7, 6), (32, 16, 3, 3), 2, ((2, 1), (1, 1)), 1, 2),           # groups, asymmetric padding
+    ((2, 16, 9, 11), (16, 16, 3, 3), (2, 3), 1, (2, 1), 1),               # strides and dilations per dim
+    ((3, 8, 23), (16, 8, 5), 3, 2, 1, 1),                                 # 1-D
+    ((2, 3, 13, 13), (32, 3, 7, 7), 2, 3, 1, 1),                          # a stem's 3 channels (forced only)
+    ((1, 16, 5, 5), (32, 16, 3, 3), 2, 0, 1, 1),
+    ((2, 16, 4, 4), (16, 16, 5, 5), 2, ((0, 4), (2, 2)), 1, 1),           # output rows reading only padding
+    ((2, 16, 3, 3), (16, 16, 3, 3), 2, ((5, 0), (1, 1)), 1, 1),           # padding past the kernel's reach
+    ((2, 24, 33, 40), (64, 12, 3, 2), (2, 4), (1, 0), 1, 2),
+]
+
+
+def _arrays(rng, xs, ws):
+    return (rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32),
+            rng.standard_normal(ws[0]).astype(np.float32))
+
+
+@pytest.mark.parametrize("xs, ws, stride, padding, dilation, groups", CASES)
+def test_matches_float64_sums(xs, ws, stride, padding, dilation, groups):
+    rng = np.random.default_rng(3)
+    x, w, b = _arrays(rng, xs, ws)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    p = make_params(xs, ws, **kw)
+    assert dense.computes_fprop(p) and dense_strided.computes(p)
+    with paths.force("dense"), xconv.trace() as tr:
+        y = xconv.conv_fprop(x, w, bias=b, backend="numpy", **kw)
+    assert tr.records[-1].path.startswith("dense")
+    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
+                            backend="numpy-exact", **kw)
+    scale = xconv.conv_fprop(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), backend="numpy-exact", **kw)
+    assert y.dtype == np.float32 and y.shape == want.shape
+    assert np.all(np.abs(y - want) <= 1e-6 * scale + 1e-6), np.abs(y - want).max()
+
+
+def test_bits_do_not_depend_on_workers_layout_or_scratch(monkeypatch):
+    """Each output element is one job's sum in one order: 1 to 4 workers, a Fortran-ordered or strided x, and
+    scratch handed out filled with 3e38 give the same bits."""
+    real_take = scratch.Arena.take
+
+    def poisoned(self, nbytes):
+        buf = real_take(self, nbytes)
+        buf[:buf.nbytes // 4 * 4].view(np.float32).fill(3e38)
+        return buf
+
+    rng = np.random.default_rng(4)
+    xs, ws, kw = (3, 32, 13, 11), (64, 16, 3, 3), dict(stride=2, padding=1, groups=2)
+    x, w, _ = _arrays(rng, xs, ws)
+    p = make_params(xs, ws, **kw)
+    wt = dense.tap_major(w, 2, True, 1)
+    runs = []
+    for poison in (False, True):
+        if poison:
+            monkeypatch.setattr(scratch.Arena, "take", poisoned)
+        for workers in (1, 2, 3, 4):
+            for xin in (x, np.asfortranarray(x), np.repeat(x, 2, axis=3)[..., ::2]):
+                with Lease() as lease:
+                    runs.append(dense_strided.fprop(xin, wt, None, p, workers, lease).tobytes())
+    assert len(runs) == 24 and len(set(runs)) == 1
+
+
+def test_transposed_backward_input_gradient():
+    """A strided transposed convolution's input gradient is a strided forward (U-Net's 2x2 up-sampling): the loops'
+    result matches float64 sums."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 32, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 2, 2)).astype(np.float32)
+    dy = rng.standard_normal((2, 16, 12, 14)).astype(np.float32)
+    kw = dict(stride=2, transposed=True)
+    with paths.force("dense"), xconv.trace() as tr:
+        dx = xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy", **kw)[0]
+    assert "dense" in tr.records[-1].path
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      output_mask=(True, False, False), backend="numpy-exact", **kw)[0]
+    np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-4)
+
+
+def test_where_the_cost_model_may_take_it():
+    """A 3x3 stride 2 with rows of 8 outputs or more and 16 channels or more is a candidate; a strided 1x1, a stem's
+    3 channels and rows of 4 outputs are not (measured slower there: dense.serves_fprop)."""
+    assert dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 3, 3), stride=2, padding=1))
+    assert dense.serves_fprop(make_params((4, 512, 399), (512, 512, 3), stride=2))
+    assert not dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 1, 1), stride=2))
+    assert not dense.serves_fprop(make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3))
+    assert not dense.serves_fprop(make_params((8, 256, 8, 8), (512, 256, 3, 3), stride=2, padding=1))
+    assert not dense.computes_fprop(make_params((2, 16, 9, 9), (24, 16, 3, 3), stride=2))     # 24 outputs: no vectors
+    assert not dense.computes_fprop(make_params((2, 16, 5, 5, 5), (16, 16, 3, 3, 3), stride=2))   # 3-D
