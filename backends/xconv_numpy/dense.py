@@ -396,18 +396,24 @@ STRIDED_MIN_ROW = 8
 #: Fewest input channels per group for the strided forward by default: a stem's few keep the stem loops (the same
 #: time: MobileNetV2's 8x3x96x96 -> 16 0.25 vs 0.26 ms, ResNet's 8x3x64x64 7x7 0.92 vs 0.89).
 STRIDED_MIN_CHANNELS = 16
+#: Builds whose strided forward the cost model may pick: on the AVX2 build (8-float blocks, Haswell BLAS kernel) it
+#: lost where the columns' BLAS runs near its peak (AVX2 stand-in on Zen 4, two threads, ms: the speech encoder's
+#: 4x512x3199 -> 512 3-tap s2 53 -> 90, 2x128x28x28 -> 256 3x3 s2 2.2 -> 3.3; it won at 8x64x16x16 -> 128, 1.18 ->
+#: 0.96): it stays forced-only there until the model has the build's rates.
+STRIDED_ISAS = ("avx512",)
 
 
 def serves_fprop(p: ConvParams) -> bool:
     """Whether the cost model may pick these loops for ``p``'s forward: at stride 1 where :func:`serves` the dual
-    call; at larger strides where :func:`computes_fprop`, the loops loaded, a kernel of more than one tap (a strided
-    1x1 is a copy of x's positions and a product: 8x64x16x16 -> 128 0.23 ms here against the columns' 0.16), rows of
-    STRIDED_MIN_ROW outputs or more, and STRIDED_MIN_CHANNELS input channels per group or more."""
+    call; at larger strides where :func:`computes_fprop`, the loops loaded from a build of STRIDED_ISAS, a kernel of
+    more than one tap (a strided 1x1 is a copy of x's positions and a product: 8x64x16x16 -> 128 0.23 ms here against
+    the columns' 0.16), rows of STRIDED_MIN_ROW outputs or more, and STRIDED_MIN_CHANNELS input channels per group or
+    more."""
     if not computes_fprop(p):
         return False
     if any(s != 1 for s in p.stride):
-        return (available() and math.prod(p.kernel) > 1 and p.output_shape[-1] >= STRIDED_MIN_ROW
-                and p.input_shape[1] // p.groups >= STRIDED_MIN_CHANNELS)
+        return (available() and native.isa(native.library()) in STRIDED_ISAS and math.prod(p.kernel) > 1
+                and p.output_shape[-1] >= STRIDED_MIN_ROW and p.input_shape[1] // p.groups >= STRIDED_MIN_CHANNELS)
     return serves(dual(p))
 
 
