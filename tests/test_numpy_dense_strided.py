@@ -10,7 +10,8 @@ from xconv_numpy import dense, dense_strided, native, paths
 from xconv_numpy.grid import scratch
 from xconv_numpy.grid.scratch import Lease
 
-pytestmark = pytest.mark.skipif(not dense.available(), reason="the dense C loops are not loaded (no AVX2/AVX-512 build)")
+pytestmark = pytest.mark.skipif(not dense.available(),
+                                reason="the dense C loops are not loaded (no AVX2/AVX-512 build)")
 
 CASES = [  # x, w, stride, padding, dilation, groups
     ((2, 16, 9, 9), (32, 16, 3, 3), 2, 1, 1, 1),

@@ -92,7 +92,8 @@ def frozen(a: np.ndarray) -> np.ndarray:
 
 
 def _grids(p: ConvParams) -> tuple:
-    """(S, O, kernel, dilation, stride, padding before, X, Y): the spatial dims of x, dy and the grids (see :func:`plan`)."""
+    """(S, O, kernel, dilation, stride, padding before, X, Y): the spatial dims of x, dy and the grids
+    (:func:`plan`)."""
     S, O, k, d = tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation)
     st, pre, X = tuple(p.stride), tuple(a for a, _ in p.padding), padded(p)
     qmax = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, st))
@@ -115,7 +116,7 @@ def dx_tap_share(p: ConvParams) -> float:
 
 @functools.lru_cache(maxsize=64)       # above a real model's dense configurations (ResNet-18: 12)
 def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleNamespace:
-    """What :func:`backward` needs that does not depend on the data (cached): the grids' geometry, samples per
+    """What :func:`.dense.backward` needs that does not depend on the data (cached): the grids' geometry, samples per
     block (``nb``), per-phase row tables and tap offsets of dx, the dw rows and segment, the copy tables.
 
     x grid: ``X = S + pre + post`` per dim, flattened, x at ``[pre, pre + S)``, per group channels-last (dw loads
