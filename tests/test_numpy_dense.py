@@ -361,8 +361,9 @@ def test_concurrent_calls_match_sequential_ones(monkeypatch):
     ((2, 16, 2, 2), (7, 7), 1, 3, 1),
 ])
 def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dilation, monkeypatch):
-    """The input-gradient loops skip, per row, the taps that read only dy's zero rows (dense_plan.row_taps): the same bits
-    as every tap run (the fallback range (0, T) on every row), forward and backward, and near the float64 oracle."""
+    """The input-gradient loops skip, per row, the taps that read only dy's zero rows (dense_plan.row_taps): the same
+    bits as every tap run (the fallback range (0, T) on every row), forward and backward, and near the float64
+    oracle."""
     rng = np.random.default_rng(11)
     co = 32
     x = rng.standard_normal(shape).astype(np.float32)

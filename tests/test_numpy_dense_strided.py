@@ -102,3 +102,43 @@ def test_where_the_cost_model_may_take_it():
     assert not dense.serves_fprop(make_params((8, 256, 8, 8), (512, 256, 3, 3), stride=2, padding=1))
     assert not dense.computes_fprop(make_params((2, 16, 9, 9), (24, 16, 3, 3), stride=2))     # 24 outputs: no vectors
     assert not dense.computes_fprop(make_params((2, 16, 5, 5, 5), (16, 16, 3, 3, 3), stride=2))   # 3-D
+
+
+def test_blocks_of_samples_within_a_workspace_limit():
+    """Under a workspace_limit the phase rows are leased for blocks of samples (dense_strided.block_samples): the same
+    bits as the whole batch at once, blocks of one, of two with a shorter last one; a limit below one sample's rows is
+    refused by name. A transposed call's input gradient (U-Net's up-sampling) runs so too."""
+    rng = np.random.default_rng(6)
+    xs, ws, kw = (5, 32, 14, 12), (32, 32, 3, 3), dict(stride=2, padding=1)
+    x, w, _ = _arrays(rng, xs, ws)
+    p = make_params(xs, ws, **kw)
+    per = 4 * dense_strided.phase_floats(p) // xs[0]
+    runs = {}
+    with paths.force("dense"):
+        for limit in (None, per + 64, 2 * per + 64, 1 << 30):
+            assert dense_strided.block_samples(p, limit) == {None: 5, per + 64: 1, 2 * per + 64: 2}.get(limit, 5)
+            with xconv.trace() as tr:
+                runs[limit] = xconv.conv_fprop(x, w, backend="numpy", workspace_limit=limit, **kw).tobytes()
+            assert tr.records[-1].path.startswith("dense")
+        assert len(set(runs.values())) == 1
+        with pytest.raises(xconv.UnsupportedError, match="workspace_limit"):
+            xconv.conv_fprop(x, w, backend="numpy", workspace_limit=per // 2, **kw)
+    xt, wt = rng.standard_normal((4, 64, 8, 8)).astype(np.float32), rng.standard_normal((64, 32, 2, 2)).astype(np.float32)
+    dy = rng.standard_normal((4, 32, 16, 16)).astype(np.float32)
+    tkw = dict(stride=2, transposed=True, output_mask=(True, False, False), backend="numpy")
+    with paths.force("dense"):
+        got = [xconv.convolution_backward(dy, xt, wt, workspace_limit=lim, **tkw)[0].tobytes() for lim in (None, 1 << 16)]
+    assert got[0] == got[1]
+
+
+def test_strides_past_64_phases_are_not_taken():
+    """Each input row is copied into all of its stride phases: past 64 phases (the dense loops' bound) the scratch
+    would grow with the stride, not the input, so such calls take other paths even when the loops are forced."""
+    p = make_params((1, 16, 3, 3), (16, 16, 3, 3), stride=(1, 65), padding=1)
+    assert not dense_strided.computes(p) and not dense.computes_fprop(p)
+    x, w, _ = _arrays(np.random.default_rng(7), (1, 16, 3, 3), (16, 16, 3, 3))
+    with paths.force("dense"), xconv.trace() as tr:
+        y = xconv.conv_fprop(x, w, stride=(1, 65), padding=1, backend="numpy")
+    assert not tr.records[-1].path.startswith("dense")
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, stride=(1, 65), padding=1, backend="numpy-exact"),
+                               rtol=1e-5, atol=1e-5)

@@ -18,8 +18,10 @@ the path keeps busy, :data:`CORES` assumed):
   per second, Q the output positions per sample (the loops vectorize and block along a sample's
   positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
   grids more: a larger Q0), times ``LOOP_BIG_WEIGHTS`` when one group's weights outgrow a core's L2; for dx
-  and the forward only the multiply-adds the loops run (``dense.dx_tap_share``: taps that read only padding rows are
-  skipped);
+  and the forward only the multiply-adds the loops run (``dense_plan.dx_tap_share``: taps that read only padding rows
+  are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build) over the output positions, the
+  tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
+  ``LOOP_BIG_WEIGHTS`` on output rows of ``LOOP_LONG_ROW`` or more;
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
   small path's estimate over the cores; ``grid-forward`` (the grid engine's x-columns forward): colgemm's
   product model, columns only for kernels with several taps;
@@ -191,6 +193,8 @@ def dense_forward(p, output: str = "y") -> float:
     q0 = LOOP_Q0[len(p.kernel)]
     big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
     if any(s != 1 for s in p.stride):          # x's phase rows copied, then the loops over the output's positions
+        if not dense_strided.computes(p):
+            return math.inf
         big = big if p.output_shape[-1] < LOOP_LONG_ROW else 1.0
         copies = COPY * dense_strided.phase_floats(p)
         sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (LOOP_MACS * Q / (Q + q0))

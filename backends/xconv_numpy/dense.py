@@ -1,5 +1,6 @@
-"""Direct convolution backward in compiled C loops (csrc/direct_conv.c), for channel counts per group
-that are multiples of 16.
+"""Direct convolution in compiled C loops (csrc/direct_conv.c), for channel counts per group that are multiples of
+16: the backward, and the float32 forward (:func:`fprop`: at stride 1 the input gradient of the :func:`dual` call, at
+larger strides :mod:`.dense_strided`).
 
 im2col + BLAS loses most where one GEMM dimension is 16-32 channels (BLAS packing costs as much
 as the arithmetic) and spends 20-40% on column copies elsewhere. These loops compute the sums
@@ -22,6 +23,11 @@ order. So results are bitwise reproducible and do not depend on the number of wo
 in float32 (float16 and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the
 BLAS path. By default stride 1, and stride 2 with 32k input channels per group, use these loops
 (see :func:`serves`).
+
+A call of one block of samples whose arrays the copies read in place (C-contiguous, aligned float32, a float32
+result) runs the job list kept on its plan (:func:`_run_planned`: made on its first call per mask and worker count,
+its addresses held as offsets from the call's arrays, :class:`.jobs.Template`), and the weights' transposing copies
+run from templates kept per shape (:func:`_copy`): the same jobs, so the same bits, without Python per sample or job.
 
 The C file is built at install, once per instruction set, and the best build the CPU runs is loaded with
 ctypes (see :mod:`.native`), whose calls release the GIL. Without the builds (installed without a
@@ -92,7 +98,6 @@ def serves(p: ConvParams) -> bool:
         if max(p.stride) > 2 or (p.input_shape[1] // p.groups) % 32:
             return False
     return available()
-
 
 
 def _readable(a: np.ndarray) -> bool:
@@ -379,9 +384,9 @@ def dual(p: ConvParams) -> ConvParams:
 def computes_fprop(p: ConvParams) -> bool:
     """Whether :func:`fprop` computes ``p``'s forward: float32, not transposed; at stride 1 padding at most the
     kernel's reach on each side (the dual's padding is not negative) and :func:`computes` for the dual; at larger
-    strides :func:`.dense_strided.computes`."""
+    strides :func:`.dense_strided.computes` (1-D, 2-D; at most 64 stride phases and 4096 taps)."""
     if any(s != 1 for s in p.stride):
-        return dense_strided.computes(p) and math.prod(p.kernel) <= 4096
+        return dense_strided.computes(p)
     if p.dtype != "float32" or p.transposed or min(p.output_shape) == 0:
         return False
     if any((k - 1) * d < max(a, b) for k, d, (a, b) in zip(p.kernel, p.dilation, p.padding)):
@@ -389,9 +394,9 @@ def computes_fprop(p: ConvParams) -> bool:
     return computes(dual(p))
 
 
-#: Fewest output positions a row for the strided forward by default: shorter rows run in blocks of 4, 2 and 1
-#: positions (measured, two threads, ms, against the columns: 8x256x4x4 -> 512 3x3 s2 3.2 vs 0.7, 2x256x14x14 ->
-#: 512 6.1 vs 2.2; at 8 positions 8x64x16x16 -> 128 0.54 vs 0.70).
+#: The strided forward's shortest output rows by default: shorter rows run in blocks of 4, 2 and 1 positions
+#: (measured, two threads, ms, against the columns: 8x256x4x4 -> 512 3x3 s2 3.2 vs 0.7, 2x256x14x14 -> 512 6.1 vs
+#: 2.2; at 8 positions 8x64x16x16 -> 128 0.54 vs 0.70).
 STRIDED_MIN_ROW = 8
 #: Fewest input channels per group for the strided forward by default: a stem's few keep the stem loops (the same
 #: time: MobileNetV2's 8x3x96x96 -> 16 0.25 vs 0.26 ms, ResNet's 8x3x64x64 7x7 0.92 vs 0.89).

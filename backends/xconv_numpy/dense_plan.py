@@ -78,13 +78,14 @@ def row_taps(idx, lo, lead, O, k, d, rho, s) -> np.ndarray:
     taps = list(np.ndindex(*k))
     q = np.array([[(taps[i][a] * d[a] - rho[a]) // s[a] for a in range(nl)] for i in idx], np.int64)    # (T, nl)
     m = np.stack(np.meshgrid(*[lo[a] + np.arange(n, dtype=np.int64) for a, n in enumerate(lead)], indexing="ij"),
-                 -1).reshape(-1, nl)                                                                          # (rows, nl)
+                 -1).reshape(-1, nl)                                                                    # (rows, nl)
     r = m[:, None, :] - q[None]
     valid = ((r >= 0) & (r < np.array(O[:nl], np.int64))).all(-1)                                            # (rows, T)
     any_ = valid.any(1)
     t0 = np.where(any_, valid.argmax(1), 0)
     t1 = np.where(any_, len(idx) - valid[:, ::-1].argmax(1), 0)
     return np.stack([t0, t1], 1).astype(np.int64)
+
 
 def frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False

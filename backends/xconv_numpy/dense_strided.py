@@ -18,11 +18,12 @@ non-finite weight, as for the stride-1 forward).
 from __future__ import annotations
 
 import functools
+import math
 from types import SimpleNamespace
 
 import numpy as np
 
-from xconv import ConvParams, tracing
+from xconv import ConvParams
 
 from . import small_c
 from .dense_plan import frozen
@@ -35,8 +36,10 @@ TASKS_PER_WORKER = 2
 
 
 def computes(p: ConvParams) -> bool:
-    """Whether :func:`fprop` computes ``p``'s forward (see the module docstring)."""
+    """Whether :func:`fprop` computes ``p``'s forward (see the module docstring): also at most 64 stride phases (each
+    input row is copied into all of its ``s_w`` phases: the scratch grows with the stride) and 4096 taps."""
     return (p.dtype == "float32" and not p.transposed and p.nd <= 2 and any(s > 1 for s in p.stride)
+            and math.prod(p.stride) <= 64 and math.prod(p.kernel) <= 4096
             and min(p.output_shape) > 0 and min(p.input_shape) > 0 and (p.output_shape[1] // p.groups) % 16 == 0)
 
 
@@ -50,11 +53,11 @@ def _lifted(p: ConvParams) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def plan(p: ConvParams) -> SimpleNamespace:
-    """The call's tables (cached): the phase rows' length ``lq`` and the channel stride ``ldy`` of x's phase rows, the
-    taps' offsets (reverse tap order: the flipped weights'), per output row (n, oh) where it reads and its tap range
-    (``rin``, triples) and where it writes (``rout``)."""
-    N, C = p.input_shape[:2]
+def plan(p: ConvParams, nb: int | None = None) -> SimpleNamespace:
+    """The call's tables for blocks of ``nb`` samples (None: all N; cached): the phase rows' length ``lq`` and the
+    channel stride ``ldy`` of x's phase rows, the taps' offsets (reverse tap order: the flipped weights'), per output
+    row (n, oh) of a block where it reads and its tap range (``rin``, triples) and where it writes (``rout``)."""
+    N, C = p.input_shape[0] if nb is None else nb, p.input_shape[1]
     H, W, Ho, Wo, KH, KW, sh, sw, dh, dw, ph, pw = _lifted(p)
     K = KH * KW
     lq = Wo + (KW - 1) * dw // sw                       # a row's widest read: Wo positions past the farthest tap
@@ -71,13 +74,22 @@ def plan(p: ConvParams) -> SimpleNamespace:
                     np.where(empty, 0, K - kh1 * KW), np.where(empty, 0, K - kh0 * KW)], 1).astype(np.int64)
     rout = (n * p.output_shape[1] * Ho * Wo + oh * Wo).astype(np.int64)
     return SimpleNamespace(N=N, C=C, H=H, Ho=Ho, Wo=Wo, K=K, lq=lq, ldy=ldy, offs=frozen(offs.astype(np.int64)),
-                           rin=frozen(rin.ravel()), rout=frozen(rout), rows=N * C * H)
+                           rin=frozen(rin.ravel()), rout=frozen(rout))
 
 
 def phase_floats(p: ConvParams) -> int:
-    """Floats of x's phase rows (leased scratch)."""
+    """Floats of x's phase rows for the whole call (the cost model's copy; the scratch holds a block's)."""
     f = plan(p)
     return f.N * f.C * f.ldy
+
+
+def block_samples(p: ConvParams, limit: int | None) -> int:
+    """Samples per block: all of them, or as many as a workspace ``limit`` holds (at least one: a sample that does
+    not fit is refused by the lease, naming the bytes). A function of the configuration and the limit only."""
+    N = p.input_shape[0]
+    if limit is None:
+        return N
+    return max(1, min(N, (limit - 64) // (4 * phase_floats(p) // N)))
 
 
 def tap_share(p: ConvParams) -> float:
@@ -88,23 +100,25 @@ def tap_share(p: ConvParams) -> float:
 
 def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
     """y = conv(x, w) + bias for :func:`computes` calls, ``wt`` the weights in the dual's tap-major layout
-    (g, K, C_in/g, C_out/g) float32 C-contiguous (:func:`.dense.tap_major` with flip); x's phase rows in ``lease``."""
-    f, g = plan(p), p.groups
+    (g, K, C_in/g, C_out/g) float32 C-contiguous (:func:`.dense.tap_major` with flip); x's phase rows in ``lease``,
+    by blocks of samples within its limit (:func:`block_samples`: the same sums, whatever the blocks)."""
+    g, N = p.groups, p.input_shape[0]
+    f = plan(p, block_samples(p, lease.limit))
     Co = p.output_shape[1]
-    Cg, Cog = f.C // g, Co // g
-    Q = f.Ho * f.Wo
+    Cg, Cog, Q, sample = f.C // g, Co // g, f.Ho * f.Wo, f.C * f.H
     xr, geo = small_c.im2col_input(x, p, np.float32)
-    phases = lease.empty((phase_floats(p),), np.dtype(np.float32))
-    tracing.note(workspace_bytes=phases.nbytes)
+    phases = lease.empty((f.N * f.C * f.ldy,), np.dtype(np.float32))
     y = np.empty(p.output_shape, np.float32)
-    run = Jobs()
-    parts = even_ranges(f.rows, TASKS_PER_WORKER * workers)
-    run.split("stem_phases", (address(xr), address(phases), address(geo), 0, 0, f.lq), 3, parts, signal=0)
-    run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), Cog, f.K * Cg * Cog, address(f.offs), f.K,
-                          Cg, Cog, address(y), Q, Cog * Q, 1, address(f.rin), address(f.rout), f.N * f.Ho, 0, 0,
-                          f.Wo), 17,
-              even_ranges(g * f.N * f.Ho, TASKS_PER_WORKER * workers), wait=(0, len(parts)))
-    run.run(workers)
+    for n0 in range(0, N, f.N):
+        m = min(f.N, N - n0)
+        run = Jobs()
+        parts = even_ranges(m * sample, TASKS_PER_WORKER * workers)
+        run.split("stem_phases", (address(xr[n0:]), address(phases), address(geo), 0, 0, f.lq), 3, parts, signal=0)
+        run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), Cog, f.K * Cg * Cog, address(f.offs),
+                              f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin), address(f.rout), m * f.Ho,
+                              0, 0, f.Wo), 17,
+                  even_ranges(g * m * f.Ho, TASKS_PER_WORKER * workers), wait=(0, len(parts)))
+        run.run(workers)
     if bias is not None:
         y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * p.nd)
     return y
