@@ -7,8 +7,9 @@ import pytest
 import xconv
 from xconv.params import make_params
 from xconv_numpy import dense, dense_strided, native, paths
-from xconv_numpy.grid import scratch
 from xconv_numpy.grid.scratch import Lease
+
+from test_numpy_fast import poison_scratch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dense.available(),
                                 reason="the dense C loops are not loaded (no AVX2/AVX-512 build)")
@@ -51,13 +52,6 @@ def test_matches_float64_sums(xs, ws, stride, padding, dilation, groups):
 def test_bits_do_not_depend_on_workers_layout_or_scratch(monkeypatch):
     """Each output element is one job's sum in one order: 1 to 4 workers, a Fortran-ordered or strided x, and
     scratch handed out filled with 3e38 give the same bits."""
-    real_take = scratch.Arena.take
-
-    def poisoned(self, nbytes):
-        buf = real_take(self, nbytes)
-        buf[:buf.nbytes // 4 * 4].view(np.float32).fill(3e38)
-        return buf
-
     rng = np.random.default_rng(4)
     xs, ws, kw = (3, 32, 13, 11), (64, 16, 3, 3), dict(stride=2, padding=1, groups=2)
     x, w, _ = _arrays(rng, xs, ws)
@@ -66,7 +60,7 @@ def test_bits_do_not_depend_on_workers_layout_or_scratch(monkeypatch):
     runs = []
     for poison in (False, True):
         if poison:
-            monkeypatch.setattr(scratch.Arena, "take", poisoned)
+            poison_scratch(monkeypatch)
         for workers in (1, 2, 3, 4):
             for xin in (x, np.asfortranarray(x), np.repeat(x, 2, axis=3)[..., ::2]):
                 with Lease() as lease:

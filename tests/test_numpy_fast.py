@@ -188,9 +188,8 @@ def test_scratch_contents_never_reach_results(conv, seed, monkeypatch):   # the 
     compare_on_poisoned_scratch(monkeypatch, conv, seed)
 
 
-def compare_on_poisoned_scratch(monkeypatch, conv, seed):
-    """compare() with the arena's scratch filled with 3e38 (float32's near-largest value) when handed out,
-    and any RuntimeWarning (an overflow from a leftover value) an error."""
+def poison_scratch(monkeypatch):
+    """From now on (this test), the arena's scratch is handed out filled with 3e38 (float32's near-largest value)."""
     real_take = scratch.Arena.take
 
     def poisoned(self, nbytes):
@@ -199,6 +198,12 @@ def compare_on_poisoned_scratch(monkeypatch, conv, seed):
         return buf
 
     monkeypatch.setattr(scratch.Arena, "take", poisoned)
+
+
+def compare_on_poisoned_scratch(monkeypatch, conv, seed):
+    """compare() with the arena's scratch filled with 3e38 (float32's near-largest value) when handed out,
+    and any RuntimeWarning (an overflow from a leftover value) an error."""
+    poison_scratch(monkeypatch)
     c, mask, layout = conv
     x, w, dy = random_arrays(np.random.default_rng(seed), c)
     with warnings.catch_warnings(), paths.force(off=["small-paths"]):   # the grid (scratch from the arena)

@@ -431,18 +431,12 @@ def fprop(x, w, bias, p: ConvParams, workers: int, budget: int | None, lease):
     g, nd = p.groups, len(p.kernel)
     Co, Cg = w.shape[0], w.shape[1]
     wdx = tap_major(w, g, True, workers)                 # the dual's weights in the loops' layout, one C copy
+    if wdx is None:                                      # (g, K, Cg, Cog), taps reversed, by NumPy
+        wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
+                                   .transpose(0, 3, 2, 1))
     if any(s != 1 for s in p.stride):
-        if wdx is None:                                  # (g, K, Cg, Cog), taps reversed, by NumPy
-            wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
-                                       .transpose(0, 3, 2, 1))
         return dense_strided.fprop(x, wdx, bias, p, workers, lease)
-    if wdx is not None:
-        wq = None
-    else:
-        flip = (Ellipsis,) + (slice(None, None, -1),) * nd
-        wq = np.ascontiguousarray(w.reshape((g, Co // g, Cg) + w.shape[2:]).swapaxes(1, 2)[flip])
-        wq = wq.reshape((g * Cg, Co // g) + w.shape[2:])
-    y, _, _ = backward(x, None, wq, dual(p), True, False, False, workers, budget, lease, wdx=wdx)
+    y, _, _ = backward(x, None, None, dual(p), True, False, False, workers, budget, lease, wdx=wdx)
     if bias is not None:
         y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * nd)
     return y
