@@ -161,7 +161,12 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
             return backward(b, zero_pad(dy, pads), x, w, q, mask)
         dx, dw, db = backward(b, dy, zero_pad(x, pads), w, q, mask)
         return (crop(dx, [pre for pre, _ in pads], p.input_shape[2:]) if m_in else None), dw, db
-    results = guard.call(b, "backward", b.backward, *_native(caps, dy, x, w), p, mask)
+    return checked_backward(b, guard.call(b, "backward", b.backward, *_native(caps, dy, x, w), p, mask), p, mask)
+
+
+def checked_backward(b: Backend, results, p: ConvParams, mask):
+    """``results`` of ``b.backward`` when they are what ``mask`` asks for, with the shapes ``p`` gives; else
+    XconvError naming the backend."""
     if not isinstance(results, (tuple, list)) or len(results) != 3:
         raise XconvError(f"backend {b.name!r} returned {type(results).__name__} from backward, "
                          "expected (grad_input, grad_weight, grad_bias)")
@@ -169,6 +174,17 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
     what = ("grad_input", "grad_weight", "grad_bias")
     return tuple(_expect(b, r, shape, name) if bit else _expect_none(b, r, name)
                  for r, bit, shape, name in zip(results, mask, expected, what))
+
+
+def direct(b: Backend, p: ConvParams, op: str) -> bool:
+    """Whether ``op`` ("fprop" or "backward") on ``p`` reaches ``b``'s primitive with the arrays as they are: none of
+    the rewrites above applies (no empty tensor, 1-D lift, transposed mapping or explicit padding) and ``b`` takes
+    strided arrays (no contiguous copy). The condition :mod:`xconv.lanes` opens a lane on."""
+    if _empty(p):
+        return False
+    caps = capabilities(b, p, op)
+    return (caps.strided and not _lift(caps, p) and not (p.transposed and not caps.transposed)
+            and not _needs_explicit_padding(caps, p))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,6 +154,19 @@ def prepared(tensors: dict, backend, outputs, args: dict, validate, guard_memory
     return b, p
 
 
+def plan_of(tensors: dict, backend, outputs, args: dict) -> Plan | None:
+    """The plan kept for a call with exactly these arguments (as :func:`prepared` takes them), or None; validates
+    nothing (the caller has just made that call, which passed)."""
+    try:
+        key = _key(tensors, backend, outputs, args, args.get("bias"), settings.key())
+    except _Uncacheable:
+        return None
+    plan = _plans.get(key)
+    if plan is None or (backend is not None and type(backend) is not str and backend is not plan.backend):
+        return None
+    return plan
+
+
 def _family(tensors: dict, bias):
     from .arrays import common_family
 

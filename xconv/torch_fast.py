@@ -19,7 +19,7 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import interop, registry, settings, torch_ops
+from . import interop, lanes, registry, settings, torch_ops
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: dtypes whose CPU tensors ``Tensor.numpy()`` views (bfloat16 crosses through DLPack as its bit pattern instead)
@@ -106,8 +106,7 @@ def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
     fmt = _memory_format(input, weight)
     views = _as_numpy(conf, input, weight, bias)
     if views is not None:
-        return torch_ops._as(torch.from_numpy(torch_ops.xconv.conv_fprop(*views[:2], bias=views[2], **conf.kwargs())),
-                             fmt)
+        return torch_ops._as(torch.from_numpy(lanes.fprop(conf, *views, conf.kwargs)), fmt)
     with torch_ops._plain(input.device):
         y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
     return torch_ops._as(y, fmt)
@@ -120,8 +119,7 @@ def _backward_kernel(grad_output, input, weight, mask, conf: torch_ops.Conf):
     views = _as_numpy(conf, grad_output, input, weight)
     if views is not None:
         results = [None if r is None else torch.from_numpy(r)
-                   for r in torch_ops.xconv.convolution_backward(*views, bias_sizes=bias_sizes,
-                                                                  output_mask=tuple(mask), **conf.kwargs())]
+                   for r in lanes.backward(conf, *views, bias_sizes, tuple(mask), conf.kwargs)]
     else:
         with torch_ops._plain(input.device):
             results = torch_ops.xconv.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes,

@@ -1,0 +1,187 @@
+"""xconv.lanes: a repeated configuration skips the public call's per-call checks, with the public call's results,
+bits and errors, and steps back to the public call whenever something it resolved could have changed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xconv
+from core_helpers import SpyBackend, registered
+from xconv import lanes, torch_ops
+from xconv.errors import BackendFailedError, XconvError
+
+
+def _conf(padding=((1, 1), (1, 1)), stride=(1, 1), groups=1, transposed=False, backend="numpy", out_pad=(0, 0)):
+    return torch_ops.Conf(stride, padding, (1, 1), groups, transposed, out_pad, False, "keep_dtype", backend)
+
+
+def _arrays(n=2, c=4, h=6, co=8, k=3, groups=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, h), dtype=np.float32)
+    w = rng.standard_normal((co, c // groups, k, k), dtype=np.float32)
+    return x, w
+
+
+@pytest.fixture
+def public_calls(monkeypatch):
+    """Count the public calls the lanes make (a miss runs the public call; a hit does not)."""
+    lanes.clear()
+    calls = []
+    for name in ("conv_fprop", "convolution_backward"):
+        real = getattr(xconv, name)
+        monkeypatch.setattr(xconv, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    yield calls
+    lanes.clear()
+
+
+def test_a_repeated_forward_runs_by_its_lane_with_the_public_bits(public_calls):
+    conf = _conf()
+    x, w = _arrays()
+    b = np.linspace(-1, 1, 8, dtype=np.float32)
+    want = xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+    public_calls.clear()
+    got = [lanes.fprop(conf, x, w, b, conf.kwargs) for _ in range(3)]
+    assert public_calls == ["conv_fprop"]                # the first call only
+    for y in got:
+        assert y.dtype == want.dtype and np.array_equal(y, want)
+    x2 = x * 2                                           # new values, same signature: still the lane
+    assert np.array_equal(lanes.fprop(conf, x2, w, b, conf.kwargs), xconv.conv_fprop(x2, w, bias=b, **conf.kwargs()))
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (False, True, True), (True, True, False), (True, False, False)])
+def test_a_repeated_backward_runs_by_its_lane_with_the_public_bits(mask, public_calls):
+    conf = _conf(stride=(2, 2), groups=2)
+    x, w = _arrays(groups=2)
+    dy = np.random.default_rng(1).standard_normal((2, 8, 3, 3), dtype=np.float32)
+    sizes = [8] if mask[2] else None
+    want = xconv.convolution_backward(dy, x, w, bias_sizes=sizes, output_mask=mask, **conf.kwargs())
+    public_calls.clear()
+    for _ in range(3):
+        got = lanes.backward(conf, dy, x, w, sizes, mask, conf.kwargs)
+        for g, e in zip(got, want):
+            assert (g is None) == (e is None) and (g is None or np.array_equal(g, e))
+    assert public_calls == ["convolution_backward"]
+
+
+def test_what_could_change_sends_the_call_back_through_the_public_call(public_calls, monkeypatch):
+    conf = _conf()
+    x, w = _arrays()
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"]
+    monkeypatch.setenv("XCONV_WORKSPACE_LIMIT", "64MiB")           # the settings
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"] * 2
+    lanes.fprop(conf, x, w, None, conf.kwargs)                     # the lane opened again, for these settings
+    assert public_calls == ["conv_fprop"] * 2
+    with registered(SpyBackend("lanespy")):                        # the registry
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"] * 3
+    lanes.fprop(conf, x[:1], w, None, conf.kwargs)                 # another input shape: its own lane
+    assert public_calls == ["conv_fprop"] * 4
+    other = _conf()                                                # an equal Conf, another object: its own lane
+    lanes.fprop(other, x, w, None, other.kwargs)
+    assert public_calls == ["conv_fprop"] * 5
+
+
+def test_an_open_trace_records_every_call(public_calls):
+    conf = _conf()
+    x, w = _arrays()
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    with xconv.trace() as tr:
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert len(tr.records) == 2 and all(r.op == "fprop" for r in tr.records)
+
+
+#: A backend that needs the core's rewrites: 1-D lifted, asymmetric padding made explicit, strided inputs copied.
+NARROW = xconv.Capabilities(spatial_dims=frozenset({2, 3}), asymmetric_padding=frozenset(), strided=False)
+
+
+@pytest.mark.parametrize("case", ["transposed", "asymmetric", "one-d", "strided-copy", "byte-swapped", "unaligned",
+                                  "memory-limit", "strided"])
+def test_no_lane_where_the_public_call_would_rewrite_or_guard(case, public_calls, monkeypatch):
+    x, w = _arrays()
+    backend = "narrow" if case in ("asymmetric", "one-d", "strided-copy") else "numpy"
+    conf = _conf(backend=backend)
+    if case == "transposed":        # the NumPy backend has the core map it onto the direct primitives
+        conf = _conf(transposed=True, stride=(2, 2), out_pad=(1, 1))
+        w = np.ascontiguousarray(w.transpose(1, 0, 2, 3))
+    elif case == "asymmetric":      # explicit zero padding
+        conf = _conf(padding=((0, 1), (1, 0)), backend=backend)
+    elif case == "one-d":           # lifted to 2-D
+        conf = torch_ops.Conf((1,), ((1, 1),), (1,), 1, False, (0,), False, "keep_dtype", backend)
+        x, w = x[:, :, 0], w[:, :, 0]
+    elif case in ("strided-copy", "strided"):   # copied for the narrow backend; the NumPy backend takes it: a lane
+        x = np.random.default_rng(2).standard_normal((2, 4, 6, 12), dtype=np.float32)[..., ::2]
+    elif case == "byte-swapped":    # host_ready converts it
+        x = x.astype(x.dtype.newbyteorder(">"))
+    elif case == "unaligned":
+        raw = np.zeros(x.nbytes + 1, np.uint8)[1:]
+        x = np.frombuffer(raw, np.float32).reshape(x.shape)
+        assert not x.flags.aligned
+    elif case == "memory-limit":    # the memory guard runs on every call
+        monkeypatch.setenv("XCONV_MEMORY_LIMIT", "1GiB")
+    with registered(SpyBackend("narrow", NARROW)):
+        want = xconv.conv_fprop(x, w, **conf.kwargs())
+        public_calls.clear()
+        for _ in range(2):
+            assert np.array_equal(lanes.fprop(conf, x, w, None, conf.kwargs), want)
+    assert public_calls == ["conv_fprop"] * (1 if case == "strided" else 2)
+
+
+class _Broken(SpyBackend):
+    """Fine on the first call, then fails or returns a wrong shape: a lane's errors must be the public call's."""
+
+    def __init__(self, name, failure):
+        super().__init__(name)
+        self.failure, self.n = failure, 0
+
+    def fprop(self, x, w, bias, p):
+        self.n += 1
+        if self.n == 1:
+            return super().fprop(x, w, bias, p)
+        if self.failure == "raises":
+            raise RuntimeError("device lost")
+        return np.zeros((1,), x.dtype)
+
+
+@pytest.mark.parametrize("failure", ["raises", "shape"])
+def test_a_lane_raises_the_public_calls_error(failure, public_calls):
+    x, w = _arrays()
+    for route in ("public", "lane"):
+        backend = _Broken(f"broken-{failure}", failure)
+        conf = _conf(backend=backend.name)
+        with registered(backend):
+            lanes.fprop(conf, x, w, None, conf.kwargs)               # opens the lane
+            with pytest.raises(XconvError) as info:
+                if route == "public":
+                    xconv.conv_fprop(x, w, **conf.kwargs())
+                else:
+                    lanes.fprop(conf, x, w, None, conf.kwargs)
+        if route == "public":
+            want = (type(info.value), str(info.value))
+        else:
+            assert (type(info.value), str(info.value)) == want
+    if failure == "raises":
+        assert want[0] is BackendFailedError
+
+
+def test_an_unavailable_backend_is_refused_by_the_public_call(public_calls):
+    class Flaky(SpyBackend):
+        up = True
+
+        def availability(self):
+            return (self.up, "" if self.up else "the card went away")
+
+    backend = Flaky("flaky")
+    conf = _conf(backend="flaky")
+    x, w = _arrays()
+    with registered(backend):
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+        assert public_calls == ["conv_fprop"]
+        backend.up = False
+        with pytest.raises(XconvError, match="the card went away"):
+            lanes.fprop(conf, x, w, None, conf.kwargs)

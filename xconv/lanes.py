@@ -1,0 +1,117 @@
+"""Lanes: one configuration validated once, then run again without the public call's per-call checks.
+
+A converted torch module calls the same convolution with the same parameter objects (its ``torch_ops.Conf``)
+over and over. A public call (:mod:`xconv.api`) reads its configuration anew each time: the plan key
+(:mod:`xconv.plan_cache`), the family and array checks, the legalization tests, the trace. About 20 us of
+Python per call, more than a small convolution's kernel. A *lane* keeps what one full public call resolved
+(its backend and :class:`~xconv.params.ConvParams`) for one owner (a ``Conf``, held by identity) and one set
+of array signatures, and afterwards calls the backend's primitive directly, as :mod:`xconv.legalize` would.
+
+Contract: :func:`fprop` and :func:`backward` return what ``xconv.conv_fprop`` / ``xconv.convolution_backward``
+return for the same arguments: the same backend, params, error wrapping (:func:`xconv.guard.call`), output
+checks, hence the same bits. A lane opens only where the public call would hand the arrays to the backend
+unchanged: plain ``numpy.ndarray`` arrays in native byte order and aligned (what :func:`xconv.arrays.host_ready`
+passes as they are), a plan whose memory guard cannot refuse (``Plan.guard_each_call`` False), and no
+rewrite by legalization (no empty tensor, 1-D lift, transposed mapping, explicit padding or strided copy).
+Each use re-checks what could change (else the public call runs, and may open the lane again): no trace
+open (a traced call is recorded by the public call), the ``XCONV_*`` settings' raw values and the registry's
+generation as at opening, the backend available and declaring what it runs (as a plan-cache hit re-checks),
+each array's type, shape, dtype and alignment.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import xconv
+
+from . import api, guard, legalize, plan_cache, registry, settings, tracing
+from .backend import availability_of
+
+#: Lanes kept (all dropped when full: an owner made anew per call, say a module's list-valued attribute).
+MAX_LANES = 512
+
+_lanes: dict = {}
+_lock = threading.Lock()
+_NDARRAY = np.ndarray
+_NO = object()                  # an array signature no lane is opened for
+
+
+class _Lane:
+    __slots__ = ("owner", "env", "generation", "backend", "params")
+
+    def __init__(self, owner, env, generation, backend, params):
+        self.owner, self.env, self.generation, self.backend, self.params = owner, env, generation, backend, params
+
+    def usable(self, owner) -> bool:
+        b = self.backend
+        if (self.owner is not owner or tracing._open or registry.generation() != self.generation
+                or settings._raw() != self.env or not availability_of(b)[0]):
+            return False
+        legalize.check_supported(b, self.params)        # what it declares it runs may change: refused by name
+        return True
+
+
+def _signature(a):
+    """(shape, dtype) of a plain, aligned, native-order ndarray (None for None); :data:`_NO` for anything else."""
+    if a is None:
+        return None
+    if type(a) is not _NDARRAY or not a.flags.aligned or not a.dtype.isnative:
+        return _NO
+    return a.shape, a.dtype
+
+
+def fprop(owner, x, w, bias, kwargs):
+    """``xconv.conv_fprop(x, w, bias=bias, **kwargs())``, by ``owner``'s lane for these arrays' signatures when one
+    is open and usable. ``kwargs`` is a callable returning the public keywords (called only when the lane misses)."""
+    key = (id(owner), "fprop", _signature(x), _signature(w), _signature(bias))
+    lane = _lanes.get(key)
+    if lane is not None and lane.usable(owner):
+        b, p = lane.backend, lane.params
+        return legalize._expect(b, guard.call(b, "fprop", b.fprop, x, w, bias, p), p.output_shape, "fprop output")
+    args = kwargs()
+    y = xconv.conv_fprop(x, w, bias=bias, **args)
+    if _NO not in key:
+        backend = args.pop("backend")
+        _open(key, owner, {"input": x, "weight": w}, backend, ["output"], api.fprop_args(bias=bias, **args), "fprop")
+    return y
+
+
+def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
+    """``xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **kwargs())`` by ``owner``'s
+    lane (see :func:`fprop`); ``mask`` a tuple of three bools, ``bias_sizes`` None or a list of ints."""
+    key = (id(owner), mask, _signature(dy), _signature(x), _signature(w),
+           None if bias_sizes is None else tuple(bias_sizes))
+    lane = _lanes.get(key)
+    if lane is not None and lane.usable(owner):
+        b, p = lane.backend, lane.params
+        return legalize.checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
+    args = kwargs()
+    results = xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **args)
+    if _NO not in key and any(mask):
+        backend = args.pop("backend")
+        outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
+        _open(key, owner, {"grad_output": dy, "input": x, "weight": w}, backend, outputs,
+              api.backward_args(bias_sizes=bias_sizes, **args), "backward")
+    return results
+
+
+def _open(key, owner, tensors: dict, backend, outputs, args: dict, op: str) -> None:
+    """Keep a lane for ``key`` when the call just made (successfully) resolved to a plan that lets it open."""
+    env = settings.key()
+    plan = plan_cache.plan_of(tensors, backend, outputs, args)
+    if plan is None or plan.guard_each_call or plan.family != "numpy" or not legalize.direct(plan.backend,
+                                                                                            plan.params, op):
+        return
+    with _lock:
+        if len(_lanes) >= MAX_LANES:
+            _lanes.clear()
+        _lanes[key] = _Lane(owner, env, registry.generation(), plan.backend, plan.params)
+
+
+def clear() -> None:
+    """Drop every lane (the next call of each runs the public call)."""
+    with _lock:
+        _lanes.clear()
