@@ -23,6 +23,9 @@ def _arrays(n=2, c=4, h=6, co=8, k=3, groups=1, seed=0):
     return x, w
 
 
+MASKS = [(True, True, True), (False, True, True), (True, True, False), (True, False, False)]
+
+
 @pytest.fixture
 def public_calls(monkeypatch):
     """Count the public calls the lanes make (a miss runs the public call; a hit does not)."""
@@ -49,7 +52,7 @@ def test_a_repeated_forward_runs_by_its_lane_with_the_public_bits(public_calls):
     assert np.array_equal(lanes.fprop(conf, x2, w, b, conf.kwargs), xconv.conv_fprop(x2, w, bias=b, **conf.kwargs()))
 
 
-@pytest.mark.parametrize("mask", [(True, True, True), (False, True, True), (True, True, False), (True, False, False)])
+@pytest.mark.parametrize("mask", MASKS)
 def test_a_repeated_backward_runs_by_its_lane_with_the_public_bits(mask, public_calls):
     conf = _conf(stride=(2, 2), groups=2)
     x, w = _arrays(groups=2)
@@ -99,36 +102,56 @@ def test_an_open_trace_records_every_call(public_calls):
 NARROW = xconv.Capabilities(spatial_dims=frozenset({2, 3}), asymmetric_padding=frozenset(), strided=False)
 
 
-@pytest.mark.parametrize("case", ["transposed", "asymmetric", "one-d", "strided-copy", "byte-swapped", "unaligned",
-                                  "memory-limit", "strided"])
-def test_no_lane_where_the_public_call_would_rewrite_or_guard(case, public_calls, monkeypatch):
+@pytest.mark.parametrize("case", ["transposed", "asymmetric", "one-d", "strided-copy", "strided"])
+def test_a_lane_legalizes_as_the_public_call(case, public_calls):
+    """Where the core rewrites the call (the NumPy backend's transposed mapping; a narrow backend's 1-D lift,
+    explicit padding, strided copy), the lane runs the same legalization: the public call's bits, forward and
+    backward, for every mask."""
     x, w = _arrays()
-    backend = "narrow" if case in ("asymmetric", "one-d", "strided-copy") else "numpy"
+    backend = "numpy" if case in ("transposed", "strided") else "narrow"
     conf = _conf(backend=backend)
-    if case == "transposed":        # the NumPy backend has the core map it onto the direct primitives
+    if case == "transposed":
         conf = _conf(transposed=True, stride=(2, 2), out_pad=(1, 1))
         w = np.ascontiguousarray(w.transpose(1, 0, 2, 3))
-    elif case == "asymmetric":      # explicit zero padding
+    elif case == "asymmetric":
         conf = _conf(padding=((0, 1), (1, 0)), backend=backend)
-    elif case == "one-d":           # lifted to 2-D
+    elif case == "one-d":
         conf = torch_ops.Conf((1,), ((1, 1),), (1,), 1, False, (0,), False, "keep_dtype", backend)
         x, w = x[:, :, 0], w[:, :, 0]
-    elif case in ("strided-copy", "strided"):   # copied for the narrow backend; the NumPy backend takes it: a lane
+    else:
         x = np.random.default_rng(2).standard_normal((2, 4, 6, 12), dtype=np.float32)[..., ::2]
-    elif case == "byte-swapped":    # host_ready converts it
+    b = np.linspace(-1, 1, w.shape[1] * conf.groups if conf.transposed else w.shape[0], dtype=np.float32)
+    with registered(SpyBackend("narrow", NARROW)):
+        y = xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+        dy = np.cos(np.arange(y.size, dtype=np.float32)).reshape(y.shape)
+        want = {m: xconv.convolution_backward(dy, x, w, bias_sizes=[b.size], output_mask=m, **conf.kwargs())
+                for m in MASKS}
+        public_calls.clear()
+        for _ in range(2):
+            assert np.array_equal(lanes.fprop(conf, x, w, b, conf.kwargs), y)
+            for m in MASKS:
+                got = lanes.backward(conf, dy, x, w, [b.size], m, conf.kwargs)
+                assert all((g is None and e is None) or np.array_equal(g, e) for g, e in zip(got, want[m]))
+    assert public_calls == ["conv_fprop"] + ["convolution_backward"] * len(MASKS)     # the first calls only
+
+
+@pytest.mark.parametrize("case", ["byte-swapped", "unaligned", "memory-limit"])
+def test_no_lane_where_the_public_call_converts_or_guards(case, public_calls, monkeypatch):
+    conf = _conf()
+    x, w = _arrays()
+    if case == "byte-swapped":      # host_ready converts it
         x = x.astype(x.dtype.newbyteorder(">"))
     elif case == "unaligned":
         raw = np.zeros(x.nbytes + 1, np.uint8)[1:]
         x = np.frombuffer(raw, np.float32).reshape(x.shape)
         assert not x.flags.aligned
-    elif case == "memory-limit":    # the memory guard runs on every call
+    else:                           # the memory guard runs on every call
         monkeypatch.setenv("XCONV_MEMORY_LIMIT", "1GiB")
-    with registered(SpyBackend("narrow", NARROW)):
-        want = xconv.conv_fprop(x, w, **conf.kwargs())
-        public_calls.clear()
-        for _ in range(2):
-            assert np.array_equal(lanes.fprop(conf, x, w, None, conf.kwargs), want)
-    assert public_calls == ["conv_fprop"] * (1 if case == "strided" else 2)
+    want = xconv.conv_fprop(x, w, **conf.kwargs())
+    public_calls.clear()
+    for _ in range(2):
+        assert np.array_equal(lanes.fprop(conf, x, w, None, conf.kwargs), want)
+    assert public_calls == ["conv_fprop"] * 2
 
 
 class _Broken(SpyBackend):

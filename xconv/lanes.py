@@ -5,14 +5,14 @@ over and over. A public call (:mod:`xconv.api`) reads its configuration anew eac
 (:mod:`xconv.plan_cache`), the family and array checks, the legalization tests, the trace. About 20 us of
 Python per call, more than a small convolution's kernel. A *lane* keeps what one full public call resolved
 (its backend and :class:`~xconv.params.ConvParams`) for one owner (a ``Conf``, held by identity) and one set
-of array signatures, and afterwards calls the backend's primitive directly, as :mod:`xconv.legalize` would.
+of array signatures, and afterwards runs :mod:`xconv.legalize` on it, or, where legalization rewrites nothing
+(:func:`xconv.legalize.direct`), calls the backend's primitive directly as legalization would.
 
 Contract: :func:`fprop` and :func:`backward` return what ``xconv.conv_fprop`` / ``xconv.convolution_backward``
 return for the same arguments: the same backend, params, error wrapping (:func:`xconv.guard.call`), output
-checks, hence the same bits. A lane opens only where the public call would hand the arrays to the backend
-unchanged: plain ``numpy.ndarray`` arrays in native byte order and aligned (what :func:`xconv.arrays.host_ready`
-passes as they are), a plan whose memory guard cannot refuse (``Plan.guard_each_call`` False), and no
-rewrite by legalization (no empty tensor, 1-D lift, transposed mapping, explicit padding or strided copy).
+checks, hence the same bits. A lane opens only for plain ``numpy.ndarray`` arrays in native byte order and
+aligned (what :func:`xconv.arrays.host_ready` passes as they are) whose plan's memory guard cannot refuse
+(``Plan.guard_each_call`` False).
 Each use re-checks what could change (else the public call runs, and may open the lane again): no trace
 open (a traced call is recorded by the public call), the ``XCONV_*`` settings' raw values and the registry's
 generation as at opening, the backend available and declaring what it runs (as a plan-cache hit re-checks),
@@ -40,10 +40,11 @@ _NO = object()                  # an array signature no lane is opened for
 
 
 class _Lane:
-    __slots__ = ("owner", "env", "generation", "backend", "params")
+    __slots__ = ("owner", "env", "generation", "backend", "params", "direct")
 
-    def __init__(self, owner, env, generation, backend, params):
+    def __init__(self, owner, env, generation, backend, params, direct):
         self.owner, self.env, self.generation, self.backend, self.params = owner, env, generation, backend, params
+        self.direct = direct            # legalization hands the arrays to the primitive unchanged
 
     def usable(self, owner) -> bool:
         b = self.backend
@@ -70,7 +71,10 @@ def fprop(owner, x, w, bias, kwargs):
     lane = _lanes.get(key)
     if lane is not None and lane.usable(owner):
         b, p = lane.backend, lane.params
-        return legalize._expect(b, guard.call(b, "fprop", b.fprop, x, w, bias, p), p.output_shape, "fprop output")
+        if lane.direct:
+            return legalize._expect(b, guard.call(b, "fprop", b.fprop, x, w, bias, p), p.output_shape,
+                                    "fprop output")
+        return guard.call(b, "conv_fprop", legalize.fprop, b, x, w, bias, p)
     args = kwargs()
     y = xconv.conv_fprop(x, w, bias=bias, **args)
     if _NO not in key:
@@ -87,7 +91,9 @@ def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
     lane = _lanes.get(key)
     if lane is not None and lane.usable(owner):
         b, p = lane.backend, lane.params
-        return legalize.checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
+        if lane.direct:
+            return legalize.checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
+        return guard.call(b, "convolution_backward", legalize.backward, b, dy, x, w, p, mask)
     args = kwargs()
     results = xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **args)
     if _NO not in key and any(mask):
@@ -102,13 +108,14 @@ def _open(key, owner, tensors: dict, backend, outputs, args: dict, op: str) -> N
     """Keep a lane for ``key`` when the call just made (successfully) resolved to a plan that lets it open."""
     env = settings.key()
     plan = plan_cache.plan_of(tensors, backend, outputs, args)
-    if plan is None or plan.guard_each_call or plan.family != "numpy" or not legalize.direct(plan.backend,
-                                                                                            plan.params, op):
+    if plan is None or plan.guard_each_call or plan.family != "numpy":
         return
+    lane = _Lane(owner, env, registry.generation(), plan.backend, plan.params,
+                 legalize.direct(plan.backend, plan.params, op))
     with _lock:
         if len(_lanes) >= MAX_LANES:
             _lanes.clear()
-        _lanes[key] = _Lane(owner, env, registry.generation(), plan.backend, plan.params)
+        _lanes[key] = lane
 
 
 def clear() -> None:

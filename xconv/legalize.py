@@ -179,7 +179,7 @@ def checked_backward(b: Backend, results, p: ConvParams, mask):
 def direct(b: Backend, p: ConvParams, op: str) -> bool:
     """Whether ``op`` ("fprop" or "backward") on ``p`` reaches ``b``'s primitive with the arrays as they are: none of
     the rewrites above applies (no empty tensor, 1-D lift, transposed mapping or explicit padding) and ``b`` takes
-    strided arrays (no contiguous copy). The condition :mod:`xconv.lanes` opens a lane on."""
+    strided arrays (no contiguous copy): a :mod:`xconv.lanes` lane then calls the primitive itself."""
     if _empty(p):
         return False
     caps = capabilities(b, p, op)
