@@ -26,7 +26,8 @@ MODULES = [
 
 def _run(module, x, fast: bool, monkeypatch):
     with monkeypatch.context() as mp:
-        if not fast:
+        if not fast:                                     # the operators: neither the module's one-step call nor the fast path
+            mp.setattr(torch_fast, "eager", lambda *t: False)
             mp.setattr(torch_fast, "usable", lambda *t: False)
         ops = []
         real = torch_ops.fprop_op
@@ -85,6 +86,33 @@ def test_steps_aside_for_fake_tensors_and_transforms():
     batch = torch.randn(4, 1, 2, 5, 5)
     out = torch.func.vmap(xmod)(batch)                    # vmap over the module: the operator's path
     torch.testing.assert_close(out, torch.stack([xmod(b) for b in batch]))
+
+
+def test_a_modules_one_step_call_refuses_what_the_fast_path_and_autocast_need():
+    """torch_fast.eager (a module's one-step call) takes exactly what usable() takes with autocast off: each of
+    usable()'s exclusions and an autocast region send the module through the full chain, whose results are torch's."""
+    x, w = torch.randn(1, 2, 4, 4), nn.Parameter(torch.randn(3, 2, 3, 3))
+    assert torch_fast.eager(x, w, None) and torch_fast.usable(x, w, None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert not torch_fast.eager(torch.empty(1, 2, 4, 4), torch.empty(3, 2, 3, 3), None)
+    assert not torch_fast.eager(x.to("meta"), w, None) and not torch_fast.eager(x, w.to("meta"), None)
+    assert not torch_fast.eager(x, w, torch.randn(3).to("meta"))
+    seen = []
+    torch.func.vmap(lambda t: seen.append(torch_fast.eager(t, w, None)) or t)(torch.randn(3, 2))
+    assert seen == [False]
+    class Sub(torch.Tensor):
+        pass
+
+    assert not torch_fast.eager(x.as_subclass(Sub), w, None) and not torch_fast.usable(x.as_subclass(Sub))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not torch_fast.eager(x, w, None) and torch_fast.usable(x, w, None)
+        torch.manual_seed(0)
+        ref = nn.Conv2d(2, 3, 3)
+        xmod = xt.convert(copy.deepcopy(ref), backend="numpy")
+        got, want = xmod(x), ref(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 def _spy_views(monkeypatch) -> list:

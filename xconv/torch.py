@@ -172,6 +172,9 @@ def _torch_worded(argument: str, text: str, *, expected, given, dim=None) -> Sha
 
 class _XConvDirect(_XConvMixin):
     def _conv_forward(self, input, weight, bias):
+        if self.padding_mode == "zeros" and input.dim() == self._nd + 2 and torch_fast.eager(input, weight, bias):
+            self._check_input(input, weight)              # the usual call, in one step (see torch_fast.eager)
+            return torch_fast.eager_fprop(input, weight, bias, self._conf(None, 0))
         self._check_input(input, weight)
         if self.padding_mode != "zeros":
             nd = self._nd
@@ -191,7 +194,10 @@ class _XConvTransposed(_XConvMixin):
         self._check_input(input, self.weight)
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
                                               self._nd, self.dilation)
-        return self._xconv_apply(input, self.weight, self.bias, None, output_padding)
+        weight, bias = self.weight, self.bias
+        if input.dim() == self._nd + 2 and torch_fast.eager(input, weight, bias):   # the usual call, in one step
+            return torch_fast.eager_fprop(input, weight, bias, self._conf(None, output_padding))
+        return self._xconv_apply(input, weight, bias, None, output_padding)
 
 
 def _full_padding(base, args, kwargs):

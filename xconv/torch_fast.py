@@ -27,6 +27,32 @@ _NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64))
 _STRIDED = torch.strided
 
 
+_is_compiling = torch.compiler.is_compiling
+_function_mode = torch._C._is_torch_function_mode_enabled
+_functorch = torch._C._are_functorch_transforms_active
+_autocast = torch.is_autocast_enabled
+_grad_enabled = torch.is_grad_enabled
+
+
+def eager(input, weight, bias) -> bool:
+    """:func:`usable` for a module's three operands, and autocast off on the CPU (so that torch_functional.autocast
+    would return them as they are): a converted module's call takes :func:`eager_fprop` as it is. Inlined: it runs
+    before every module call, right after a torch operator has had the caches."""
+    return (type(input) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
+            and input.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu)
+            and not (_is_compiling() or _function_mode() or _get_current_dispatch_mode() is not None or _functorch())
+            and not _autocast("cpu"))
+
+
+def eager_fprop(input, weight, bias, conf: torch_ops.Conf):
+    """:func:`fprop` for operands :func:`eager` accepts."""
+    if getattr(_forward_ad, "_current_level", 0) < 0 and not (
+            _grad_enabled() and (input.requires_grad or weight.requires_grad
+                                 or (bias is not None and bias.requires_grad))):
+        return _fprop_kernel(input, weight, bias, conf)        # no graph to record (see _records_nothing)
+    return _Fprop.apply(input, weight, bias, conf)
+
+
 def usable(*tensors) -> bool:
     """Whether a call on ``tensors`` (None entries skipped) may take the fast path (see the module docstring)."""
     if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
@@ -103,10 +129,12 @@ def _memory_format(input, weight) -> torch.memory_format:
 
 
 def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
-    fmt = _memory_format(input, weight)
     views = _as_numpy(conf, input, weight, bias)
     if views is not None:
-        return torch_ops._as(torch.from_numpy(lanes.fprop(conf, *views, conf.kwargs)), fmt)
+        y = torch.from_numpy(lanes.fprop(conf, *views, conf.kwargs))
+        return y if input.is_contiguous() and weight.is_contiguous() else torch_ops._as(
+            y, torch_ops.memory_format(input, weight))             # as _memory_format: contiguous, plainly
+    fmt = _memory_format(input, weight)
     with torch_ops._plain(input.device):
         y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
     return torch_ops._as(y, fmt)
