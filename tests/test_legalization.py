@@ -197,3 +197,35 @@ def test_capabilities_for_narrows_one_configuration():
         y = xconv.conv_fprop(x, w, stride=2, output_padding=1, transposed=True, backend="tsym")
         assert backend.calls[-1][0] == "dgrad" and not backend.calls[-1][1].transposed
     np.testing.assert_array_equal(y, xconv.conv_fprop(x, w, stride=2, output_padding=1, transposed=True))
+
+
+def test_a_repeated_call_is_legalized_as_the_backend_declares_now():
+    """legalize.direct keeps its answer per backend and params object only while the backend's capabilities are the
+    same object and it has no capabilities_for of its own: capabilities replaced between two identical calls, or a
+    capabilities_for that answers differently, change how the next call is legalized."""
+    x = np.arange(2 * 3 * 6 * 12, dtype=np.float64).reshape(2, 3, 6, 12)[..., ::2]       # strided
+    w = np.ones((4, 3, 3, 3))
+    with registered(SpyBackend("flip", xconv.Capabilities())) as backend:
+        for _ in range(2):
+            xconv.conv_fprop(x, w, padding=1, backend="flip")
+            assert not backend.calls[-1][2][0].flags.c_contiguous            # taken as it is, strided
+        backend.capabilities = xconv.Capabilities(strided=False)
+        y = xconv.conv_fprop(x, w, padding=1, backend="flip")
+        assert backend.calls[-1][2][0].flags.c_contiguous                   # copied now
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"), rtol=1e-12)
+
+    class Asked(SpyBackend):
+        contiguous_only = False
+        asked = 0
+
+        def capabilities_for(self, p, op):
+            self.asked += 1
+            return xconv.Capabilities(strided=not self.contiguous_only)
+
+    with registered(Asked("asked", xconv.Capabilities())) as backend:
+        xconv.conv_fprop(x, w, padding=1, backend="asked")
+        xconv.conv_fprop(x, w, padding=1, backend="asked")
+        assert backend.asked >= 2 and not backend.calls[-1][2][0].flags.c_contiguous
+        backend.contiguous_only = True
+        xconv.conv_fprop(x, w, padding=1, backend="asked")
+        assert backend.calls[-1][2][0].flags.c_contiguous

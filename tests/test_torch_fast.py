@@ -26,7 +26,7 @@ MODULES = [
 
 def _run(module, x, fast: bool, monkeypatch):
     with monkeypatch.context() as mp:
-        if not fast:                                     # the operators: neither the module's one-step call nor the fast path
+        if not fast:                     # the operators: neither the module's one-step call nor the fast path
             mp.setattr(torch_fast, "eager", lambda *t: False)
             mp.setattr(torch_fast, "usable", lambda *t: False)
         ops = []

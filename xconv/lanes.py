@@ -5,8 +5,8 @@ over and over. A public call (:mod:`xconv.api`) reads its configuration anew eac
 (:mod:`xconv.plan_cache`), the family and array checks, the legalization tests, the trace. About 20 us of
 Python per call, more than a small convolution's kernel. A *lane* keeps what one full public call resolved
 (its backend and :class:`~xconv.params.ConvParams`) for one owner (a ``Conf``, held by identity) and one set
-of array signatures, and afterwards runs :mod:`xconv.legalize` on it, or, where legalization rewrites nothing
-(:func:`xconv.legalize.direct`), calls the backend's primitive directly as legalization would.
+of array signatures, and afterwards runs :mod:`xconv.legalize` on it (which calls the backend's primitive
+straight where it rewrites nothing: :func:`xconv.legalize.direct`).
 
 Contract: :func:`fprop` and :func:`backward` return what ``xconv.conv_fprop`` / ``xconv.convolution_backward``
 return for the same arguments: the same backend, params, error wrapping (:func:`xconv.guard.call`), output
@@ -40,15 +40,14 @@ _NO = object()                  # an array signature no lane is opened for
 
 
 class _Lane:
-    __slots__ = ("owner", "env", "generation", "backend", "params", "direct")
+    __slots__ = ("owner", "env", "generation", "backend", "params")
 
-    def __init__(self, owner, env, generation, backend, params, direct):
+    def __init__(self, owner, env, generation, backend, params):
         self.owner, self.env, self.generation, self.backend, self.params = owner, env, generation, backend, params
-        self.direct = direct            # legalization hands the arrays to the primitive unchanged
 
     def usable(self, owner) -> bool:
         b = self.backend
-        if (self.owner is not owner or tracing._open or registry.generation() != self.generation
+        if (self.owner is not owner or tracing.active() or registry.generation() != self.generation
                 or settings._raw() != self.env or not availability_of(b)[0]):
             return False
         legalize.check_supported(b, self.params)        # what it declares it runs may change: refused by name
@@ -70,16 +69,13 @@ def fprop(owner, x, w, bias, kwargs):
     key = (id(owner), "fprop", _signature(x), _signature(w), _signature(bias))
     lane = _lanes.get(key)
     if lane is not None and lane.usable(owner):
-        b, p = lane.backend, lane.params
-        if lane.direct:
-            return legalize._expect(b, guard.call(b, "fprop", b.fprop, x, w, bias, p), p.output_shape,
-                                    "fprop output")
-        return guard.call(b, "conv_fprop", legalize.fprop, b, x, w, bias, p)
+        b = lane.backend
+        return guard.call(b, "conv_fprop", legalize.fprop, b, x, w, bias, lane.params)
     args = kwargs()
     y = xconv.conv_fprop(x, w, bias=bias, **args)
     if _NO not in key:
         backend = args.pop("backend")
-        _open(key, owner, {"input": x, "weight": w}, backend, ["output"], api.fprop_args(bias=bias, **args), "fprop")
+        _open(key, owner, {"input": x, "weight": w}, backend, ["output"], api.fprop_args(bias=bias, **args))
     return y
 
 
@@ -90,28 +86,25 @@ def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
            None if bias_sizes is None else tuple(bias_sizes))
     lane = _lanes.get(key)
     if lane is not None and lane.usable(owner):
-        b, p = lane.backend, lane.params
-        if lane.direct:
-            return legalize.checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
-        return guard.call(b, "convolution_backward", legalize.backward, b, dy, x, w, p, mask)
+        b = lane.backend
+        return guard.call(b, "convolution_backward", legalize.backward, b, dy, x, w, lane.params, mask)
     args = kwargs()
     results = xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **args)
     if _NO not in key and any(mask):
         backend = args.pop("backend")
         outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
         _open(key, owner, {"grad_output": dy, "input": x, "weight": w}, backend, outputs,
-              api.backward_args(bias_sizes=bias_sizes, **args), "backward")
+              api.backward_args(bias_sizes=bias_sizes, **args))
     return results
 
 
-def _open(key, owner, tensors: dict, backend, outputs, args: dict, op: str) -> None:
+def _open(key, owner, tensors: dict, backend, outputs, args: dict) -> None:
     """Keep a lane for ``key`` when the call just made (successfully) resolved to a plan that lets it open."""
     env = settings.key()
     plan = plan_cache.plan_of(tensors, backend, outputs, args)
     if plan is None or plan.guard_each_call or plan.family != "numpy":
         return
-    lane = _Lane(owner, env, registry.generation(), plan.backend, plan.params,
-                 legalize.direct(plan.backend, plan.params, op))
+    lane = _Lane(owner, env, registry.generation(), plan.backend, plan.params)
     with _lock:
         if len(_lanes) >= MAX_LANES:
             _lanes.clear()

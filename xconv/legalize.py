@@ -11,7 +11,8 @@ The core does this once, for every backend:
 - non-contiguous arrays are copied when the backend takes only contiguous ones.
 
 Each function here takes a backend and normalized :class:`ConvParams` and returns what the
-public call returns.
+public call returns. A call none of these rewrites touches goes straight to the primitive; that answer is kept
+per params object (:func:`direct`), as the plan cache hands out the same one on every hit.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ STRIDED_COPIED = "strided input copied to contiguous"
 
 
 def fprop(b: Backend, x, w, bias, p: ConvParams):
+    if direct(b, p, "fprop"):                    # no rewrite: the primitive on the arrays as they are
+        return _expect(b, guard.call(b, "fprop", b.fprop, x, w, bias, p), p.output_shape, "fprop output")
     if _empty(p):
         tracing.legalized(EMPTY)
         return _add_bias(zeros(x, p.output_shape), bias)
@@ -141,6 +144,8 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
     m_in, m_w, m_b = mask
     if not any(mask):
         return None, None, None
+    if direct(b, p, "backward"):                 # no rewrite: the primitive on the arrays as they are
+        return checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
     if _empty(p):
         tracing.legalized(EMPTY)
         return (zeros(dy, p.input_shape) if m_in else None, zeros(dy, p.weight_shape) if m_w else None,
@@ -176,15 +181,35 @@ def checked_backward(b: Backend, results, p: ConvParams, mask):
                  for r, bit, shape, name in zip(results, mask, expected, what))
 
 
+#: (id(b), id(p), op) -> (b, p, direct): :func:`direct`'s answers, for the very params objects the plan cache hands
+#: out on each hit (held, so that their ids are not reused); cleared when full.
+_DIRECT: dict = {}
+_MAX_DIRECT = 1024
+
+
 def direct(b: Backend, p: ConvParams, op: str) -> bool:
     """Whether ``op`` ("fprop" or "backward") on ``p`` reaches ``b``'s primitive with the arrays as they are: none of
     the rewrites above applies (no empty tensor, 1-D lift, transposed mapping or explicit padding) and ``b`` takes
-    strided arrays (no contiguous copy): a :mod:`xconv.lanes` lane then calls the primitive itself."""
+    strided arrays (no contiguous copy). Kept per (backend, params object, op) for a backend whose capabilities are
+    the same everywhere (no ``capabilities_for`` of its own, which may read device state: asked on every call)
+    while its ``capabilities`` is the same object; the plan cache hands out the same params object on each hit."""
+    narrow = getattr(type(b), "capabilities_for", None) not in (None, Backend.capabilities_for)
+    caps_now = getattr(b, "capabilities", None)
+    if not narrow:
+        hit = _DIRECT.get((id(b), id(p), op))
+        if hit is not None and hit[0] is b and hit[1] is p and hit[2] is caps_now:
+            return hit[3]
     if _empty(p):
-        return False
-    caps = capabilities(b, p, op)
-    return (caps.strided and not _lift(caps, p) and not (p.transposed and not caps.transposed)
-            and not _needs_explicit_padding(caps, p))
+        answer = False
+    else:
+        caps = capabilities(b, p, op)
+        answer = bool(caps.strided and not _lift(caps, p) and not (p.transposed and not caps.transposed)
+                      and not _needs_explicit_padding(caps, p))
+    if not narrow:
+        if len(_DIRECT) >= _MAX_DIRECT:
+            _DIRECT.clear()
+        _DIRECT[(id(b), id(p), op)] = (b, p, caps_now, answer)
+    return answer
 
 
 # ---------------------------------------------------------------------------------------------

@@ -131,9 +131,7 @@ def _memory_format(input, weight) -> torch.memory_format:
 def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
     views = _as_numpy(conf, input, weight, bias)
     if views is not None:
-        y = torch.from_numpy(lanes.fprop(conf, *views, conf.kwargs))
-        return y if input.is_contiguous() and weight.is_contiguous() else torch_ops._as(
-            y, torch_ops.memory_format(input, weight))             # as _memory_format: contiguous, plainly
+        return torch_ops._as(torch.from_numpy(lanes.fprop(conf, *views, conf.kwargs)), _memory_format(input, weight))
     fmt = _memory_format(input, weight)
     with torch_ops._plain(input.device):
         y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
