@@ -78,14 +78,51 @@ def test_what_could_change_sends_the_call_back_through_the_public_call(public_ca
     assert public_calls == ["conv_fprop"] * 2
     lanes.fprop(conf, x, w, None, conf.kwargs)                     # the lane opened again, for these settings
     assert public_calls == ["conv_fprop"] * 2
-    with registered(SpyBackend("lanespy")):                        # the registry
+    with registered(SpyBackend("lanespy")):                        # the registry (registered, then unregistered)
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"] * 4
+    lanes.fprop(conf, x[:1], w, None, conf.kwargs)                 # another input shape: its own lane
+    assert public_calls == ["conv_fprop"] * 5
+    other = _conf(padding=((2, 2), (2, 2)))                        # another configuration: its own lane
+    lanes.fprop(other, x, w, None, other.kwargs)
+    assert public_calls == ["conv_fprop"] * 6
+    same = _conf()                                                 # an equal Conf made anew: the same lane
+    lanes.fprop(same, x, w, None, same.kwargs)
+    assert public_calls == ["conv_fprop"] * 6
+
+
+def test_the_oldest_lane_makes_room(public_calls, monkeypatch):
+    monkeypatch.setattr(lanes, "MAX_LANES", 2)
+    x, w = _arrays()
+    confs = [_conf(padding=((k, k), (k, k))) for k in range(3)]
+    for conf in confs:                                             # three lanes opened: the first is dropped
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert len(lanes._lanes) == 2 and public_calls == ["conv_fprop"] * 3
+    for conf in confs[1:]:
         lanes.fprop(conf, x, w, None, conf.kwargs)
     assert public_calls == ["conv_fprop"] * 3
-    lanes.fprop(conf, x[:1], w, None, conf.kwargs)                 # another input shape: its own lane
+    lanes.fprop(confs[0], x, w, None, confs[0].kwargs)
     assert public_calls == ["conv_fprop"] * 4
-    other = _conf()                                                # an equal Conf, another object: its own lane
-    lanes.fprop(other, x, w, None, other.kwargs)
-    assert public_calls == ["conv_fprop"] * 5
+
+
+def test_a_lowered_memory_guard_threshold_reaches_the_next_call(public_calls, monkeypatch):
+    """The plan key holds limits.UNCHECKED_BYTES (tests and tools lower it to guard small calls): so do lanes."""
+    from xconv import limits
+
+    conf = _conf()
+    x, w = _arrays()
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"]
+    monkeypatch.setattr(limits, "UNCHECKED_BYTES", 0)
+    monkeypatch.setenv("XCONV_MEMORY_LIMIT", "1KiB")      # the guard refuses now, by name
+    with pytest.raises(xconv.ResourceError):
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+    monkeypatch.delenv("XCONV_MEMORY_LIMIT")
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"] * 4                 # guarded on every call while the threshold is 0
 
 
 def test_an_open_trace_records_every_call(public_calls):

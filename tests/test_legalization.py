@@ -222,10 +222,47 @@ def test_a_repeated_call_is_legalized_as_the_backend_declares_now():
             self.asked += 1
             return xconv.Capabilities(strided=not self.contiguous_only)
 
-    with registered(Asked("asked", xconv.Capabilities())) as backend:
-        xconv.conv_fprop(x, w, padding=1, backend="asked")
-        xconv.conv_fprop(x, w, padding=1, backend="asked")
-        assert backend.asked >= 2 and not backend.calls[-1][2][0].flags.c_contiguous
-        backend.contiguous_only = True
-        xconv.conv_fprop(x, w, padding=1, backend="asked")
-        assert backend.calls[-1][2][0].flags.c_contiguous
+    class Plain:                         # no Backend subclass, optional members left out: the registry completes it
+        name, array_families, capabilities = "plain-asked", ("numpy",), xconv.Capabilities()
+        contiguous_only, asked, seen = False, 0, []
+
+        def __init__(self):
+            self.inner = SpyBackend("inner", xconv.Capabilities())
+
+        def capabilities_for(self, p, op):
+            self.asked += 1
+            return xconv.Capabilities(strided=not self.contiguous_only)
+
+        def fprop(self, x, w, bias, p):
+            self.seen.append(x.flags.c_contiguous)
+            return self.inner.fprop(x, w, bias, p)
+
+        def dgrad(self, dy, w, p):
+            return self.inner.dgrad(dy, w, p)
+
+        def wgrad(self, x, dy, p):
+            return self.inner.wgrad(x, dy, p)
+
+        def bgrad(self, dy, p):
+            return self.inner.bgrad(dy, p)
+
+    on_instance = SpyBackend("asked-instance", xconv.Capabilities())
+    on_instance.contiguous_only, on_instance.asked = False, 0
+
+    def narrow_instance(p, op):
+        on_instance.asked += 1
+        return xconv.Capabilities(strided=not on_instance.contiguous_only)
+
+    on_instance.capabilities_for = narrow_instance
+    plain = Plain()
+    for backend, name, contiguous in ((Asked("asked", xconv.Capabilities()), "asked", None),
+                                      (plain, "plain-asked", plain.seen), (on_instance, "asked-instance", None)):
+        with registered(backend):
+            def last():
+                return contiguous[-1] if contiguous is not None else backend.calls[-1][2][0].flags.c_contiguous
+            xconv.conv_fprop(x, w, padding=1, backend=name)
+            xconv.conv_fprop(x, w, padding=1, backend=name)
+            assert backend.asked == 2 and not last(), name        # asked once per call
+            backend.contiguous_only = True
+            xconv.conv_fprop(x, w, padding=1, backend=name)
+            assert last(), name

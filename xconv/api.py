@@ -32,14 +32,14 @@ def _prepare(tensors: dict, backend, outputs, **args):
     return plan_cache.prepared(tensors, backend, outputs, args, _validate, _guard_memory)
 
 
-def fprop_args(bias=None, stride=1, padding=0, dilation=1, groups=1, transposed=False, output_padding=0,
+def fprop_args(*, bias=None, stride=1, padding=0, dilation=1, groups=1, transposed=False, output_padding=0,
                deterministic=False, math="keep_dtype", workspace_limit=None) -> dict:
     """The keywords :func:`conv_fprop` validates (all but ``backend``), in the order of its plan's key."""
     return dict(bias=bias, stride=stride, padding=padding, dilation=dilation, groups=groups, transposed=transposed,
                 output_padding=output_padding, math=math, deterministic=deterministic, workspace_limit=workspace_limit)
 
 
-def backward_args(bias_sizes=None, stride=1, padding=0, dilation=1, groups=1, transposed=False, output_padding=0,
+def backward_args(*, bias_sizes=None, stride=1, padding=0, dilation=1, groups=1, transposed=False, output_padding=0,
                   deterministic=False, math="keep_dtype", workspace_limit=None) -> dict:
     """The keywords :func:`convolution_backward` validates (all but ``backend`` and ``output_mask``), in the order of
     its plan's key."""
@@ -147,10 +147,11 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
     grad_output, input, weight = _native(backend, family, grad_output=grad_output, input=input, weight=weight)
     outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
     b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, backend, outputs,
-                    **backward_args(bias_sizes, stride, padding, dilation, groups, transposed, output_padding,
-                                    deterministic, math, workspace_limit))
+                    **backward_args(bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation,
+                                    groups=groups, transposed=transposed, output_padding=output_padding,
+                                    deterministic=deterministic, math=math, workspace_limit=workspace_limit))
     grad_output, input, weight = _ready(grad_output=grad_output, input=input, weight=weight)
-    results = tracing.run("backward", b, p, lambda: guard.call(b, "convolution_backward", legalize.backward, b,
+    results = tracing.run("backward", b, p, lambda: guard.call(b, "convolution_backward", legalize.run_backward, b,
                                                                 grad_output, input, weight, p, mask))
     return tuple(interop.to_family(r, family) for r in results)
 
@@ -166,11 +167,12 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                                 workspace_limit=workspace_limit)
     input, weight, bias = _native(backend, family, input=input, weight=weight, bias=bias)
     b, p = _prepare({"input": input, "weight": weight}, backend, ["output"],
-                    **fprop_args(bias, stride, padding, dilation, groups, transposed, output_padding, deterministic,
-                                 math, workspace_limit))
+                    **fprop_args(bias=bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                                 transposed=transposed, output_padding=output_padding, deterministic=deterministic,
+                                 math=math, workspace_limit=workspace_limit))
     input, weight, bias = _ready(input=input, weight=weight, bias=bias)
-    return interop.to_family(tracing.run("fprop", b, p, lambda: guard.call(b, "conv_fprop", legalize.fprop, b, input,
-                                                                             weight, bias, p)), family)
+    return interop.to_family(tracing.run("fprop", b, p, lambda: guard.call(b, "conv_fprop", legalize.run_fprop, b,
+                                                                             input, weight, bias, p)), family)
 
 
 def conv_dgrad(grad_output, weight, input_shape, *, stride=1, padding=0, dilation=1, groups=1, transposed=False,

@@ -4,18 +4,20 @@ A converted torch module calls the same convolution with the same parameter obje
 over and over. A public call (:mod:`xconv.api`) reads its configuration anew each time: the plan key
 (:mod:`xconv.plan_cache`), the family and array checks, the legalization tests, the trace. About 20 us of
 Python per call, more than a small convolution's kernel. A *lane* keeps what one full public call resolved
-(its backend and :class:`~xconv.params.ConvParams`) for one owner (a ``Conf``, held by identity) and one set
-of array signatures, and afterwards runs :mod:`xconv.legalize` on it (which calls the backend's primitive
-straight where it rewrites nothing: :func:`xconv.legalize.direct`).
+(its backend and :class:`~xconv.params.ConvParams`) for one owner (a ``Conf``: a frozen, hashable value, so
+that modules of one configuration share their lanes, and a ``Conf`` made anew per call, as for a transposed
+module called with ``output_size=``, finds the lane of the last) and one set of array signatures, and
+afterwards runs :mod:`xconv.legalize` on it (which calls the backend's primitive straight where it rewrites
+nothing: :func:`xconv.legalize.run_fprop`).
 
 Contract: :func:`fprop` and :func:`backward` return what ``xconv.conv_fprop`` / ``xconv.convolution_backward``
 return for the same arguments: the same backend, params, error wrapping (:func:`xconv.guard.call`), output
 checks, hence the same bits. A lane opens only for plain ``numpy.ndarray`` arrays in native byte order and
 aligned (what :func:`xconv.arrays.host_ready` passes as they are) whose plan's memory guard cannot refuse
-(``Plan.guard_each_call`` False).
-Each use re-checks what could change (else the public call runs, and may open the lane again): no trace
-open (a traced call is recorded by the public call), the ``XCONV_*`` settings' raw values and the registry's
-generation as at opening, the backend available and declaring what it runs (as a plan-cache hit re-checks),
+(``Plan.guard_each_call`` False). Each use re-checks what could change (else the public call runs, and may
+open the lane again): no trace open (a traced call is recorded by the public call), the ``XCONV_*`` settings'
+raw values, :data:`xconv.limits.UNCHECKED_BYTES` and the registry's generation as at opening (what the plan key
+holds), the backend available and declaring what it runs (as a plan-cache hit re-checks),
 each array's type, shape, dtype and alignment.
 """
 
@@ -27,11 +29,11 @@ import numpy as np
 
 import xconv
 
-from . import api, guard, legalize, plan_cache, registry, settings, tracing
+from . import api, guard, legalize, limits, plan_cache, registry, settings, tracing
 from .backend import availability_of
 
-#: Lanes kept (all dropped when full: an owner made anew per call, say a module's list-valued attribute).
-MAX_LANES = 512
+#: Lanes kept (a model holds one per distinct layer configuration and mask); past it the oldest opened is dropped.
+MAX_LANES = 4096
 
 _lanes: dict = {}
 _lock = threading.Lock()
@@ -40,15 +42,17 @@ _NO = object()                  # an array signature no lane is opened for
 
 
 class _Lane:
-    __slots__ = ("owner", "env", "generation", "backend", "params")
+    __slots__ = ("env", "unchecked", "generation", "backend", "params")
 
-    def __init__(self, owner, env, generation, backend, params):
-        self.owner, self.env, self.generation, self.backend, self.params = owner, env, generation, backend, params
+    def __init__(self, env, generation, backend, params):
+        self.env, self.generation, self.backend, self.params = env, generation, backend, params
+        self.unchecked = limits.UNCHECKED_BYTES          # the memory guard's threshold the plan was judged by
 
-    def usable(self, owner) -> bool:
+    def usable(self) -> bool:
         b = self.backend
-        if (self.owner is not owner or tracing.active() or registry.generation() != self.generation
-                or settings._raw() != self.env or not availability_of(b)[0]):
+        if (tracing.active() or registry.generation() != self.generation
+                or settings._raw() != self.env or limits.UNCHECKED_BYTES != self.unchecked
+                or not availability_of(b)[0]):
             return False
         legalize.check_supported(b, self.params)        # what it declares it runs may change: refused by name
         return True
@@ -65,50 +69,52 @@ def _signature(a):
 
 def fprop(owner, x, w, bias, kwargs):
     """``xconv.conv_fprop(x, w, bias=bias, **kwargs())``, by ``owner``'s lane for these arrays' signatures when one
-    is open and usable. ``kwargs`` is a callable returning the public keywords (called only when the lane misses)."""
-    key = (id(owner), "fprop", _signature(x), _signature(w), _signature(bias))
+    is open and usable. ``owner`` is a hashable value fixing every keyword (a ``torch_ops.Conf``); ``kwargs`` a
+    callable returning the public keywords (called only when the lane misses)."""
+    key = (owner, "fprop", _signature(x), _signature(w), _signature(bias))
     lane = _lanes.get(key)
-    if lane is not None and lane.usable(owner):
+    if lane is not None and lane.usable():
         b = lane.backend
-        return guard.call(b, "conv_fprop", legalize.fprop, b, x, w, bias, lane.params)
+        return guard.call(b, "conv_fprop", legalize.run_fprop, b, x, w, bias, lane.params)
     args = kwargs()
     y = xconv.conv_fprop(x, w, bias=bias, **args)
     if _NO not in key:
         backend = args.pop("backend")
-        _open(key, owner, {"input": x, "weight": w}, backend, ["output"], api.fprop_args(bias=bias, **args))
+        _open(key, {"input": x, "weight": w}, backend, ["output"], api.fprop_args(bias=bias, **args))
     return y
 
 
 def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
     """``xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **kwargs())`` by ``owner``'s
     lane (see :func:`fprop`); ``mask`` a tuple of three bools, ``bias_sizes`` None or a list of ints."""
-    key = (id(owner), mask, _signature(dy), _signature(x), _signature(w),
+    key = (owner, mask, _signature(dy), _signature(x), _signature(w),
            None if bias_sizes is None else tuple(bias_sizes))
     lane = _lanes.get(key)
-    if lane is not None and lane.usable(owner):
+    if lane is not None and lane.usable():
         b = lane.backend
-        return guard.call(b, "convolution_backward", legalize.backward, b, dy, x, w, lane.params, mask)
+        return guard.call(b, "convolution_backward", legalize.run_backward, b, dy, x, w, lane.params, mask)
     args = kwargs()
     results = xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **args)
     if _NO not in key and any(mask):
         backend = args.pop("backend")
         outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
-        _open(key, owner, {"grad_output": dy, "input": x, "weight": w}, backend, outputs,
+        _open(key, {"grad_output": dy, "input": x, "weight": w}, backend, outputs,
               api.backward_args(bias_sizes=bias_sizes, **args))
     return results
 
 
-def _open(key, owner, tensors: dict, backend, outputs, args: dict) -> None:
+def _open(key, tensors: dict, backend, outputs, args: dict) -> None:
     """Keep a lane for ``key`` when the call just made (successfully) resolved to a plan that lets it open."""
     env = settings.key()
     plan = plan_cache.plan_of(tensors, backend, outputs, args)
     if plan is None or plan.guard_each_call or plan.family != "numpy":
         return
-    lane = _Lane(owner, env, registry.generation(), plan.backend, plan.params)
+    lane = _Lane(env, registry.generation(), plan.backend, plan.params)
     with _lock:
-        if len(_lanes) >= MAX_LANES:
-            _lanes.clear()
+        _lanes.pop(key, None)                          # reopened: counts as the newest
         _lanes[key] = lane
+        while len(_lanes) > MAX_LANES:
+            del _lanes[next(iter(_lanes))]
 
 
 def clear() -> None:

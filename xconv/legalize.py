@@ -11,15 +11,15 @@ The core does this once, for every backend:
 - non-contiguous arrays are copied when the backend takes only contiguous ones.
 
 Each function here takes a backend and normalized :class:`ConvParams` and returns what the
-public call returns. A call none of these rewrites touches goes straight to the primitive; that answer is kept
-per params object (:func:`direct`), as the plan cache hands out the same one on every hit.
+public call returns. :func:`run_fprop` and :func:`run_backward`, what the public calls run, send a call none of
+these rewrites touches straight to the primitive, that answer kept per plan params object (:func:`_kept_direct`).
 """
 
 from __future__ import annotations
 
 import math as _math
 
-from . import guard, tracing
+from . import guard, registry, tracing
 from .arrays import contiguous, crop, zero_pad, zeros
 from .backend import Backend
 from .errors import UnsupportedError, XconvError
@@ -66,9 +66,22 @@ STRIDED_COPIED = "strided input copied to contiguous"
 # The four primitives and the combined backward
 
 
-def fprop(b: Backend, x, w, bias, p: ConvParams):
-    if direct(b, p, "fprop"):                    # no rewrite: the primitive on the arrays as they are
+def run_fprop(b: Backend, x, w, bias, p: ConvParams):
+    """:func:`fprop` for a public call's plan params ``p`` (the object the plan cache hands out on each hit): the
+    primitive straight where legalization rewrites nothing (:func:`_kept_direct`)."""
+    if _kept_direct(b, p, "fprop"):
         return _expect(b, guard.call(b, "fprop", b.fprop, x, w, bias, p), p.output_shape, "fprop output")
+    return fprop(b, x, w, bias, p)
+
+
+def run_backward(b: Backend, dy, x, w, p: ConvParams, mask):
+    """:func:`backward` for a public call's plan params ``p`` (see :func:`run_fprop`)."""
+    if any(mask) and _kept_direct(b, p, "backward"):
+        return checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
+    return backward(b, dy, x, w, p, mask)
+
+
+def fprop(b: Backend, x, w, bias, p: ConvParams):
     if _empty(p):
         tracing.legalized(EMPTY)
         return _add_bias(zeros(x, p.output_shape), bias)
@@ -144,8 +157,6 @@ def backward(b: Backend, dy, x, w, p: ConvParams, mask):
     m_in, m_w, m_b = mask
     if not any(mask):
         return None, None, None
-    if direct(b, p, "backward"):                 # no rewrite: the primitive on the arrays as they are
-        return checked_backward(b, guard.call(b, "backward", b.backward, dy, x, w, p, mask), p, mask)
     if _empty(p):
         tracing.legalized(EMPTY)
         return (zeros(dy, p.input_shape) if m_in else None, zeros(dy, p.weight_shape) if m_w else None,
@@ -181,35 +192,49 @@ def checked_backward(b: Backend, results, p: ConvParams, mask):
                  for r, bit, shape, name in zip(results, mask, expected, what))
 
 
-#: (id(b), id(p), op) -> (b, p, direct): :func:`direct`'s answers, for the very params objects the plan cache hands
-#: out on each hit (held, so that their ids are not reused); cleared when full.
-_DIRECT: dict = {}
-_MAX_DIRECT = 1024
-
-
 def direct(b: Backend, p: ConvParams, op: str) -> bool:
     """Whether ``op`` ("fprop" or "backward") on ``p`` reaches ``b``'s primitive with the arrays as they are: none of
     the rewrites above applies (no empty tensor, 1-D lift, transposed mapping or explicit padding) and ``b`` takes
-    strided arrays (no contiguous copy). Kept per (backend, params object, op) for a backend whose capabilities are
-    the same everywhere (no ``capabilities_for`` of its own, which may read device state: asked on every call)
-    while its ``capabilities`` is the same object; the plan cache hands out the same params object on each hit."""
-    narrow = getattr(type(b), "capabilities_for", None) not in (None, Backend.capabilities_for)
-    caps_now = getattr(b, "capabilities", None)
-    if not narrow:
-        hit = _DIRECT.get((id(b), id(p), op))
-        if hit is not None and hit[0] is b and hit[1] is p and hit[2] is caps_now:
-            return hit[3]
+    strided arrays (no contiguous copy)."""
     if _empty(p):
-        answer = False
-    else:
-        caps = capabilities(b, p, op)
-        answer = bool(caps.strided and not _lift(caps, p) and not (p.transposed and not caps.transposed)
-                      and not _needs_explicit_padding(caps, p))
-    if not narrow:
-        if len(_DIRECT) >= _MAX_DIRECT:
-            _DIRECT.clear()
-        _DIRECT[(id(b), id(p), op)] = (b, p, caps_now, answer)
+        return False
+    caps = capabilities(b, p, op)
+    return bool(caps.strided and not _lift(caps, p) and not (p.transposed and not caps.transposed)
+                and not _needs_explicit_padding(caps, p))
+
+
+#: (id(b), id(p), op) -> (b, p, b.capabilities, direct(b, p, op)) for the plan cache's params objects (held, so
+#: that their ids are not reused); emptied (:func:`clear`) when the registry changes, when full, by plan_cache.clear.
+_DIRECT: dict = {}
+_DIRECT_GENERATION = [None]
+_MAX_DIRECT = 1024
+
+
+def _kept_direct(b: Backend, p: ConvParams, op: str) -> bool:
+    """:func:`direct`, kept per (backend, params object, op) while ``b.capabilities`` is the same object, for a
+    backend without a ``capabilities_for`` of its own (its own may read device state: it is asked on every call,
+    once, by the functions above, and this answers False)."""
+    narrow = getattr(b, "capabilities_for", None)
+    if narrow is not None and getattr(narrow, "__func__", None) is not Backend.capabilities_for:
+        return False
+    generation = registry.generation()
+    if _DIRECT_GENERATION[0] != generation:
+        clear()
+        _DIRECT_GENERATION[0] = generation
+    caps = getattr(b, "capabilities", None)
+    hit = _DIRECT.get((id(b), id(p), op))
+    if hit is not None and hit[0] is b and hit[1] is p and hit[2] is caps:
+        return hit[3]
+    answer = direct(b, p, op)
+    if len(_DIRECT) >= _MAX_DIRECT:
+        _DIRECT.clear()
+    _DIRECT[(id(b), id(p), op)] = (b, p, caps, answer)
     return answer
+
+
+def clear() -> None:
+    """Forget every kept :func:`direct` answer (and the backends and params they hold)."""
+    _DIRECT.clear()
 
 
 # ---------------------------------------------------------------------------------------------

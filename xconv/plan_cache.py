@@ -181,9 +181,11 @@ def _store(key, plan: Plan) -> None:
 
 
 def clear() -> None:
-    """Forget every plan (the next call of each configuration is validated in full)."""
+    """Forget every plan (the next call of each configuration is validated in full), and what legalization kept of
+    their params (:func:`xconv.legalize.clear`)."""
     with _lock:
         _plans.clear()
+    legalize.clear()
 
 
 def size() -> int:

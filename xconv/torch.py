@@ -13,12 +13,17 @@ Forward is the ``xconv::fprop`` operator (one :func:`xconv.conv_fprop` call). Ba
 ``xconv::backward`` operator: :func:`xconv.convolution_backward` exactly once, with ``output_mask``
 taken from which of (input, weight, bias) need gradients, so a frozen layer computes no weight
 gradient and a layer fed with data that needs no gradient computes no input gradient. Backward is
-itself differentiable (double backward runs through the same operators). Under ``torch.autocast``
+itself differentiable (double backward runs through the same operators). In plain eager mode the same
+kernel bodies run without the operators' dispatch (:mod:`xconv.torch_fast`), and a configuration's repeated
+calls without the public calls' per-call checks (:mod:`xconv.lanes`: the same backend, params, results and
+errors; a repeated call makes no new public call). Under ``torch.autocast``
 the operands are cast as torch casts its own convolutions'; results come back in the memory
 format torch's convolution would return (channels-last in, channels-last out).
 """
 
 from __future__ import annotations
+
+from operator import is_
 
 try:
     import torch
@@ -109,7 +114,7 @@ class _XConvMixin:
                    self.deterministic, self.math, self.backend)
         cached = self.__dict__.get("_xconv_conf")
         if (cached is not None and cached.reversed_pads == reversed_pads
-                and all(a is b for a, b in zip(cached.sources, sources))):
+                and all(map(is_, cached.sources, sources))):
             return cached.conf
         nd = self._nd
         if padding is None:

@@ -25,8 +25,6 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: dtypes whose CPU tensors ``Tensor.numpy()`` views (bfloat16 crosses through DLPack as its bit pattern instead)
 _NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64))
 _STRIDED = torch.strided
-
-
 _is_compiling = torch.compiler.is_compiling
 _function_mode = torch._C._is_torch_function_mode_enabled
 _functorch = torch._C._are_functorch_transforms_active
@@ -39,9 +37,14 @@ def eager(input, weight, bias) -> bool:
     would return them as they are): a converted module's call takes :func:`eager_fprop` as it is. Inlined: it runs
     before every module call, right after a torch operator has had the caches."""
     return (type(input) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and input.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu)
-            and not (_is_compiling() or _function_mode() or _get_current_dispatch_mode() is not None or _functorch())
+            and input.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu) and not _traced()
             and not _autocast("cpu"))
+
+
+def _traced() -> bool:
+    """Whether torch.compile/export, a torch function or dispatch mode, or a functorch transform is active: the
+    operators' machinery is needed (both :func:`eager` and :func:`usable` step aside)."""
+    return _is_compiling() or _function_mode() or _get_current_dispatch_mode() is not None or _functorch()
 
 
 def eager_fprop(input, weight, bias, conf: torch_ops.Conf):
@@ -55,8 +58,7 @@ def eager_fprop(input, weight, bias, conf: torch_ops.Conf):
 
 def usable(*tensors) -> bool:
     """Whether a call on ``tensors`` (None entries skipped) may take the fast path (see the module docstring)."""
-    if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
-            or _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active()):
+    if _traced():
         return False
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or not t.is_cpu):
