@@ -26,6 +26,16 @@ def _arrays(n=2, c=4, h=6, co=8, k=3, groups=1, seed=0):
 MASKS = [(True, True, True), (False, True, True), (True, True, False), (True, False, False)]
 
 
+def _opened(public_calls):
+    """(conf, x, w) of a forward whose lane is open: called twice, one public call."""
+    conf = _conf()
+    x, w = _arrays()
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop"]
+    return conf, x, w
+
+
 @pytest.fixture
 def public_calls(monkeypatch):
     """Count the public calls the lanes make (a miss runs the public call; a hit does not)."""
@@ -68,11 +78,7 @@ def test_a_repeated_backward_runs_by_its_lane_with_the_public_bits(mask, public_
 
 
 def test_what_could_change_sends_the_call_back_through_the_public_call(public_calls, monkeypatch):
-    conf = _conf()
-    x, w = _arrays()
-    lanes.fprop(conf, x, w, None, conf.kwargs)
-    lanes.fprop(conf, x, w, None, conf.kwargs)
-    assert public_calls == ["conv_fprop"]
+    conf, x, w = _opened(public_calls)
     monkeypatch.setenv("XCONV_WORKSPACE_LIMIT", "64MiB")           # the settings
     lanes.fprop(conf, x, w, None, conf.kwargs)
     assert public_calls == ["conv_fprop"] * 2
@@ -110,11 +116,7 @@ def test_a_lowered_memory_guard_threshold_reaches_the_next_call(public_calls, mo
     """The plan key holds limits.UNCHECKED_BYTES (tests and tools lower it to guard small calls): so do lanes."""
     from xconv import limits
 
-    conf = _conf()
-    x, w = _arrays()
-    lanes.fprop(conf, x, w, None, conf.kwargs)
-    lanes.fprop(conf, x, w, None, conf.kwargs)
-    assert public_calls == ["conv_fprop"]
+    conf, x, w = _opened(public_calls)
     monkeypatch.setattr(limits, "UNCHECKED_BYTES", 0)
     monkeypatch.setenv("XCONV_MEMORY_LIMIT", "1KiB")      # the guard refuses now, by name
     with pytest.raises(xconv.ResourceError):
