@@ -247,3 +247,27 @@ def test_an_unavailable_backend_is_refused_by_the_public_call(public_calls):
         backend.up = False
         with pytest.raises(XconvError, match="the card went away"):
             lanes.fprop(conf, x, w, None, conf.kwargs)
+
+
+def test_a_module_the_public_call_refuses_does_not_borrow_an_equal_valid_modules_lane():
+    """groups=True and a float stride equal the valid values (and hash alike), but the public call refuses them: a
+    Conf holding them is not exact, takes no lane, and its module is refused on every call, whatever ran before."""
+    torch = pytest.importorskip("torch")
+    import torch.nn as nn
+
+    import xconv.torch as xt
+
+    x = torch.randn(2, 4, 6, 6)
+    good = xt.convert(nn.Conv2d(4, 4, 3, padding=1), backend="numpy")
+    with torch.no_grad():
+        good(x)
+        good(x)                                            # its lane is open
+        for attr, value in (("groups", True), ("stride", (1.0, 1.0)), ("dilation", (True, True))):
+            bad = xt.convert(nn.Conv2d(4, 4, 3, padding=1), backend="numpy")
+            setattr(bad, attr, value)
+            for _ in range(2):
+                with pytest.raises(xconv.ShapeError, match=attr):
+                    bad(x)
+    assert torch_ops.Conf((1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0), False, "keep_dtype", "numpy").exact
+    assert not torch_ops.Conf((1, 1), ((1, 1), (1, 1)), (1, 1), True, False, (0, 0), False, "keep_dtype",
+                              "numpy").exact

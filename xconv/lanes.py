@@ -69,8 +69,11 @@ def _signature(a):
 
 def fprop(owner, x, w, bias, kwargs):
     """``xconv.conv_fprop(x, w, bias=bias, **kwargs())``, by ``owner``'s lane for these arrays' signatures when one
-    is open and usable. ``owner`` is a hashable value fixing every keyword (a ``torch_ops.Conf``); ``kwargs`` a
-    callable returning the public keywords (called only when the lane misses)."""
+    is open and usable. ``owner`` is a hashable value fixing every keyword and equal only to owners that validate
+    alike (an exact ``torch_ops.Conf``), or None: no lane, the public call; ``kwargs`` a callable returning the public
+    keywords (called only when the lane misses)."""
+    if owner is None:
+        return xconv.conv_fprop(x, w, bias=bias, **kwargs())
     key = (owner, "fprop", _signature(x), _signature(w), _signature(bias))
     lane = _lanes.get(key)
     if lane is not None and lane.usable():
@@ -87,6 +90,8 @@ def fprop(owner, x, w, bias, kwargs):
 def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
     """``xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **kwargs())`` by ``owner``'s
     lane (see :func:`fprop`); ``mask`` a tuple of three bools, ``bias_sizes`` None or a list of ints."""
+    if owner is None:
+        return xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **kwargs())
     key = (owner, mask, _signature(dy), _signature(x), _signature(w),
            None if bias_sizes is None else tuple(bias_sizes))
     lane = _lanes.get(key)

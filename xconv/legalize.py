@@ -18,6 +18,7 @@ these rewrites touches straight to the primitive, that answer kept per plan para
 from __future__ import annotations
 
 import math as _math
+import threading
 
 from . import guard, registry, tracing
 from .arrays import contiguous, crop, zero_pad, zeros
@@ -204,10 +205,12 @@ def direct(b: Backend, p: ConvParams, op: str) -> bool:
 
 
 #: (id(b), id(p), op) -> (b, p, b.capabilities, direct(b, p, op)) for the plan cache's params objects (held, so
-#: that their ids are not reused); emptied (:func:`clear`) when the registry changes, when full, by plan_cache.clear.
+#: that their ids are not reused); the oldest dropped past _MAX_DIRECT; emptied (:func:`clear`) by plan_cache.clear
+#: and, at the next public call, after the registry changed.
 _DIRECT: dict = {}
+_DIRECT_LOCK = threading.Lock()
 _DIRECT_GENERATION = [None]
-_MAX_DIRECT = 1024
+_MAX_DIRECT = 4096
 
 
 def _kept_direct(b: Backend, p: ConvParams, op: str) -> bool:
@@ -226,15 +229,17 @@ def _kept_direct(b: Backend, p: ConvParams, op: str) -> bool:
     if hit is not None and hit[0] is b and hit[1] is p and hit[2] is caps:
         return hit[3]
     answer = direct(b, p, op)
-    if len(_DIRECT) >= _MAX_DIRECT:
-        _DIRECT.clear()
-    _DIRECT[(id(b), id(p), op)] = (b, p, caps, answer)
+    with _DIRECT_LOCK:                                # readers only get: writers take turns
+        _DIRECT[(id(b), id(p), op)] = (b, p, caps, answer)
+        while len(_DIRECT) > _MAX_DIRECT:            # the oldest kept answer makes room
+            del _DIRECT[next(iter(_DIRECT))]
     return answer
 
 
 def clear() -> None:
     """Forget every kept :func:`direct` answer (and the backends and params they hold)."""
-    _DIRECT.clear()
+    with _DIRECT_LOCK:
+        _DIRECT.clear()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,7 +133,8 @@ def _memory_format(input, weight) -> torch.memory_format:
 def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
     views = _as_numpy(conf, input, weight, bias)
     if views is not None:
-        return torch_ops._as(torch.from_numpy(lanes.fprop(conf, *views, conf.kwargs)), _memory_format(input, weight))
+        y = lanes.fprop(conf if conf.exact else None, *views, conf.kwargs)
+        return torch_ops._as(torch.from_numpy(y), _memory_format(input, weight))
     fmt = _memory_format(input, weight)
     with torch_ops._plain(input.device):
         y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())
@@ -147,7 +148,8 @@ def _backward_kernel(grad_output, input, weight, mask, conf: torch_ops.Conf):
     views = _as_numpy(conf, grad_output, input, weight)
     if views is not None:
         results = [None if r is None else torch.from_numpy(r)
-                   for r in lanes.backward(conf, *views, bias_sizes, tuple(mask), conf.kwargs)]
+                   for r in lanes.backward(conf if conf.exact else None, *views, bias_sizes, tuple(mask),
+                                           conf.kwargs)]
     else:
         with torch_ops._plain(input.device):
             results = torch_ops.xconv.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes,

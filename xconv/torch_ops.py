@@ -27,6 +27,7 @@ backends compute in contiguous layout and the result is copied once into that la
 """
 
 import dataclasses
+import functools
 import threading
 from typing import Optional
 
@@ -86,6 +87,15 @@ class Conf:
         level = {"False": False, "True": True}.get(deterministic, deterministic)   # the ops carry it as a string
         return cls(tuple(stride), pairs, tuple(dilation), groups, transposed, tuple(output_padding), level,
                    math, backend, workspace_limit)
+
+    @functools.cached_property
+    def exact(self) -> bool:
+        """Whether every count (stride, padding, dilation, groups, output_padding) is a plain int: a bool or float
+        equal to one compares equal (``groups=True`` == ``groups=1``) but the public calls refuse it, so only an exact
+        Conf stands for its configuration's value in :mod:`xconv.lanes` (computed once per Conf)."""
+        counts = (*self.stride, *(v for pair in self.padding for v in pair), *self.dilation, self.groups,
+                  *self.output_padding)
+        return all(type(v) is int for v in counts)
 
     def args(self) -> tuple:
         """The ops' trailing arguments."""
