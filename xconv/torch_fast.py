@@ -11,6 +11,10 @@ bits). Whenever the operators' machinery matters the operators run instead:
   meta tensors, FX proxies), functorch transforms (vmap, grad), tensor subclasses, non-CPU devices;
 - double backward: a backward run with ``create_graph=True`` calls the ``xconv::backward`` operator,
   which is itself differentiable.
+
+A converted module's usual call (batched, zeros padding, no autocast) decides all of this in one step
+(:func:`eager`, then :func:`eager_fprop`). On NumPy views the kernels call :mod:`xconv.lanes`, so a configuration's
+repeated calls skip the public calls' per-call checks (with their results, bits and errors).
 """
 
 from __future__ import annotations
