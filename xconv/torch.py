@@ -177,10 +177,9 @@ def _torch_worded(argument: str, text: str, *, expected, given, dim=None) -> Sha
 
 class _XConvDirect(_XConvMixin):
     def _conv_forward(self, input, weight, bias):
-        if self.padding_mode == "zeros" and input.dim() == self._nd + 2 and torch_fast.eager(input, weight, bias):
-            self._check_input(input, weight)              # the usual call, in one step (see torch_fast.eager)
-            return torch_fast.eager_fprop(input, weight, bias, self._conf(None, 0))
         self._check_input(input, weight)
+        if self.padding_mode == "zeros" and input.dim() == self._nd + 2 and torch_fast.eager(input, weight, bias):
+            return torch_fast.eager_fprop(input, weight, bias, self._conf(None, 0))   # the usual call, in one step
         if self.padding_mode != "zeros":
             nd = self._nd
             if input.dim() == nd + 1:  # pad as a batch of one, as torch's pad modes expect

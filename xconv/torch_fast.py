@@ -52,11 +52,13 @@ def _traced() -> bool:
 
 
 def eager_fprop(input, weight, bias, conf: torch_ops.Conf):
-    """:func:`fprop` for operands :func:`eager` accepts."""
+    """:func:`fprop` for operands :func:`usable` accepts: the kernel itself where autograd has nothing to record (no
+    forward-mode AD level open: a dual tensor's tangent needs the Function, which refuses it by name; and grad mode
+    off or no tensor requiring grad), else the Function."""
     if getattr(_forward_ad, "_current_level", 0) < 0 and not (
             _grad_enabled() and (input.requires_grad or weight.requires_grad
                                  or (bias is not None and bias.requires_grad))):
-        return _fprop_kernel(input, weight, bias, conf)        # no graph to record (see _records_nothing)
+        return _fprop_kernel(input, weight, bias, conf)
     return _Fprop.apply(input, weight, bias, conf)
 
 
@@ -73,19 +75,8 @@ def usable(*tensors) -> bool:
 def fprop(input, weight, bias, conf: torch_ops.Conf):
     """``xconv::fprop(input, weight, bias, *conf.args())``: by the fast path when :func:`usable`, else the operator."""
     if usable(input, weight, bias):
-        if _records_nothing(input, weight, bias):
-            return _fprop_kernel(input, weight, bias, conf)      # no graph to record (no_grad, inference): no Function
-        return _Fprop.apply(input, weight, bias, conf)
+        return eager_fprop(input, weight, bias, conf)
     return torch_ops.fprop(input, weight, bias, *conf.args())
-
-
-def _records_nothing(input, weight, bias) -> bool:
-    """Whether a forward has nothing for autograd to record: no forward-mode AD level is open (a dual tensor's tangent
-    needs the Function, which refuses it by name) and grad mode is off or no tensor requires grad."""
-    if getattr(_forward_ad, "_current_level", 0) >= 0:
-        return False
-    return not torch.is_grad_enabled() or not (input.requires_grad or weight.requires_grad
-                                               or (bias is not None and bias.requires_grad))
 
 
 #: (backend name, registry generation) -> whether that backend takes torch tensors itself
