@@ -45,21 +45,22 @@ def test_parse_limit_none_means_no_limit():
 def test_defaults_without_any_variable():
     assert settings.from_environ({}) == settings.Settings(
         backend=None, memory_limit=None, workspace_limit=None, numpy_c=True, numpy_direct=True, numpy_isa=None,
-        numpy_openmp=True, cudnn_benchmark=False, cudnn_plan_cache_size=512)
+        numpy_openmp=True, numpy_cpu=None, cudnn_benchmark=False, cudnn_plan_cache_size=512)
 
 
 def test_every_variable_read():
     env = {"XCONV_BACKEND": "numpy-exact", "XCONV_MEMORY_LIMIT": "8G", "XCONV_WORKSPACE_LIMIT": "4MiB",
            "XCONV_NUMPY_C": "0", "XCONV_NUMPY_DIRECT": "off", "XCONV_NUMPY_ISA": "avx2", "XCONV_NUMPY_OPENMP": "False",
-           "XCONV_CUDNN_BENCHMARK": " yes ", "XCONV_CUDNN_PLAN_CACHE_SIZE": "7"}
+           "XCONV_NUMPY_CPU": " Intel-AVX512", "XCONV_CUDNN_BENCHMARK": " yes ", "XCONV_CUDNN_PLAN_CACHE_SIZE": "7"}
     assert settings.from_environ(env) == settings.Settings("numpy-exact", 8 * GiB, 4 * MiB, False, False, "avx2",
-                                                           False, True, 7)
+                                                           False, "intel-avx512", True, 7)
     assert set(env) == set(settings.NAMES)
     assert settings.from_environ({"XCONV_WORKSPACE_LIMIT": "none", "XCONV_NUMPY_C": "1"}).numpy_c is True
 
 
 @pytest.mark.parametrize("name, bad, expected", [
     ("XCONV_NUMPY_ISA", "bogus", "baseline or avx2 or avx512"), ("XCONV_NUMPY_ISA", "avx-2", "baseline or avx2"),
+    ("XCONV_NUMPY_CPU", "zen5", "zen4 or intel-avx512"),
     ("XCONV_NUMPY_OPENMP", "maybe", "1/true/yes/on or 0/false/no/off"), ("XCONV_NUMPY_C", "2", "1/true"),
     ("XCONV_NUMPY_DIRECT", "disabled", "1/true"), ("XCONV_CUDNN_BENCHMARK", "maybe", "1/true"),
     ("XCONV_CUDNN_PLAN_CACHE_SIZE", "0", "e.g. 512"), ("XCONV_MEMORY_LIMIT", "lots", "bytes such as"),
@@ -81,6 +82,11 @@ def test_problems_lists_every_bad_variable():
 def test_isas_match_the_numpy_backend():
     native = pytest.importorskip("xconv_numpy.native")
     assert settings.NUMPY_ISAS == native.ISAS
+
+
+def test_cpu_kinds_match_the_numpy_cost_model():
+    cost = pytest.importorskip("xconv_numpy.cost")
+    assert settings.NUMPY_CPUS == tuple(cost.RATES)
 
 
 def test_current_follows_the_environment_and_keeps_one_snapshot_per_value(monkeypatch):

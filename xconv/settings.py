@@ -15,6 +15,7 @@ variable                              field (default)                  values
 ``XCONV_NUMPY_DIRECT``                ``numpy_direct`` (True)          a switch: the depthwise C loops
 ``XCONV_NUMPY_ISA``                   ``numpy_isa`` (None: the best)   ``baseline``, ``avx2`` or ``avx512`` (any case): the highest build loaded
 ``XCONV_NUMPY_OPENMP``                ``numpy_openmp`` (True)          a switch: run loops on torch's OpenMP team
+``XCONV_NUMPY_CPU``                   ``numpy_cpu`` (None: detected)   ``zen4`` or ``intel-avx512`` (any case): the cost model's rates
 ``XCONV_CUDNN_BENCHMARK``             ``cudnn_benchmark`` (False)      a switch: autotune cuDNN plans
 ``XCONV_CUDNN_PLAN_CACHE_SIZE``       ``cudnn_plan_cache_size`` (512)  a whole number >= 1
 ====================================  ===============================  ==========================================
@@ -41,11 +42,14 @@ from .units import parse_bytes, parse_limit
 
 #: The variables :func:`current` reads, in the order of :func:`key`.
 NAMES = ("XCONV_BACKEND", "XCONV_MEMORY_LIMIT", "XCONV_WORKSPACE_LIMIT", "XCONV_NUMPY_C", "XCONV_NUMPY_DIRECT",
-         "XCONV_NUMPY_ISA", "XCONV_NUMPY_OPENMP", "XCONV_CUDNN_BENCHMARK", "XCONV_CUDNN_PLAN_CACHE_SIZE")
+         "XCONV_NUMPY_ISA", "XCONV_NUMPY_OPENMP", "XCONV_NUMPY_CPU", "XCONV_CUDNN_BENCHMARK", "XCONV_CUDNN_PLAN_CACHE_SIZE")
 #: Read by the Ascend driver from the environ it is given (documented here, read there).
 ASCEND_NAMES = ("XCONV_ASCEND_LIB_DIR", "XCONV_ASCEND_DEVICE")
 #: The NumPy backend's builds, lowest first (``xconv_numpy.native.ISAS`` is the same tuple; a test checks).
 NUMPY_ISAS = ("baseline", "avx2", "avx512")
+#: The NumPy backend's cost-model rates, per kind of CPU they were measured on (``xconv_numpy.cost.RATES`` has the
+#: same keys; a test checks).
+NUMPY_CPUS = ("zen4", "intel-avx512")
 DEFAULT_CUDNN_PLAN_CACHE_SIZE = 512
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
@@ -62,6 +66,7 @@ class Settings:
     numpy_direct: bool = True
     numpy_isa: str | None = None
     numpy_openmp: bool = True
+    numpy_cpu: str | None = None
     cudnn_benchmark: bool = False
     cudnn_plan_cache_size: int = DEFAULT_CUDNN_PLAN_CACHE_SIZE
 
@@ -82,6 +87,16 @@ def _isa(name: str, text: str) -> str | None:
     if t not in NUMPY_ISAS:
         raise ConfigError(name, "is not a build of the NumPy backend's compiled loops",
                           expected=" or ".join(NUMPY_ISAS), given=repr(text))
+    return t
+
+
+def _cpu(name: str, text: str) -> str | None:
+    t = text.strip().lower()
+    if t == "":
+        return None
+    if t not in NUMPY_CPUS:
+        raise ConfigError(name, "is not a kind of CPU the NumPy backend's cost model has rates for",
+                          expected=" or ".join(NUMPY_CPUS), given=repr(text))
     return t
 
 
@@ -109,6 +124,7 @@ def from_environ(environ) -> Settings:
         numpy_direct=_switch("XCONV_NUMPY_DIRECT", v["XCONV_NUMPY_DIRECT"], True),
         numpy_isa=_isa("XCONV_NUMPY_ISA", v["XCONV_NUMPY_ISA"]),
         numpy_openmp=_switch("XCONV_NUMPY_OPENMP", v["XCONV_NUMPY_OPENMP"], True),
+        numpy_cpu=_cpu("XCONV_NUMPY_CPU", v["XCONV_NUMPY_CPU"]),
         cudnn_benchmark=_switch("XCONV_CUDNN_BENCHMARK", v["XCONV_CUDNN_BENCHMARK"], False),
         cudnn_plan_cache_size=_count("XCONV_CUDNN_PLAN_CACHE_SIZE", v["XCONV_CUDNN_PLAN_CACHE_SIZE"],
                                      DEFAULT_CUDNN_PLAN_CACHE_SIZE),

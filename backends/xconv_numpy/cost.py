@@ -61,35 +61,116 @@ shape (x; w; stride), ResNet-18 / 224 px   dx+dw ms, 1 core   colgemm     dense 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
+from xconv import settings
+
 from . import dense as dense_loops
-from . import dense_strided
+from . import dense_strided, native
 from . import stem as stem_loops
 from .dense_plan import dx_tap_share
 from .grid import pointwise_planned
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
 CORES = 2
-BLAS_MACS = 45e9
 BLAS_HALF = 16
 COPY = 0.25e-9
 #: Per element of column matrices past COPY_CACHED elements (they leave the caches: the products slow down too).
 COPY_BIG = 1e-9
 COPY_CACHED = 1 << 20
-LOOP_MACS = 50e9
 #: Q0 of the dense loops per number of spatial dims (3-D: short rows of few planes pad the grid more: a 2x7x7 output
 #: ran them at 29 GMAC/s against 47-51 at 4x14x14 and 8x28x28).
 LOOP_Q0 = {1: 10, 2: 10, 3: 70}
-#: The dense loops' time is multiplied by LOOP_BIG_WEIGHTS when one group's weights hold LOOP_WEIGHTS or more
-#: elements (past a core's 1 MB L2 every block of positions streams them again: 512x512x3x3 at 2x7x7 ran them at
-#: 9 GMAC/s, 50 ms against colgemm's 14).
-LOOP_WEIGHTS = 1 << 19
-LOOP_BIG_WEIGHTS = 1.5
-#: Output rows at least this long keep a block of output channels' weights in cache along the row: no LOOP_BIG_WEIGHTS
-#: (the strided forward, measured: the speech encoder's 4x512x1599 -> 512 3-tap stride 2, 26 ms, 2.5 G multiply-adds
-#: at LOOP_MACS on two cores).
-LOOP_LONG_ROW = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """The rates that differ between kinds of CPU (the rest of the model is shared).
+
+    - ``blas_macs``: BLAS_MACS, a product's multiply-adds per second and core at full size;
+    - ``loop_macs``: LOOP_MACS, the dense loops' multiply-adds per second and core on long rows;
+    - ``loop_weights``, ``loop_big_weights``: the dense loops' time is multiplied by ``loop_big_weights`` when one
+      group's weights hold ``loop_weights`` elements or more (past a core's L2 every block of positions streams them
+      again);
+    - ``loop_long_row``: output rows at least this long keep a block of output channels' weights in cache along the
+      row: no ``loop_big_weights`` for the strided forward (None: never);
+    - ``grid_forward``: the grid engine's forward (``blas_grid``) takes this many times its products and copies;
+    - ``forward_chunks``, ``forward_columns``: colgemm's forward serves calls in at most ``forward_chunks`` chunks of
+      samples where the dense loops could take it, and of at most ``forward_columns`` output positions (N x spatial)
+      (Zen 4: one chunk, a stride-1 2x256x14x14 in two ran 2.8 ms against the dense loops' 2.45; 4096 positions, past
+      which the copy back to (N, C, spatial) cost more than the model counts: a 1x1 at 8x28x28, 256 -> 128, 10-16 ms
+      against the grid loops' 6)."""
+
+    blas_macs: float
+    loop_macs: float
+    loop_weights: int
+    loop_big_weights: float
+    loop_long_row: int | None
+    grid_forward: float
+    forward_chunks: int
+    forward_columns: int
+
+
+#: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
+#:
+#: - ``zen4``, the first fit (AMD EPYC Zen 4, AVX-512 executed as two 256-bit halves): OpenBLAS about 45 G
+#:   multiply-adds/s per core, the dense loops 50 on long rows, 512x512x3x3 at 2x7x7 at 9 (50 ms against colgemm's
+#:   14), the speech encoder's 4x512x1599 -> 512 3-tap stride 2 at 50 (26 ms on two cores): every kind of CPU not
+#:   named below takes these;
+#: - ``intel-avx512`` (Intel Xeon, family 6 model 207, two 512-bit FMA units per core; the AVX-512 build, OpenBLAS
+#:   SkylakeX), measured on two threads (ms, dense / colgemm / torch): OpenBLAS runs 80-83 G multiply-adds/s per
+#:   core (Zen 4: 45), the dense loops 75 on 64- and 128-channel 3x3s (2x64x56x56 forward 1.53 ms, torch 1.47) but
+#:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 2.03 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82 /
+#:   1.69 / 1.46) and 45 on the speech encoder's long rows (4x512x1599 -> 512 3-tap stride 2: 28.1 / 15.6 / 11.8;
+#:   its whole evaluation forward 147 ms against torch's 74): the loops' big-weights factor from 2^18 elements, on
+#:   every row length, and colgemm's forward at any width (the 1-D encoder's 6396 output positions) and in chunks
+#:   (the encoder's 4 samples run in two: 27.7 ms against the dense loops' 61). The grid engine's
+#:   forward ran 1.04-1.4x colgemm's time on the encoder's layers (4x512x3199 29.9 / 27.7 ms, 4x512x399 5.27 / 3.76)
+#:   and 1.5-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 / 1.02): costed 1.5x.
+RATES = {
+    "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
+                  grid_forward=1.0, forward_chunks=1, forward_columns=4096),
+    "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 18, loop_big_weights=1.8,
+                          loop_long_row=None, grid_forward=1.5, forward_chunks=CORES,
+                          forward_columns=1 << 62),
+}
+
+
+@functools.cache
+def _vendor() -> str:
+    """The CPU's vendor string (``/proc/cpuinfo``'s vendor_id; "" where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def detected_cpu() -> str:
+    """The kind of CPU whose rates this process takes unless ``XCONV_NUMPY_CPU`` names one: ``intel-avx512`` on an
+    Intel CPU running the AVX-512 build of the compiled loops, else ``zen4`` (the first fit). Read from the CPU and the
+    build, never a clock: the pick stays a function of the configuration and the build."""
+    lib = native.library()
+    if lib is not None and native.isa(lib) == "avx512" and _vendor() == "GenuineIntel":
+        return "intel-avx512"
+    return "zen4"
+
+
+def cpu_kind() -> str:
+    """The kind of CPU whose rates the estimates use: ``$XCONV_NUMPY_CPU``, else :func:`detected_cpu`."""
+    return settings.current().numpy_cpu or detected_cpu()
+
+
+def rates() -> Rates:
+    """The rates of :func:`cpu_kind`."""
+    return RATES[cpu_kind()]
+
+
 CALL = 20e-6
 SMALL_CALL = 3e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
@@ -99,6 +180,11 @@ SMALL_MACS = 1 << 19
 SMALL_LOOPS = {"y": (50e9, 4, 2), "dx": (40e9, 8, 2), "dw": (60e9, 12, 8)}
 #: The grid loops' forward runs in sample blocks of at least this many output elements each.
 GRID_BLOCK_ELEMENTS = 1 << 15
+
+
+def _blas(m: int, n: int, k: int) -> float:
+    """Seconds of one core for a product of sizes (m, n, k)."""
+    return m * n * k / (rates().blas_macs * _e(m) * _e(n) * _e(k))
 
 
 def _e(d: int) -> float:
@@ -117,7 +203,7 @@ def _sizes(p):
 def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, N * Q, Cg * K), "dw": (Cog, Cg * K, N * Q), "dx": (Cg * K, N * Q, Cog)}[output]
-    products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
+    products = g * _blas(m, n, k)
     elements = g * Cg * K * N * Q + g * Cog * N * Q
     copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
     blocks = min(cores, max(1, g * m * n * k >> 22))
@@ -128,9 +214,9 @@ def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     """The dense C loops (any output)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     macs = N * g * Cog * Cg * K * Q * (dx_tap_share(p) if output == "dx" else 1.0)
-    q0 = LOOP_Q0[len(p.kernel)]
-    big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
-    return call + big * macs / (LOOP_MACS * Q / (Q + q0)) / cores
+    q0, r = LOOP_Q0[len(p.kernel)], rates()
+    big = r.loop_big_weights if Cog * Cg * K >= r.loop_weights else 1.0
+    return call + big * macs / (r.loop_macs * Q / (Q + q0)) / cores
 
 
 def small(p, output: str) -> float:
@@ -158,7 +244,7 @@ def pointwise(p, output: str) -> float:
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
     planned = pointwise_planned.takes(p)[output == "dw"]           # its job tables kept: float32, within bounds
     call = CALL if planned else POINTWISE_CALL
-    return call + N * g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k)) / CORES
+    return call + N * g * _blas(m, n, k) / CORES
 
 
 def grid_block_samples(p) -> int:
@@ -179,10 +265,10 @@ def blas_grid(p, output: str) -> float:
     """The grid engine's x-columns forward (fast.py): one product per chunk of grid lines, columns only for taps."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = Cog, N * Q, Cg * K
-    products = g * m * n * k / (BLAS_MACS * _e(m) * _e(n) * _e(k))
+    products = g * _blas(m, n, k)
     elements = g * Cg * K * N * Q if K > 1 else 0
     copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
-    return CALL + (products + copies) / CORES
+    return CALL + rates().grid_forward * (products + copies) / CORES
 
 
 def dense_forward(p, output: str = "y") -> float:
@@ -190,18 +276,19 @@ def dense_forward(p, output: str = "y") -> float:
     the input positions per sample (the dual convolution's output) (measured, one core, ms, against the small path's loops in sample blocks: 3-D 32->64 at 8x28x28 14.4 vs 15.6,
     64->128 at 4x14x14 7.4 vs 8.5, 128->128 15.1 vs 16.8; 2-D 64 at 16x16 1.62 vs 1.74, 128 at 8x8 1.78 vs 1.80)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
-    q0 = LOOP_Q0[len(p.kernel)]
-    big = LOOP_BIG_WEIGHTS if Cog * Cg * K >= LOOP_WEIGHTS else 1.0
+    q0, r = LOOP_Q0[len(p.kernel)], rates()
+    big = r.loop_big_weights if Cog * Cg * K >= r.loop_weights else 1.0
     if any(s != 1 for s in p.stride):          # x's phase rows copied, then the loops over the output's positions
         if not dense_strided.computes(p):
             return math.inf
-        big = big if p.output_shape[-1] < LOOP_LONG_ROW else 1.0
+        long_row = r.loop_long_row is not None and p.output_shape[-1] >= r.loop_long_row
+        big = 1.0 if long_row else big
         copies = COPY * dense_strided.phase_floats(p)
-        sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (LOOP_MACS * Q / (Q + q0))
+        sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (r.loop_macs * Q / (Q + q0))
         return CALL + (sums + copies) / CORES
     S = math.prod(p.input_shape[2:])
     share = dx_tap_share(dense_loops.dual(p)) if dense_loops.computes_fprop(p) else 1.0
-    return CALL + big * share * N * g * Cog * Cg * K * Q / (LOOP_MACS * S / (S + q0)) / CORES
+    return CALL + big * share * N * g * Cog * Cg * K * Q / (r.loop_macs * S / (S + q0)) / CORES
 
 
 def dense(p, output: str) -> float:

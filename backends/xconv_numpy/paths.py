@@ -169,18 +169,18 @@ def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gr
 #: the dense loops -> 2.55).
 BLOCKS_MIN_MACS = 1 << 22
 
-#: colgemm's forward is a candidate in one chunk of samples, or in up to cost.CORES chunks where the dense loops cannot
-#: take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on the small path's columns -> 0.69 in two chunks,
+#: colgemm's forward is a candidate in ``cost.rates().forward_chunks`` chunks of samples (Zen 4: one), or in up to
+#: cost.CORES chunks where the dense loops cannot take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on the small path's columns -> 0.69 in two chunks,
 #: 2x64x56x56 -> 128 2.67 -> 1.6; a stride-1 2x256x14x14 in two chunks 2.8 against the dense loops' 2.45).
-#: colgemm's forward serves calls of at most this many output positions (N x spatial): past it the copy back to
-#: (N, C, spatial) costs more than the model counts (a 1x1 at 8x28x28, 256 -> 128: 10-16 ms against the grid's 6).
-COLGEMM_FORWARD_COLUMNS = 4096
+#: colgemm's forward serves calls of at most ``cost.rates().forward_columns`` output positions (N x spatial; Zen 4: 4096, past which the copy back to (N, C, spatial) costs more than the model
+#: counts: a 1x1 at 8x28x28, 256 -> 128, 10-16 ms against the grid's 6).
 
 
 def cost_pick(p, output: str):
     """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that
     can run it, as a table path name; None where the model does not decide (the rules below it do). A function
-    of the configuration and the build only (cached with the table's choice)."""
+    of the configuration, the build and the kind of CPU (``cost.cpu_kind``: ``$XCONV_NUMPY_CPU`` or read from the CPU;
+    never a clock) only (cached with the table's choice)."""
     if p.transposed or not small.compiled_available() or columns.serves(p) or depthwise.serves(p):
         return None
     need_dx = output == "dx"
@@ -194,8 +194,9 @@ def cost_pick(p, output: str):
     if output == "y":
         dense_fwd = dense.serves_fprop(p)
         chunks = len(colgemm.sample_chunks(p, False, False, True))    # 0: colgemm does not fit the contract
-        if 0 < chunks <= (1 if dense_fwd else cost.CORES) \
-                and p.input_shape[0] * math.prod(p.output_shape[2:]) <= COLGEMM_FORWARD_COLUMNS:
+        r = cost.rates()
+        if 0 < chunks <= (r.forward_chunks if dense_fwd else cost.CORES) \
+                and p.input_shape[0] * math.prod(p.output_shape[2:]) <= r.forward_columns:
             cands.append("colgemm")                        # in chunks where the dense loops cannot take the forward
         if all(s == 1 for s in p.stride) and (not served or (loops and p.dtype == "float32"
                                                              and p.input_shape[0] >= 2 * cost.CORES
@@ -376,9 +377,10 @@ def choose(p: ConvParams, op: str, output: str, mask=FULL) -> tuple[Path, str]:
 
 
 def _switches() -> tuple:
-    """What the rules read besides ``p``: the compiled parts' switches and build."""
+    """What the rules read besides ``p``: the compiled parts' switches and build, the cost model's kind of CPU."""
     on = settings.current()
-    return (getattr(on, dense.SWITCH), getattr(on, depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS)
+    return (getattr(on, dense.SWITCH), getattr(on, depthwise.SWITCH), id(native.library()), dense.DENSE_ISAS,
+            on.numpy_cpu)
 
 
 @functools.lru_cache(maxsize=256)
