@@ -151,3 +151,67 @@ def test_builds_without_dense_loops_run_large_stride_1_backward_calls_on_the_gri
         assert not set(without.values()) & {"grid-a", "grid-b"}
     else:
         assert set(without.values()) == {want}
+
+
+# --- rates per kind of CPU (cost.RATES, XCONV_NUMPY_CPU) ---
+
+SPEECH = ((4, 512, 399), (512, 512, 3), dict(stride=2))      # the speech encoder's 4th layer: dense on Zen 4's rates
+
+
+def test_the_detected_kind_follows_the_vendor_and_the_build(monkeypatch):
+    monkeypatch.delenv("XCONV_NUMPY_CPU", raising=False)
+    lib = cost.native.library()
+    build = cost.native.isa(lib) if lib is not None else None
+    for vendor in ("GenuineIntel", "AuthenticAMD", ""):
+        monkeypatch.setattr(cost, "_vendor", lambda v=vendor: v)
+        want = "intel-avx512" if vendor == "GenuineIntel" and build == "avx512" else "zen4"
+        assert cost.detected_cpu() == want and cost.cpu_kind() == want and cost.rates() is cost.RATES[want]
+    monkeypatch.setenv("XCONV_NUMPY_CPU", "Intel-AVX512")
+    assert cost.cpu_kind() == "intel-avx512"
+
+
+def test_the_vendor_is_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\nprocessor\t: 1\n"
+                    "vendor_id\t: GenuineIntel\n")
+    assert cost._vendor(str(info)) == "GenuineIntel"
+    info2 = tmp_path / "cpuinfo2"
+    info2.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")            # no vendor line (an ARM kernel's)
+    assert cost._vendor(str(info2)) == "" and cost._vendor(str(tmp_path / "missing")) == ""
+
+
+@pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()
+                         and cost.native.isa(cost.native.library()) == "avx512"),
+                    reason="the dense loops' strided forward needs the AVX-512 build of the compiled loops")
+def test_the_kind_named_decides_the_pick_and_each_kind_keeps_its_own(monkeypatch):
+    xs, ws, kw = SPEECH
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    runs = {}
+    for kind in ("zen4", "intel-avx512", "zen4", "intel-avx512"):
+        monkeypatch.setenv("XCONV_NUMPY_CPU", kind)
+        with xconv.trace() as t:
+            y = xconv.conv_fprop(x, w, backend="numpy", deterministic=True, **kw)
+        runs.setdefault(kind, []).append((t.records[-1].path.split(":")[0], y.tobytes()))
+    assert {p for p, _ in runs["zen4"]} == {"dense"} and {p for p, _ in runs["intel-avx512"]} == {"colgemm"}
+    for kind, done in runs.items():                      # each kind: the same path and bits every time
+        assert done[0] == done[1], kind
+    exact = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw)
+    for kind, done in runs.items():
+        got = np.frombuffer(done[0][1], np.float32).reshape(exact.shape)
+        np.testing.assert_allclose(got, exact, rtol=2e-5, atol=2e-5 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("kind", sorted(cost.RATES))
+def test_each_kinds_picks_keep_each_outputs_bits_whatever_the_mask(kind, monkeypatch):
+    monkeypatch.setenv("XCONV_NUMPY_CPU", kind)
+    mixed = {k: v for k, v in _digests().items() if len(v) > 1}
+    assert not mixed, f"{kind}: outputs whose bits depend on the mask: {sorted(mixed)}"
+
+
+def test_backends_names_the_kind_in_use(monkeypatch):
+    from xconv_numpy import status
+    monkeypatch.setenv("XCONV_NUMPY_CPU", "zen4")
+    assert "cost model: zen4 rates (XCONV_NUMPY_CPU)" in status.describe()
+    monkeypatch.delenv("XCONV_NUMPY_CPU")
+    assert f"cost model: {cost.detected_cpu()} rates (detected)" in status.describe()

@@ -2,15 +2,16 @@
 
 The path table asks :func:`cheapest` which of the paths that can serve a call's forward output ("y"),
 input gradient ("dx") or weight gradient ("dw") should: the one with the least estimated time. The
-estimates read the shapes, strides and kernel only (never a clock, the thread count or the mask), so the
-choice, and with it the bits, is a pure function of the configuration and the build. Each output is
+estimates read the shapes, strides and kernel only (never a clock, the thread count or the mask), and the rates of
+the kind of CPU (:data:`RATES`: read from the CPU's vendor and the build, or named by ``XCONV_NUMPY_CPU``), so the
+choice, and with it the bits, is a pure function of the configuration, the build and that kind. Each output is
 costed on its own, so which outputs a call asks for cannot change how one of them is computed.
 
 The model, per path of the table (the names of ``paths.PATHS``; seconds on one core, then divided by the cores
 the path keeps busy, :data:`CORES` assumed):
 
 - ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
-  runs at ``BLAS_MACS * e(m) e(n) e(k)`` multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
+  runs at ``BLAS_MACS * e(m) e(n) e(k)`` (BLAS_MACS and the LOOP_ rates below: :class:`Rates`) multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
   products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
 - ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
   positions: 81 ms against the dense loops' 58);
@@ -139,10 +140,10 @@ RATES = {
 
 
 @functools.cache
-def _vendor() -> str:
-    """The CPU's vendor string (``/proc/cpuinfo``'s vendor_id; "" where it cannot be read)."""
+def _vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor string (``cpuinfo``'s first vendor_id; "" where it cannot be read)."""
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("vendor_id"):
                     return line.partition(":")[2].strip()

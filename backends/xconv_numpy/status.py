@@ -5,7 +5,7 @@ from __future__ import annotations
 from xconv import settings
 from xconv.errors import ConfigError
 
-from . import blas, dense, depthwise, native, small
+from . import blas, cost, dense, depthwise, native, small
 
 
 def describe() -> str:
@@ -24,7 +24,8 @@ def describe() -> str:
               ("dense C loops", dense.available(), lambda: why(dense.SWITCH, dense.build_error())),
               ("small calls", small.compiled_available(), lambda: why(small.SWITCH, native.load_error()))]
     parts = [name for name, on, _ in states if on]
-    return _loops(parts, states) + f"; BLAS: {blas.control()}"
+    chosen = "XCONV_NUMPY_CPU" if on.numpy_cpu else "detected"
+    return _loops(parts, states) + f"; BLAS: {blas.control()}; cost model: {cost.cpu_kind()} rates ({chosen})"
 
 
 def _loops(parts, states) -> str:
