@@ -97,6 +97,7 @@ class Rates:
       again);
     - ``loop_long_row``: output rows at least this long keep a block of output channels' weights in cache along the
       row: no ``loop_big_weights`` for the strided forward (None: never);
+    - ``stem_macs``: STEM_MACS, the stem loops' multiply-adds per second and core (times Co / (Co + STEM_K0));
     - ``grid_forward``: the grid engine's forward (``blas_grid``) takes this many times its products and copies;
     - ``forward_chunks``, ``forward_columns``: colgemm's forward serves calls in at most ``forward_chunks`` chunks of
       samples where the dense loops could take it, and of at most ``forward_columns`` output positions (N x spatial)
@@ -109,6 +110,7 @@ class Rates:
     loop_weights: int
     loop_big_weights: float
     loop_long_row: int | None
+    stem_macs: float
     grid_forward: float
     forward_chunks: int
     forward_columns: int
@@ -129,12 +131,14 @@ class Rates:
 #:   every row length, and colgemm's forward at any width (the 1-D encoder's 6396 output positions) and in chunks
 #:   (the encoder's 4 samples run in two: 27.7 ms against the dense loops' 61). The grid engine's
 #:   forward ran 1.04-1.4x colgemm's time on the encoder's layers (4x512x3199 29.9 / 27.7 ms, 4x512x399 5.27 / 3.76)
-#:   and 1.5-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 / 1.02): costed 1.5x.
+#:   and 1.5-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 / 1.02): costed 1.5x. The stem loops
+#:   ran 1.6-1.8x their Zen 4 rate (ResNet's 7x7 stem at 2x3x224x224 forward 1.83 ms, weight gradient 2.7; at
+#:   8x3x64x64 the weight gradient 0.99 against colgemm's 1.94, torch 0.53): 75e9.
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
-                  grid_forward=1.0, forward_chunks=1, forward_columns=4096),
+                  stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 18, loop_big_weights=1.8,
-                          loop_long_row=None, grid_forward=1.5, forward_chunks=CORES,
+                          loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62),
 }
 
@@ -297,13 +301,12 @@ def dense(p, output: str) -> float:
     return dense_forward(p) if output == "y" else loops(p, output)
 
 
-#: The stem loops' multiply-adds per second and core, times Co / (Co + STEM_K0): a block of fewer output channels
-#: reuses each loaded input vector less; their weight gradient STEM_DW times slower; STEM_CALL per call (two job
+#: The stem loops' multiply-adds per second and core (``Rates.stem_macs``; Zen 4: 45e9), times Co / (Co + STEM_K0):
+#: a block of fewer output channels reuses each loaded input vector less; their weight gradient STEM_DW times slower; STEM_CALL per call (two job
 #: phases). Fitted on two threads, Zen 4, AVX-512 build (ms, forward / weight gradient): ResNet's 7x7 stem at 8x3x64x64
 #: 1.07 / 1.83, MobileNetV2's 3x3 s2 at 8x3x96x96 0.46 / 0.57, 3x3 s1 4x3x64x64 -> 32 0.36-0.57 / 0.62, 4x3x32x32 ->
 #: 16 - / 0.17 (the small loops 0.11: they keep it), the 3-D 3x3x3 stem at 2x3x8x56x56 2.1 / 2.9 (the small loops'
 #: weight gradient 10.4, estimated 2.8).
-STEM_MACS = 45e9
 STEM_K0 = 16
 STEM_DW = 1.2
 STEM_CALL = 40e-6
@@ -317,7 +320,7 @@ def stem(p, output: str = "y") -> float:
     phase_rows = sw * stem_loops.phase_row_length(p) * (      # elements copied into stride phases
         math.prod(p.input_shape[:-1]) if output == "dw"          # x's rows, once per call
         else N * Q // ow * C * (K // kw))                        # each output row's tap rows
-    sums = macs(p) / (STEM_MACS * Co / (Co + STEM_K0)) * (STEM_DW if output == "dw" else 1.0)
+    sums = macs(p) / (rates().stem_macs * Co / (Co + STEM_K0)) * (STEM_DW if output == "dw" else 1.0)
     return STEM_CALL + (sums + COPY * phase_rows) / CORES
 
 
