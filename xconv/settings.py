@@ -80,23 +80,13 @@ def _switch(name: str, text: str, default: bool) -> bool:
     raise ConfigError(name, "is not a switch", expected="/".join(_ON) + " or " + "/".join(_OFF), given=repr(text))
 
 
-def _isa(name: str, text: str) -> str | None:
-    t = text.strip().lower()                 # any case, like the switches
-    if t == "":
-        return None
-    if t not in NUMPY_ISAS:
-        raise ConfigError(name, "is not a build of the NumPy backend's compiled loops",
-                          expected=" or ".join(NUMPY_ISAS), given=repr(text))
-    return t
-
-
-def _cpu(name: str, text: str) -> str | None:
+def _choice(name: str, text: str, choices: tuple, what: str) -> str | None:
+    """One of ``choices`` (any case, like the switches), None for empty; else ConfigError saying ``what`` it is not."""
     t = text.strip().lower()
     if t == "":
         return None
-    if t not in NUMPY_CPUS:
-        raise ConfigError(name, "is not a kind of CPU the NumPy backend's cost model has rates for",
-                          expected=" or ".join(NUMPY_CPUS), given=repr(text))
+    if t not in choices:
+        raise ConfigError(name, f"is not {what}", expected=" or ".join(choices), given=repr(text))
     return t
 
 
@@ -122,9 +112,11 @@ def from_environ(environ) -> Settings:
         workspace_limit=parse_limit(v["XCONV_WORKSPACE_LIMIT"], "XCONV_WORKSPACE_LIMIT"),
         numpy_c=_switch("XCONV_NUMPY_C", v["XCONV_NUMPY_C"], True),
         numpy_direct=_switch("XCONV_NUMPY_DIRECT", v["XCONV_NUMPY_DIRECT"], True),
-        numpy_isa=_isa("XCONV_NUMPY_ISA", v["XCONV_NUMPY_ISA"]),
+        numpy_isa=_choice("XCONV_NUMPY_ISA", v["XCONV_NUMPY_ISA"], NUMPY_ISAS,
+                          "a build of the NumPy backend's compiled loops"),
         numpy_openmp=_switch("XCONV_NUMPY_OPENMP", v["XCONV_NUMPY_OPENMP"], True),
-        numpy_cpu=_cpu("XCONV_NUMPY_CPU", v["XCONV_NUMPY_CPU"]),
+        numpy_cpu=_choice("XCONV_NUMPY_CPU", v["XCONV_NUMPY_CPU"], NUMPY_CPUS,
+                          "a kind of CPU the NumPy backend's cost model has rates for"),
         cudnn_benchmark=_switch("XCONV_CUDNN_BENCHMARK", v["XCONV_CUDNN_BENCHMARK"], False),
         cudnn_plan_cache_size=_count("XCONV_CUDNN_PLAN_CACHE_SIZE", v["XCONV_CUDNN_PLAN_CACHE_SIZE"],
                                      DEFAULT_CUDNN_PLAN_CACHE_SIZE),
