@@ -131,3 +131,43 @@ def test_depthwise_calls_take_blas_s_worker_count_without_pinning_it(monkeypatch
     with paths.tune(parallel_min_work=0, team_min_work=0):     # a call this small would otherwise run on one worker
         xconv.conv_fprop(x, np.ones((8, 1, 3, 3), np.float32), padding=1, groups=8)
     assert pins == [] and workers[0][-1] == pinned
+
+
+def test_the_avx2_builds_channel_vector_loops_give_the_avx512_builds_bits(monkeypatch):
+    """The loops across channels (depthwise_cv.py) on the AVX2 build (16-float vectors as two AVX registers, planes
+    transposed element by element) run MobileNet's small planes and give the AVX-512 build's bits: forward, dx, dw."""
+    from xconv_numpy import depthwise_cv, native
+
+    if native.library() is None or native.isa(native.library()) != "avx512" or native.library_path("avx2") is None:
+        pytest.skip("needs the AVX-512 build loaded and the AVX2 build installed (an AVX-512 CPU)")
+    cases = [((3, 48, 3, 3), 1), ((2, 32, 6, 6), 2), ((2, 16, 12, 12), 1), ((2, 32, 7, 5), 2), ((1, 16, 20, 17), 1)]
+    rng = np.random.default_rng(23)
+    data = []
+    for xs, s in cases:
+        C = xs[1]
+        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal((C, 1, 3, 3)).astype(np.float32)
+        kw = dict(stride=s, padding=1, groups=C)
+        dy = rng.standard_normal(xconv.output_shape(xs, w.shape, **kw)).astype(np.float32)
+        data.append((x, w, dy, kw))
+
+    def outputs():
+        calls = []
+        real = depthwise_cv._gather
+        monkeypatch.setattr(depthwise_cv, "_gather", lambda *a, **k: calls.append(1) or real(*a, **k))   # a spy
+        outs = [[xconv.conv_fprop(x, w, **kw), *xconv.convolution_backward(dy, x, w, **kw)[:2]]
+                for x, w, dy, kw in data]
+        monkeypatch.setattr(depthwise_cv, "_gather", real)
+        assert len(calls) == 2 * len(data)                   # every forward and dx ran the loops across channels
+        return outs
+
+    wide = outputs()
+    monkeypatch.setenv("XCONV_NUMPY_ISA", "avx2")
+    lib = native.load()
+    assert native.isa(lib) == "avx2"
+    monkeypatch.setattr(native.LIBRARY, "_value", lib)
+    narrow = outputs()
+    for (x, w, dy, kw), a, b in zip(data, wide, narrow):
+        assert all(np.array_equal(u, v) for u, v in zip(a, b)), kw
+    exact = xconv.conv_fprop(data[0][0].astype(np.float64), data[0][1].astype(np.float64), backend="numpy-exact",
+                             **data[0][3])
+    np.testing.assert_allclose(narrow[0][0], exact, rtol=1e-5, atol=1e-5)

@@ -10,8 +10,8 @@ from xconv.params import make_params
 from xconv_numpy import dense, depthwise_cv, jobs, native, omp_team, paths
 from xconv_numpy.grid.scratch import Lease
 
-pytestmark = pytest.mark.skipif(native.library() is None or native.isa(native.library()) != "avx512",
-                                reason="the channel-vector loops (depthwise_cv.ISAS) run on the AVX-512 build only "
+pytestmark = pytest.mark.skipif(native.library() is None or native.isa(native.library()) not in depthwise_cv.ISAS,
+                                reason="the channel-vector loops run on the builds of depthwise_cv.ISAS only "
                                        "(this CPU or install has none)")
 
 CASES = [  # (x shape, w shape, stride, padding, groups): dense 3x3, dense strided, depthwise small planes

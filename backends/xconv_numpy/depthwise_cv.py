@@ -15,7 +15,7 @@ NaN weight in the forward, an infinite or NaN dy in the weight gradient: 0 * inf
 instead, and the weight gradient adds the skipped terms of the blocks whose dy is not finite. Taps in ascending
 order; tasks are ranges of (sample, 16-channel block) items and never split a sum, so results depend on the
 shapes and values only, never on the workers. Used for float32, 1-D and 2-D, one output channel per input
-channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide, on the AVX-512 build (:func:`serves`).
+channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide, on the AVX-512 and AVX2 builds (:func:`serves`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ MAX_WIDTH = 32
 #: Planes (input or output, e.g. behind a large padding) of more positions take the plane loops: the pair tables are
 #: built per row and column in Python, and a plane's transposed copies are per-worker scratch.
 MAX_POSITIONS = 1 << 16
-#: Builds these loops run on (their 16-float vectors are one AVX-512 register; other builds emulate them).
-ISAS = ("avx512",)
+#: Builds these loops run on: their 16-float vectors are one AVX-512 register, two AVX ones (the AVX2 build transposes
+#: its planes element by element, csrc/depthwise_cv.c; one thread, 8 samples, ms, forward / backward with dx and dw,
+#: against the plane loops there, Intel Xeon model 207 held to AVX2: 480 channels 3x3 0.14 / 0.24 vs 0.29 / 0.77,
+#: 288 channels 6x6 0.13 / 0.21 vs 0.37 / 0.48, 96 channels 12x12 stride 2 0.08 / 0.19 vs 0.27 / 0.32; torch's AVX2
+#: build 0.09 / 0.19, 0.11 / 0.23, 0.09 / 0.21). Not the baseline build (SSE2: not measured).
+ISAS = ("avx512", "avx2")
 
 
 def serves(p: ConvParams) -> bool:
