@@ -140,7 +140,7 @@ def test_the_avx2_builds_channel_vector_loops_give_the_avx512_builds_bits(monkey
 
     if native.library() is None or native.isa(native.library()) != "avx512" or native.library_path("avx2") is None:
         pytest.skip("needs the AVX-512 build loaded and the AVX2 build installed (an AVX-512 CPU)")
-    cases = [((3, 48, 3, 3), 1), ((2, 32, 6, 6), 2), ((2, 16, 12, 12), 1), ((2, 32, 7, 5), 2), ((1, 16, 20, 17), 1)]
+    cases = [((3, 48, 3, 3), 1), ((2, 32, 6, 6), 2), ((2, 16, 8, 8), 1), ((2, 32, 7, 5), 2), ((1, 16, 20, 7), 1)]
     rng = np.random.default_rng(23)
     data = []
     for xs, s in cases:
@@ -165,6 +165,8 @@ def test_the_avx2_builds_channel_vector_loops_give_the_avx512_builds_bits(monkey
     lib = native.load()
     assert native.isa(lib) == "avx2"
     monkeypatch.setattr(native.LIBRARY, "_value", lib)
+    wider = make_params((2, 16, 12, 12), (16, 1, 3, 3), padding=1, groups=16)
+    assert not depthwise_cv.serves(wider)          # past MAX_WIDTH["avx2"]: the AVX2 build's plane loops
     narrow = outputs()
     for (x, w, dy, kw), a, b in zip(data, wide, narrow):
         assert all(np.array_equal(u, v) for u, v in zip(a, b)), kw

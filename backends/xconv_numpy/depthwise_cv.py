@@ -15,7 +15,8 @@ NaN weight in the forward, an infinite or NaN dy in the weight gradient: 0 * inf
 instead, and the weight gradient adds the skipped terms of the blocks whose dy is not finite. Taps in ascending
 order; tasks are ranges of (sample, 16-channel block) items and never split a sum, so results depend on the
 shapes and values only, never on the workers. Used for float32, 1-D and 2-D, one output channel per input
-channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide, on the AVX-512 and AVX2 builds (:func:`serves`).
+channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide (32 on the AVX-512 build, 8 on the AVX2 build)
+(:func:`serves`).
 """
 
 from __future__ import annotations
@@ -32,18 +33,20 @@ from .native import address
 from .plans import per_params
 from .workers import even_ranges
 
-#: Planes at most this wide take these loops (the plane loops vectorize wider rows well: 48-wide planes ran as
-#: fast there, measured on MobileNetV2's layers).
-MAX_WIDTH = 32
+#: Planes at most this wide take these loops, per build (the plane loops vectorize wider rows well: on the AVX-512
+#: build 48-wide planes ran as fast there, measured on MobileNetV2's layers). The AVX2 build's plane loops take rows
+#: of 8 floats at a time, and its 16-float vectors cost two registers: measured (Intel Xeon model 207 held to AVX2,
+#: one thread, 8 samples, ms, forward / backward with dx and dw, these loops against the plane loops; torch's AVX2
+#: build), 480 channels 3x3 0.16 / 0.30 vs 0.54 / 0.84 (0.09 / 0.17), 288 channels 6x6 0.20 / 0.38 vs 0.33 / 0.52,
+#: 192 channels 6x6 0.17 / 0.30 vs 0.27 / 0.38, but 96 channels 12x12 0.25 / 0.46 vs 0.20 / 0.29 and 24x24 0.84 /
+#: 1.57 vs 0.43 / 0.49: planes up to 8 wide there.
+MAX_WIDTH = {"avx512": 32, "avx2": 8}
 #: Planes (input or output, e.g. behind a large padding) of more positions take the plane loops: the pair tables are
 #: built per row and column in Python, and a plane's transposed copies are per-worker scratch.
 MAX_POSITIONS = 1 << 16
-#: Builds these loops run on: their 16-float vectors are one AVX-512 register, two AVX ones (the AVX2 build transposes
-#: its planes element by element, csrc/depthwise_cv.c; one thread, 8 samples, ms, forward / backward with dx and dw,
-#: against the plane loops there, Intel Xeon model 207 held to AVX2: 480 channels 3x3 0.14 / 0.24 vs 0.29 / 0.77,
-#: 288 channels 6x6 0.13 / 0.21 vs 0.37 / 0.48, 96 channels 12x12 stride 2 0.08 / 0.19 vs 0.27 / 0.32; torch's AVX2
-#: build 0.09 / 0.19, 0.11 / 0.23, 0.09 / 0.21). Not the baseline build (SSE2: not measured).
-ISAS = ("avx512", "avx2")
+#: Builds these loops run on (MAX_WIDTH's): their 16-float vectors are one AVX-512 register, two AVX ones (the AVX2
+#: build transposes its planes element by element, csrc/depthwise_cv.c). Not the baseline build (SSE2: not measured).
+ISAS = tuple(MAX_WIDTH)
 
 
 def serves(p: ConvParams) -> bool:
@@ -51,8 +54,8 @@ def serves(p: ConvParams) -> bool:
     weights (:func:`fprop_serves`)."""
     C = p.input_shape[1]
     return (p.dtype == "float32" and p.nd in (1, 2) and p.output_shape[1] == C and C % 16 == 0
-            and p.input_shape[-1] <= MAX_WIDTH and math.prod(p.input_shape[2:]) <= MAX_POSITIONS
-            and math.prod(p.output_shape[2:]) <= MAX_POSITIONS and native.isa(native.library()) in ISAS)
+            and math.prod(p.input_shape[2:]) <= MAX_POSITIONS and math.prod(p.output_shape[2:]) <= MAX_POSITIONS
+            and native.library() is not None and p.input_shape[-1] <= MAX_WIDTH.get(native.isa(native.library()), 0))
 
 
 def fprop_serves(p: ConvParams, w: np.ndarray) -> bool:

@@ -9,9 +9,8 @@
  * sequence of operations for given shapes and build: bitwise reproducible whatever the task split. */
 
 /* The transpositions below run 16 x 16 tiles in registers where a 16-float vector is one register (the AVX-512
- * build); the AVX2 build copies element by element: its emulated 16-float shuffles made the loops 2-3x slower than
- * the plane loops on MobileNet's small planes, the copies run them at the AVX-512 build's speed (measured, 8x480x3x3
- * forward 0.29 -> 0.14 ms, backward 0.77 -> 0.24). A copy either way: the same bits. */
+ * build); the AVX2 build copies element by element: its emulated 16-float shuffles cost more than the sums on small
+ * planes (../depthwise_cv.py, MAX_WIDTH, has the figures). A copy either way: the same bits. */
 
 /* 16 planes of n positions (plane l at src + l * ld) -> dst[u * 16 + l] */
 static void cv_planes_in(const float *src, int64_t ld, int64_t n, float *dst) {
