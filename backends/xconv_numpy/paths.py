@@ -181,8 +181,10 @@ def cost_pick(p, output: str):
     can run it, as a table path name; None where the model does not decide (the rules below it do). A function
     of the configuration, the build and the kind of CPU (``cost.cpu_kind``: ``$XCONV_NUMPY_CPU`` or read from the CPU;
     never a clock) only (cached with the table's choice)."""
-    if p.transposed or not small.compiled_available() or columns.serves(p) or depthwise.serves(p):
-        return None
+    if p.transposed or not small.compiled_available() or columns.serves(p) \
+            or (depthwise.serves(p) and not small.before_depthwise(p, output != "y")):
+        return None     # the rules above it decide; a depthwise-shaped call that they pass on to the small path
+                        # (small.before_depthwise) is the model's to pick, as any other
     need_dx = output == "dx"
     served = small.serves(p, need_dx)                                # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
