@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xconv
+from xconv.params import make_params
 from test_numpy_fast import compare, convolutions, random_arrays
 
 from xconv_numpy import native, paths, small  # noqa: E402
@@ -319,3 +320,23 @@ def test_column_sums_are_numpys_tap_by_tap_sums(spatial, kernel, stride, padding
     want = want[(Ellipsis,) + tuple(slice(a, a + s) for s, (a, _) in zip(spatial, p.padding))]
     dx = small_c.col2im(dcols.reshape(1, 5 * K, 3 * Q), p, None, np.float32)
     assert dx.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@pytest.mark.skipif(not small.compiled_available(), reason="the compiled column copies are not built here")
+def test_a_strided_input_gradient_counts_x_columns_on_small_cols():
+    """small-cols computes a strided call's dx as W^T @ dy in x's columns' shape: the size rule counts those, not dy's
+    (which small-c's grid and small-gather's columns hold); the memory bound still counts dy's for every small path.
+    The digits model's transposed 4x4 stride-2 32 -> 1 (the dx of a 64x1x8x8 -> 32) then runs there."""
+    p = make_params((64, 1, 8, 8), (32, 1, 4, 4), stride=2, padding=1)
+    x_cols, dy_cols = 1 * 16 * 64 * 16, 32 * 16 * 64 * 64
+    assert small.elements(p, True) == x_cols and small.elements(p, True, every_path=True) == dy_cols
+    assert small.elements(make_params((64, 1, 8, 8), (32, 1, 3, 3), padding=1), True) == 32 * 9 * 64 * 64  # stride 1
+    assert small.before_depthwise(p, True)
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((64, 32, 4, 4), dtype=np.float32), rng.standard_normal((32, 1, 4, 4), dtype=np.float32)
+    kw = dict(stride=2, padding=1, transposed=True)
+    with xconv.trace() as t:
+        y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+    assert t.records[-1].path.startswith("small-cols"), t.records[-1].path
+    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), backend="numpy-exact", **kw)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -62,11 +62,17 @@ def before_depthwise(p: ConvParams, need_dx: bool = False) -> bool:
             and serves(p, need_dx))
 
 
-def elements(p: ConvParams, need_dx: bool) -> int:
-    """Elements of the call's largest im2col matrix: x's columns, or dy's (for dx) when ``need_dx``."""
+def elements(p: ConvParams, need_dx: bool, every_path: bool = False) -> int:
+    """Elements of the call's largest im2col matrix: x's columns, or dy's (for dx) when ``need_dx`` and the small path
+    that runs the call computes dx from dy: at stride 1 (``small-c``, ``small-grid``: dy's grid) or without the
+    compiled copies (``small-gather``: dy's columns); ``small-cols`` (any stride, the copies built) computes dx as
+    ``W^T @ dy`` in x's columns' shape and adds it back (a transposed 4x4 stride-2 32 -> 1 at 64x4x4, the dx of a
+    64x1x8x8 -> 32: 2.1M elements of dy's columns, 16K of x's; 0.14 ms there against the depthwise loops' 0.31).
+    ``every_path``: dy's columns whatever the path (the memory bound of any small path)."""
     K, N = math.prod(p.kernel), p.input_shape[0]
     x_cols = p.input_shape[1] * K * N * math.prod(p.output_shape[2:])
-    dy_cols = p.output_shape[1] * K * N * math.prod(p.input_shape[2:]) if need_dx else 0
+    from_dy = every_path or unit_stride(p) or not compiled_available()
+    dy_cols = p.output_shape[1] * K * N * math.prod(p.input_shape[2:]) if need_dx and from_dy else 0
     return max(x_cols, dy_cols)
 
 
