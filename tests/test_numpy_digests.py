@@ -12,9 +12,10 @@ run on one worker (fast._share), so two random calls under a 4096-byte limit tha
 return results (whether such a call was refused had depended on the worker count); float32 depthwise calls with planes up to 32 wide
 and channels a multiple of 16 run the loops across channels (depthwise_cv.py: 9 calls changed); strided calls count
 x's columns, not dy's, for their input gradient on the small path when its compiled copies are built
-(``small.elements``: small-cols computes dx as W^T @ dy in x's columns' shape), so 19 strided calls with an input
-gradient moved to small-cols (corpus/large/2d-T-s2-f32, 3d-16-T-bf16, 3d-T-f32 and 16 random ones). After an intended
-change, regenerate with
+(``small.elements``: small-cols computes dx as W^T @ dy in x's columns' shape), so 19 entries of 7 strided
+configurations moved to small-cols (corpus/large/2d-T-s2-f32, 3d-16-T-bf16, 3d-T-f32; random 98, 109, 161, 233):
+their gradients, the weight-gradient-only entries too (an output's path follows the full call's size rule), and
+random 233's transposed forward (the dx of its direct call). After an intended change, regenerate with
 ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
 entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
 """

@@ -18,7 +18,7 @@ CASES = [  # (x shape, w shape, stride, padding, groups): dense 3x3, dense strid
     ((5, 32, 9, 8), (48, 32, 3, 3), 1, 1, 1),
     ((3, 64, 7, 7), (32, 64, 3, 3), 2, 1, 1),
     ((4, 96, 6, 6), (96, 1, 3, 3), 1, 1, 96),
-    ((3, 48, 12, 12), (48, 1, 3, 3), 2, 1, 48),
+    ((3, 48, 10, 8), (48, 1, 3, 3), 2, 1, 48),      # planes at most 8 wide: the channel-vector loops on every build
 ]
 
 

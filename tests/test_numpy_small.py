@@ -332,6 +332,8 @@ def test_a_strided_input_gradient_counts_x_columns_on_small_cols():
     assert small.elements(p, True) == x_cols and small.elements(p, True, every_path=True) == dy_cols
     assert small.elements(make_params((64, 1, 8, 8), (32, 1, 3, 3), padding=1), True) == 32 * 9 * 64 * 64  # stride 1
     assert small.before_depthwise(p, True)
+    larger = make_params((32, 1, 28, 28), (32, 1, 3, 3), stride=2)     # 1.8M multiply-adds: the depthwise loops' dx
+    assert not small.before_depthwise(larger, True) and small.before_depthwise(larger, False)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((64, 32, 4, 4), dtype=np.float32), rng.standard_normal((32, 1, 4, 4), dtype=np.float32)
     kw = dict(stride=2, padding=1, transposed=True)

@@ -45,7 +45,7 @@ def test_parse_limit_none_means_no_limit():
 def test_defaults_without_any_variable():
     assert settings.from_environ({}) == settings.Settings(
         backend=None, memory_limit=None, workspace_limit=None, numpy_c=True, numpy_direct=True, numpy_isa=None,
-        numpy_openmp=True, numpy_cpu=None, cudnn_benchmark=False, cudnn_plan_cache_size=512)
+        numpy_openmp=True, cudnn_benchmark=False, cudnn_plan_cache_size=512, numpy_cpu=None)
 
 
 def test_every_variable_read():
@@ -53,7 +53,7 @@ def test_every_variable_read():
            "XCONV_NUMPY_C": "0", "XCONV_NUMPY_DIRECT": "off", "XCONV_NUMPY_ISA": "avx2", "XCONV_NUMPY_OPENMP": "False",
            "XCONV_NUMPY_CPU": " Intel-AVX512", "XCONV_CUDNN_BENCHMARK": " yes ", "XCONV_CUDNN_PLAN_CACHE_SIZE": "7"}
     assert settings.from_environ(env) == settings.Settings("numpy-exact", 8 * GiB, 4 * MiB, False, False, "avx2",
-                                                           False, "intel-avx512", True, 7)
+                                                           False, True, 7, "intel-avx512")
     assert set(env) == set(settings.NAMES)
     assert settings.from_environ({"XCONV_WORKSPACE_LIMIT": "none", "XCONV_NUMPY_C": "1"}).numpy_c is True
 

@@ -66,9 +66,9 @@ class Settings:
     numpy_direct: bool = True
     numpy_isa: str | None = None
     numpy_openmp: bool = True
-    numpy_cpu: str | None = None
     cudnn_benchmark: bool = False
     cudnn_plan_cache_size: int = DEFAULT_CUDNN_PLAN_CACHE_SIZE
+    numpy_cpu: str | None = None
 
 
 def _switch(name: str, text: str, default: bool) -> bool:
@@ -188,5 +188,5 @@ def key() -> tuple:
     return raw
 
 
-__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems",
+__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_CPUS", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems",
            "read"]

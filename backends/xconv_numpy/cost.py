@@ -11,18 +11,18 @@ The model, per path of the table (the names of ``paths.PATHS``; seconds on one c
 the path keeps busy, :data:`CORES` assumed):
 
 - ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
-  runs at ``BLAS_MACS * e(m) e(n) e(k)`` (BLAS_MACS and the LOOP_ rates below: :class:`Rates`) multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
+  runs at ``BLAS_MACS * e(m) e(n) e(k)`` (BLAS_MACS, LOOP_MACS: ``Rates.blas_macs``, ``Rates.loop_macs``) multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
   products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
 - ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
   positions: 81 ms against the dense loops' 58);
 - ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
   per second, Q the output positions per sample (the loops vectorize and block along a sample's
   positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
-  grids more: a larger Q0), times ``LOOP_BIG_WEIGHTS`` when one group's weights outgrow a core's L2; for dx
+  grids more: a larger Q0), times ``Rates.loop_big_weights`` when one group's weights outgrow a core's L2; for dx
   and the forward only the multiply-adds the loops run (``dense_plan.dx_tap_share``: taps that read only padding rows
   are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build) over the output positions, the
   tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
-  ``LOOP_BIG_WEIGHTS`` on output rows of ``LOOP_LONG_ROW`` or more;
+  ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never exempt);
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
   small path's estimate over the cores; ``grid-forward`` (the grid engine's x-columns forward): colgemm's
   product model, columns only for kernels with several taps;
@@ -125,13 +125,14 @@ class Rates:
 #: - ``intel-avx512`` (Intel Xeon, family 6 model 207, two 512-bit FMA units per core; the AVX-512 build, OpenBLAS
 #:   SkylakeX), measured on two threads (ms, dense / colgemm / torch): OpenBLAS runs 80-83 G multiply-adds/s per
 #:   core (Zen 4: 45), the dense loops 75 on 64- and 128-channel 3x3s (2x64x56x56 forward 1.53 ms, torch 1.47) but
-#:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 2.03 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82 /
+#:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 1.9-2.0 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82 /
 #:   1.69 / 1.46) and 45 on the speech encoder's long rows (4x512x1599 -> 512 3-tap stride 2: 28.1 / 15.6 / 11.8;
 #:   its whole evaluation forward 147 ms against torch's 74): the loops' big-weights factor from 2^18 elements, on
 #:   every row length, and colgemm's forward at any width (the 1-D encoder's 6396 output positions) and in chunks
-#:   (the encoder's 4 samples run in two: 27.7 ms against the dense loops' 61). The grid engine's
-#:   forward ran 1.04-1.4x colgemm's time on the encoder's layers (4x512x3199 29.9 / 27.7 ms, 4x512x399 5.27 / 3.76)
-#:   and 1.5-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 / 1.02): costed 1.5x. The stem loops
+#:   (the encoder's 4 samples run in two: 27.4-27.7 ms against the dense loops' 61). The grid engine's
+#:   forward ran 1.03-1.4x colgemm's time on the encoder's layers (ms: 4x512x3199 29.9 / 27.7, 4x512x1599 15.1 /
+#:   14.7, 4x512x399 5.27 / 3.76) and 1.55-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 / 1.02,
+#:   8x512x2x2 3.54 / 0.74): costed 1.5x. The stem loops
 #:   ran 1.6-1.8x their Zen 4 rate (ResNet's 7x7 stem at 2x3x224x224 forward 1.83 ms, weight gradient 2.7; at
 #:   8x3x64x64 the weight gradient 0.99 against colgemm's 1.94, torch 0.53): 75e9.
 RATES = {

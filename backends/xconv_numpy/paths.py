@@ -169,11 +169,12 @@ def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gr
 #: the dense loops -> 2.55).
 BLOCKS_MIN_MACS = 1 << 22
 
-#: colgemm's forward is a candidate in ``cost.rates().forward_chunks`` chunks of samples (Zen 4: one), or in up to
-#: cost.CORES chunks where the dense loops cannot take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on the small path's columns -> 0.69 in two chunks,
-#: 2x64x56x56 -> 128 2.67 -> 1.6; a stride-1 2x256x14x14 in two chunks 2.8 against the dense loops' 2.45).
-#: colgemm's forward serves calls of at most ``cost.rates().forward_columns`` output positions (N x spatial; Zen 4: 4096, past which the copy back to (N, C, spatial) costs more than the model
-#: counts: a 1x1 at 8x28x28, 256 -> 128, 10-16 ms against the grid's 6).
+# (cost_pick) colgemm's forward is a candidate in ``cost.rates().forward_chunks`` chunks of samples (Zen 4: one), or
+# in up to cost.CORES chunks where the dense loops cannot take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on
+# the small path's columns -> 0.69 in two chunks, 2x64x56x56 -> 128 2.67 -> 1.6; a stride-1 2x256x14x14 in two chunks
+# 2.8 against the dense loops' 2.45), and of at most ``cost.rates().forward_columns`` output positions (N x spatial;
+# Zen 4: 4096, past which the copy back to (N, C, spatial) costs more than the model counts: a 1x1 at 8x28x28,
+# 256 -> 128, 10-16 ms against the grid's 6).
 
 
 def cost_pick(p, output: str):

@@ -55,11 +55,22 @@ def serves(p: ConvParams, need_dx: bool = False) -> bool:
 DEPTHWISE_MULTIPLIER = 8
 
 
+#: A depthwise-shaped call's input gradient at a stride above 1 runs here (x's columns, ``W^T @ dy``) only up to this
+#: many multiply-adds; past it dy's columns count, as at stride 1, and the depthwise loops keep it (two threads, Intel
+#: Xeon, ms, dx and dw, small-cols or the model's pick against the depthwise loops: the digits model's transposed
+#: 4x4 stride 2, 64x1x8x8 -> 32, 2^19 multiply-adds, 0.19 vs 0.45; 32x1x28x28 -> 32 k3 s2, 1.8M, 0.46 vs 0.36;
+#: 64x1x28x28 -> 32 k5 s2 2.4 vs 1.37; 4x1x16000 -> 512 k10 s5 10.4 vs 7.2).
+DEPTHWISE_DX_MACS = 1 << 19
+
+
 def before_depthwise(p: ConvParams, need_dx: bool = False) -> bool:
     """Whether a depthwise-shaped ``p`` (one input channel per group) runs here rather than in the depthwise loops:
-    many outputs per input channel, small, and the compiled copies built."""
+    many outputs per input channel, small (for dx past :data:`DEPTHWISE_DX_MACS` multiply-adds: dy's columns count,
+    whatever the stride), and the compiled copies built."""
+    macs = p.input_shape[0] * math.prod(p.output_shape[1:]) * math.prod(p.weight_shape[1:])
+    every = need_dx and macs > DEPTHWISE_DX_MACS
     return (p.output_shape[1] >= DEPTHWISE_MULTIPLIER * p.input_shape[1] and compiled_available()
-            and serves(p, need_dx))
+            and computes(p) and elements(p, need_dx, every_path=every) <= MAX_ELEMENTS)
 
 
 def elements(p: ConvParams, need_dx: bool, every_path: bool = False) -> int:

@@ -25,7 +25,8 @@ def describe() -> str:
               ("small calls", small.compiled_available(), lambda: why(small.SWITCH, native.load_error()))]
     parts = [name for name, on, _ in states if on]
     chosen = "XCONV_NUMPY_CPU" if on.numpy_cpu else "detected"
-    return _loops(parts, states) + f"; BLAS: {blas.control()}; cost model: {cost.cpu_kind()} rates ({chosen})"
+    model = f"{cost.cpu_kind()} rates ({chosen})" if small.compiled_available() else "off (no compiled loops)"
+    return _loops(parts, states) + f"; BLAS: {blas.control()}; cost model: {model}"
 
 
 def _loops(parts, states) -> str:
