@@ -215,3 +215,29 @@ def test_backends_names_the_kind_in_use(monkeypatch):
     assert "cost model: zen4 rates (XCONV_NUMPY_CPU)" in status.describe()
     monkeypatch.delenv("XCONV_NUMPY_CPU")
     assert f"cost model: {cost.detected_cpu()} rates (detected)" in status.describe()
+
+
+def test_one_choice_reads_the_kind_its_key_holds(monkeypatch):
+    """Within a path choice every estimate uses the kind in the choice's cache key (cost.choosing), whatever the
+    environment says meanwhile; outside, the environment's."""
+    monkeypatch.setenv("XCONV_NUMPY_CPU", "zen4")
+    with cost.choosing("intel-avx512"):
+        assert cost.cpu_kind() == "intel-avx512" and cost.rates() is cost.RATES["intel-avx512"]
+        with cost.choosing(None):
+            assert cost.cpu_kind() == cost.detected_cpu()
+        assert cost.cpu_kind() == "intel-avx512"
+    assert cost.cpu_kind() == "zen4"
+    seen = []
+    real = cost.rates
+
+    def rates():                    # the environment changes after the choice's first estimate (another thread's)
+        seen.append(cost.cpu_kind())
+        os.environ["XCONV_NUMPY_CPU"] = "zen4"
+        return real()
+
+    monkeypatch.setattr(cost, "rates", rates)
+    paths._choose.cache_clear()
+    p = make_params(*SPEECH[:2], **SPEECH[2])
+    monkeypatch.setenv("XCONV_NUMPY_CPU", "intel-avx512")
+    paths.choose(p, "fprop", "output")
+    assert len(seen) > 1 and set(seen) == {"intel-avx512"}

@@ -62,6 +62,8 @@ shape (x; w; stride), ResNet-18 / 224 px   dx+dw ms, 1 core   colgemm     dense 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -167,9 +169,26 @@ def detected_cpu() -> str:
     return "zen4"
 
 
+#: The kind one path choice reads (:func:`choosing`): the one its cache key holds, however often an estimate asks.
+_CHOOSING = contextvars.ContextVar("xconv_numpy_cost_kind", default=None)
+
+
 def cpu_kind() -> str:
-    """The kind of CPU whose rates the estimates use: ``$XCONV_NUMPY_CPU``, else :func:`detected_cpu`."""
-    return settings.current().numpy_cpu or detected_cpu()
+    """The kind of CPU whose rates the estimates use: within :func:`choosing`, its kind; else ``$XCONV_NUMPY_CPU``,
+    else :func:`detected_cpu`."""
+    return _CHOOSING.get() or settings.current().numpy_cpu or detected_cpu()
+
+
+@contextlib.contextmanager
+def choosing(named: str | None):
+    """Within the block (this thread or task) every estimate uses the kind ``named`` (a setting's value, None: the
+    detected kind): one path choice reads the kind once, the one its cache key holds, even if the environment
+    changes meanwhile."""
+    token = _CHOOSING.set(named or detected_cpu())
+    try:
+        yield
+    finally:
+        _CHOOSING.reset(token)
 
 
 def rates() -> Rates:

@@ -388,6 +388,11 @@ def _switches() -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def _choose(p: ConvParams, op: str, output: str, forced, switches) -> tuple[Path, str]:
+    with cost.choosing(switches[-1]):          # the kind of CPU the key holds, read once for the whole choice
+        return _choose_rule(p, op, output, forced)
+
+
+def _choose_rule(p: ConvParams, op: str, output: str, forced) -> tuple[Path, str]:
     names, off = forced
     if output == "grad_bias":
         return PATHS["bias-sum"], "always"
