@@ -59,6 +59,18 @@ def assert_same_non_finite(got, want, rtol: float, atol: float = 1e-4) -> None:
         np.testing.assert_allclose(g[fin], e[fin], rtol=rtol, atol=atol)
 
 
+def load_avx2_build(monkeypatch):
+    """Run the rest of the test on the NumPy backend's AVX2 build: XCONV_NUMPY_ISA=avx2 and that build as the loaded
+    library (monkeypatch undoes both); returns it."""
+    from xconv_numpy import native
+
+    monkeypatch.setenv("XCONV_NUMPY_ISA", "avx2")
+    lib = native.load()
+    assert native.isa(lib) == "avx2"
+    monkeypatch.setattr(native.LIBRARY, "_value", lib)
+    return lib
+
+
 def count_calls(monkeypatch, owner, *names: str) -> list:
     """Wrap each ``owner.name`` (for the test's duration) so that each call of any appends to the returned list."""
     calls = []

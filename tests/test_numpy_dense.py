@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import xconv
 from xconv.params import make_params
 
-from core_helpers import count_calls  # noqa: E402
+from core_helpers import count_calls, load_avx2_build  # noqa: E402
 from test_numpy_fast import compare, compare_on_poisoned_scratch, random_arrays  # noqa: E402
 
 from xconv_numpy import dense, dense_plan, native, paths
@@ -249,10 +249,7 @@ def test_the_avx2_builds_dense_loops_give_the_avx512_builds_bits(monkeypatch):
         return outs
 
     wide = outputs()
-    monkeypatch.setenv("XCONV_NUMPY_ISA", "avx2")
-    lib = native.load()
-    assert native.isa(lib) == "avx2"
-    monkeypatch.setattr(native.LIBRARY, "_value", lib)
+    load_avx2_build(monkeypatch)
     assert dense.available()
     narrow = outputs()
     for a, b in zip(wide, narrow):

@@ -14,7 +14,7 @@ import pytest
 import xconv
 from xconv.params import make_params
 
-from core_helpers import count_calls  # noqa: E402
+from core_helpers import count_calls, load_avx2_build  # noqa: E402
 from test_numpy_fast import DTYPE_NAMES, compare, random_arrays  # noqa: E402
 
 from xconv_numpy import depthwise, paths  # noqa: E402
@@ -161,10 +161,7 @@ def test_the_avx2_builds_channel_vector_loops_give_the_avx512_builds_bits(monkey
         return outs
 
     wide = outputs()
-    monkeypatch.setenv("XCONV_NUMPY_ISA", "avx2")
-    lib = native.load()
-    assert native.isa(lib) == "avx2"
-    monkeypatch.setattr(native.LIBRARY, "_value", lib)
+    load_avx2_build(monkeypatch)
     wider = make_params((2, 16, 12, 12), (16, 1, 3, 3), padding=1, groups=16)
     assert not depthwise_cv.serves(wider)          # past MAX_WIDTH["avx2"]: the AVX2 build's plane loops
     narrow = outputs()
