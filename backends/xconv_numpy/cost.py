@@ -10,9 +10,10 @@ costed on its own, so which outputs a call asks for cannot change how one of the
 The model, per path of the table (the names of ``paths.PATHS``; seconds on one core, then divided by the cores
 the path keeps busy, :data:`CORES` assumed):
 
-- ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k)
-  runs at ``BLAS_MACS * e(m) e(n) e(k)`` (BLAS_MACS, LOOP_MACS: ``Rates.blas_macs``, ``Rates.loop_macs``) multiply-adds per second, ``e(d) = d / (d + BLAS_HALF)`` (thin
-  products run below peak), plus ``COPY`` per element of the columns it builds or folds back;
+- ``colgemm`` (im2col columns and BLAS products, :mod:`.colgemm`): each product of sizes (m, n, k) runs at
+  ``BLAS_MACS * e(m) e(n) e(k)`` multiply-adds per second (BLAS_MACS and LOOP_MACS below: ``Rates.blas_macs``,
+  ``Rates.loop_macs``), ``e(d) = d / (d + BLAS_HALF)`` (thin products run below peak), plus ``COPY`` per element of
+  the columns it builds or folds back;
 - ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
   positions: 81 ms against the dense loops' 58);
 - ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
@@ -127,16 +128,16 @@ class Rates:
 #: - ``intel-avx512`` (Intel Xeon, family 6 model 207, two 512-bit FMA units per core; the AVX-512 build, OpenBLAS
 #:   SkylakeX), measured on two threads (ms, dense / colgemm / torch): OpenBLAS runs 80-83 G multiply-adds/s per
 #:   core (Zen 4: 45), the dense loops 75 on 64- and 128-channel 3x3s (2x64x56x56 forward 1.53 ms, torch 1.47) but
-#:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 1.9-2.0 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82 /
-#:   1.69 / 1.46) and 45 on the speech encoder's long rows (4x512x1599 -> 512 3-tap stride 2: 28.1 / 15.6 / 11.8;
-#:   its whole evaluation forward 147 ms against torch's 74): the loops' big-weights factor from 2^18 elements, on
-#:   every row length, and colgemm's forward at any width (the 1-D encoder's 6396 output positions) and in chunks
-#:   (the encoder's 4 samples run in two: 27.4-27.7 ms against the dense loops' 61). The grid engine's
-#:   forward ran 1.03-1.4x colgemm's time on the encoder's layers (ms: 4x512x3199 29.9 / 27.7, 4x512x1599 15.1 /
-#:   14.7, 4x512x399 5.27 / 3.76) and 1.55-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 / 1.02,
-#:   8x512x2x2 3.54 / 0.74): costed 1.5x. The stem loops
-#:   ran 1.6-1.8x their Zen 4 rate (ResNet's 7x7 stem at 2x3x224x224 forward 1.83 ms, weight gradient 2.7; at
-#:   8x3x64x64 the weight gradient 0.99 against colgemm's 1.94, torch 0.53): 75e9.
+#:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 1.9-2.0 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82
+#:   / 1.69 / 1.46) and 45 on the speech encoder's long rows (4x512x1599 -> 512 3-tap stride 2: 28.1 / 15.6 /
+#:   11.8; its whole evaluation forward 147 ms against torch's 74): the loops' big-weights factor from 2^18
+#:   elements, on every row length, and colgemm's forward at any width (the 1-D encoder's 6396 output positions)
+#:   and in chunks (the encoder's 4 samples run in two: 27.4-27.7 ms against the dense loops' 61). The grid
+#:   engine's forward ran 1.03-1.4x colgemm's time on the encoder's layers (ms: 4x512x3199 29.9 / 27.7, 4x512x1599
+#:   15.1 / 14.7, 4x512x399 5.27 / 3.76) and 1.55-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 /
+#:   1.02, 8x512x2x2 3.54 / 0.74): costed 1.5x. The stem loops ran 1.6-1.8x their Zen 4 rate (ResNet's 7x7 stem at
+#:   2x3x224x224 forward 1.83 ms, weight gradient 2.7; at 8x3x64x64 the weight gradient 0.99 against colgemm's
+#:   1.94, torch 0.53): 75e9.
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
                   stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096),
@@ -322,11 +323,11 @@ def dense(p, output: str) -> float:
 
 
 #: The stem loops' multiply-adds per second and core (``Rates.stem_macs``; Zen 4: 45e9), times Co / (Co + STEM_K0):
-#: a block of fewer output channels reuses each loaded input vector less; their weight gradient STEM_DW times slower; STEM_CALL per call (two job
-#: phases). Fitted on two threads, Zen 4, AVX-512 build (ms, forward / weight gradient): ResNet's 7x7 stem at 8x3x64x64
-#: 1.07 / 1.83, MobileNetV2's 3x3 s2 at 8x3x96x96 0.46 / 0.57, 3x3 s1 4x3x64x64 -> 32 0.36-0.57 / 0.62, 4x3x32x32 ->
-#: 16 - / 0.17 (the small loops 0.11: they keep it), the 3-D 3x3x3 stem at 2x3x8x56x56 2.1 / 2.9 (the small loops'
-#: weight gradient 10.4, estimated 2.8).
+#: a block of fewer output channels reuses each loaded input vector less; their weight gradient STEM_DW times
+#: slower; STEM_CALL per call (two job phases). Fitted on two threads, Zen 4, AVX-512 build (ms, forward / weight
+#: gradient): ResNet's 7x7 stem at 8x3x64x64 1.07 / 1.83, MobileNetV2's 3x3 s2 at 8x3x96x96 0.46 / 0.57, 3x3 s1
+#: 4x3x64x64 -> 32 0.36-0.57 / 0.62, 4x3x32x32 -> 16 - / 0.17 (the small loops 0.11: they keep it), the 3-D 3x3x3
+#: stem at 2x3x8x56x56 2.1 / 2.9 (the small loops' weight gradient 10.4, estimated 2.8).
 STEM_K0 = 16
 STEM_DW = 1.2
 STEM_CALL = 40e-6
