@@ -270,7 +270,3 @@ def fits(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) 
     is chunked as if both gradients were asked for."""
     return p.input_shape[0] > 0 and bool(sample_chunks(p, *((False, False) if fprop_call else (True, True)),
                                                        fprop_call))
-
-
-def macs(p: ConvParams) -> int:
-    return p.input_shape[0] * p.output_shape[1] * math.prod(p.output_shape[2:]) * math.prod(p.weight_shape[1:])

@@ -76,6 +76,7 @@ from . import dense_strided, native
 from . import stem as stem_loops
 from .dense_plan import dx_tap_share
 from .grid import pointwise_planned
+from .small import macs  # noqa: F401  (cost.macs: the count the estimates and the path table read)
 
 #: Cores the estimates assume (a constant, not the machine's count: the choice must not depend on it).
 CORES = 2
@@ -348,12 +349,6 @@ def stem(p, output: str = "y") -> float:
 #: the path table's name (paths.PATHS) -> estimate(p, output)
 ESTIMATES = {"small-c": small, "small-cols": small, "colgemm": colgemm, "dense": dense, "small-c-blocks": grid,
              "pointwise": pointwise, "grid-forward": blas_grid, "stem": stem}
-
-
-def macs(p) -> int:
-    """Multiply-adds of one output (forward, dx or dw: the same count)."""
-    N, Cg, Cog, g, K, Q = _sizes(p)
-    return N * g * Cog * Cg * K * Q
 
 
 def cheapest(p, output: str, candidates) -> str:

@@ -63,12 +63,17 @@ DEPTHWISE_MULTIPLIER = 8
 DEPTHWISE_DX_MACS = 1 << 19
 
 
+def macs(p: ConvParams) -> int:
+    """Multiply-adds of one output of ``p`` (forward, dx or dw: the same count)."""
+    N, C = p.input_shape[:2]
+    return N * math.prod(p.output_shape[1:]) * (C // p.groups) * math.prod(p.kernel)
+
+
 def before_depthwise(p: ConvParams, need_dx: bool = False) -> bool:
     """Whether a depthwise-shaped ``p`` (one input channel per group) runs here rather than in the depthwise loops:
     many outputs per input channel, small (for dx past :data:`DEPTHWISE_DX_MACS` multiply-adds: dy's columns count,
     whatever the stride), and the compiled copies built."""
-    macs = p.input_shape[0] * math.prod(p.output_shape[1:]) * math.prod(p.weight_shape[1:])
-    every = need_dx and macs > DEPTHWISE_DX_MACS
+    every = need_dx and macs(p) > DEPTHWISE_DX_MACS
     return (p.output_shape[1] >= DEPTHWISE_MULTIPLIER * p.input_shape[1] and compiled_available()
             and computes(p) and elements(p, need_dx, every_path=every) <= MAX_ELEMENTS)
 
