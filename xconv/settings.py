@@ -42,7 +42,8 @@ from .units import parse_bytes, parse_limit
 
 #: The variables :func:`current` reads, in the order of :func:`key`.
 NAMES = ("XCONV_BACKEND", "XCONV_MEMORY_LIMIT", "XCONV_WORKSPACE_LIMIT", "XCONV_NUMPY_C", "XCONV_NUMPY_DIRECT",
-         "XCONV_NUMPY_ISA", "XCONV_NUMPY_OPENMP", "XCONV_NUMPY_CPU", "XCONV_CUDNN_BENCHMARK", "XCONV_CUDNN_PLAN_CACHE_SIZE")
+         "XCONV_NUMPY_ISA", "XCONV_NUMPY_OPENMP", "XCONV_NUMPY_CPU", "XCONV_CUDNN_BENCHMARK",
+         "XCONV_CUDNN_PLAN_CACHE_SIZE")
 #: Read by the Ascend driver from the environ it is given (documented here, read there).
 ASCEND_NAMES = ("XCONV_ASCEND_LIB_DIR", "XCONV_ASCEND_DEVICE")
 #: The NumPy backend's builds, lowest first (``xconv_numpy.native.ISAS`` is the same tuple; a test checks).
@@ -188,5 +189,5 @@ def key() -> tuple:
     return raw
 
 
-__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_CPUS", "NUMPY_ISAS", "Settings", "current", "from_environ", "key", "problems",
-           "read"]
+__all__ = ["ASCEND_NAMES", "BYTES_FORM", "NAMES", "NUMPY_CPUS", "NUMPY_ISAS", "Settings", "current", "from_environ",
+           "key", "problems", "read"]

@@ -22,8 +22,8 @@ def small(p: ConvParams) -> int:
     pad = math.prod(s + a + b + (k - 1) * d + t for s, (a, b), k, d, t in
                     zip(p.input_shape[2:], p.padding, p.kernel, p.dilation, p.stride))
     io = math.prod(p.input_shape) + math.prod(p.output_shape) + math.prod(p.weight_shape)
-    return 8 * (2 * _small.elements(p, True, every_path=True) + p.input_shape[0] * (p.input_shape[1] + p.output_shape[1]) * pad
-                + 3 * io)
+    return 8 * (2 * _small.elements(p, True, every_path=True)
+                + p.input_shape[0] * (p.input_shape[1] + p.output_shape[1]) * pad + 3 * io)
 
 
 def depthwise(p: ConvParams) -> int:
