@@ -59,6 +59,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         sigs[f"xconv_depthwise_fprop_{suf}"] = [p] * 8 + [i, i]
         sigs[f"xconv_small_im2col_{suf}"] = [p, p, p]
         sigs[f"xconv_small_col2im_{suf}"] = [p, p, p]
+        sigs[f"xconv_small_im2col_range_{suf}"] = [p, p, p, i, i]
+        sigs[f"xconv_small_col2im_range_{suf}"] = [p, p, p, i, i]
         sigs[f"xconv_small_s1_fprop_{suf}"] = [p] * 7             # ..., int64_t *scratch (bytes malloc'd)
         sigs[f"xconv_small_s1_backward_{suf}"] = [p] * 10
     for suf in ("f64", "f32", "f16", "bf16"):
