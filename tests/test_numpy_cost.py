@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 import xconv
 from xconv.params import make_params
@@ -111,6 +112,55 @@ def test_colgemm_chunks_are_fixed_by_the_configuration_and_bounded():
     assert len(chunks) > 1 and chunks[0][0] == 0 and chunks[-1][1] == 8
     n = max(b - a for a, b in chunks)
     assert colgemm.cols_bytes(colgemm._sub(p, 0, n), True, True) <= colgemm._io_bytes(p, True, True, False)
+
+
+#: colgemm backward calls whose columns do not fit all samples at once: one chunk of x's channels (ResNet-18 at 224
+#: pixels, 256x256 3x3 at 14x14), several (5x5 at 16x16: 8 chunks of 8 channels).
+CHANNEL_CASES = [((2, 256, 14, 14), (256, 256, 3, 3), dict(padding=1)),
+                 ((8, 64, 16, 16), (64, 64, 5, 5), dict(padding=2)),
+                 ((3, 48, 9, 11), (40, 48, 3, 5), dict(stride=(1, 2), padding=(1, 2), dilation=(2, 1)))]
+
+
+def test_colgemm_backward_chunks_x_channels_where_the_samples_do_not_fit():
+    """Chunks of x's channels (every dW element one product's sum over all samples, no partial sums) where the
+    samples would need several chunks; fixed by the configuration, the columns of one chunk with dy's channel-major
+    copy within the call's bytes; a single chunk of all samples is kept as it was."""
+    for xs, ws, kw in CHANNEL_CASES:
+        p = make_params(xs, ws, **kw)
+        chunks, by, scratch = colgemm._backward_chunks(p)
+        assert len(colgemm.sample_chunks(p, True, True)) > 1 and by == "channels"
+        assert chunks[0][0] == 0 and chunks[-1][1] == xs[1] and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert max(scratch.values()) <= colgemm._io_bytes(p, True, True, False)
+    assert len(colgemm._backward_chunks(make_params(*CHANNEL_CASES[1][:2], **CHANNEL_CASES[1][2]))[0]) == 8
+    p = make_params((8, 256, 4, 4), (256, 256, 3, 3), padding=1)
+    assert colgemm._backward_chunks(p)[:2] == (((0, 8),), "samples")
+    assert colgemm.channel_chunks(make_params((2, 64, 4, 4), (64, 16, 3, 3), padding=1, groups=4)) == []
+
+
+@pytest.mark.skipif(not small.compiled_available(), reason="the compiled column loops are not built here")
+@pytest.mark.parametrize("i", range(len(CHANNEL_CASES)))
+def test_colgemm_by_channels_matches_the_exact_backend_whatever_the_mask_and_workers(i):
+    xs, ws, kw = CHANNEL_CASES[i]
+    x, w, dy = _arrays(i, xs, ws, kw)
+    want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                      output_mask=(True, True, False), backend="numpy-exact", **kw)
+    for dtype in ("float32", "float64"):
+        a, b, d = (v.astype(dtype) for v in (x, w, dy))
+        got = {}
+        for mask in ((True, True, False), (True, False, False), (False, True, False)):
+            for workers in (1, 2):                  # the workers are NumPy's BLAS thread count
+                with threadpoolctl.threadpool_limits(workers, user_api="blas"), paths.force("colgemm"), \
+                        paths.tune(parallel_min_work=0, team_min_work=0), xconv.trace() as t:
+                    out = xconv.convolution_backward(d, a, b, output_mask=mask, backend="numpy", **kw)
+                assert "colgemm" in t.records[-1].path, t.records[-1].path
+                for name, r in zip(("dx", "dw"), out):
+                    if r is not None:
+                        got.setdefault(name, []).append(r)
+        for name, e in zip(("dx", "dw"), want):
+            rs = got[name]
+            assert all(np.array_equal(rs[0], r) for r in rs[1:]), f"{name}: bits depend on the mask or workers"
+            tol = 2e-5 if dtype == "float32" else 1e-12
+            np.testing.assert_allclose(rs[0], e, rtol=tol, atol=tol * np.abs(e).max())
 
 
 def test_estimates_are_positive_and_rank_thin_products_slower():
