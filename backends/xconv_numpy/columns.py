@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from xconv import ConvParams
 from xconv.dtypes import accumulation_dtype
 
 from . import reference
+from .finite import all_finite
 from .grid.geometry import grid_lengths
 from .blas import single_threaded_blas as pinned_blas_workers
 from .plans import per_params
@@ -62,25 +61,12 @@ def _pointwise(p: ConvParams) -> bool:
 
 def has_nonfinite(p: ConvParams, dy, x, w) -> bool:
     """Whether a grid-path backward call must run here instead because dy, x or w (None: not read) hold a
-    NaN or an infinity (the grid multiplies zeros the definition never multiplies). The check is one
-    summing pass over each (about 3% of a backward call); the pointwise path multiplies only real terms."""
+    NaN or an infinity (the grid multiplies zeros the definition never multiplies). The check is one pass over each
+    (:mod:`.finite`); the pointwise path multiplies only real terms."""
     if _pointwise(p):
         return False
     cdt = accumulation_dtype(p.dtype)
     return not all(all_finite(a, cdt) for a in (dy, w, x))
-
-
-def all_finite(a, cdt) -> bool:
-    """Whether ``a`` holds no NaN and no infinity: one summing pass, then an exact check only when the sum
-    is not finite (a NaN or infinity is there, or finite values overflowed it)."""
-    if a is None or a.size == 0:
-        return True
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):
-            return True
-    rows = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
-    step = max(1, (8 << 20) // max(rows.shape[1] * a.itemsize, 1))
-    return all(np.isfinite(rows[i:i + step].astype(cdt, copy=False)).all() for i in range(0, rows.shape[0], step))
 
 
 def fprop(x, w, bias, p: ConvParams):

@@ -44,6 +44,7 @@ from xconv import ConvParams
 
 from . import dense_strided, native
 from .dense_plan import frozen, plan
+from .finite import all_finite
 from .jobs import Jobs, Template
 from .native import address
 from .workers import even_ranges
@@ -157,7 +158,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     layout (g, K, Cog, Cg) float32 and finite (the forward's :func:`tap_major`; w itself is then not read)."""
     f = plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
-    if need_dx and wdx is None and not np.isfinite(w).all():    # the loops multiply the dy grid's zeros by every weight:
+    if need_dx and wdx is None and not all_finite(w):    # the loops multiply the dy grid's zeros by every weight:
         finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
         w = np.where(finite, w, 0).astype(w.dtype)       # are added after (see _add_taps)
     g, N, C, Co, Cg, Cog, K, S = f.g, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S

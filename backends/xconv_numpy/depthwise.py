@@ -33,6 +33,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import accumulation_dtype
 
 from . import depthwise_cv, native, tuning
+from .finite import all_finite
 from .jobs import Jobs
 from .layout import DEPTHWISE_GEO
 from .native import address
@@ -231,7 +232,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     dy4 = dy.reshape(plan.out4)
     x4 = x.reshape(plan.in4) if need_dw else None
     w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)) if need_dx else None
-    finite_w = bool(np.isfinite(w2).all()) if need_dx else True
+    finite_w = all_finite(w2) if need_dx else True
     dx = np.empty(plan.in4, out_dt) if need_dx else None
     dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros(1, cdt)
     dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros(1, cdt)

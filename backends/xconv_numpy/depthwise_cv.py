@@ -28,6 +28,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 
 from . import native
+from .finite import all_finite
 from .jobs import Jobs
 from .native import address
 from .plans import per_params
@@ -61,7 +62,7 @@ def serves(p: ConvParams) -> bool:
 def fprop_serves(p: ConvParams, w: np.ndarray) -> bool:
     """Whether the forward of ``p`` with weights ``w`` runs here: the forward skips the padding terms, which are
     ``w * 0``: NaN for an infinite or NaN weight (as on the exact path), so such weights take the plane loops."""
-    return serves(p) and bool(np.isfinite(w).all())
+    return serves(p) and all_finite(w)
 
 
 def _pairs(n_out: int, n_in: int, k: int, s: int, d: int, pre: int, dgrad: bool):

@@ -34,14 +34,13 @@ and (with BLAS thread control available) across BLAS thread counts.
 
 from __future__ import annotations
 
-import numpy as np
-
 from xconv import ConvParams, tracing
 
 from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs, omp_team, paths,
                small, small_c, small_numpy, stem, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
+from .finite import all_finite
 from .grid import forward, pointwise, pointwise_planned, strategy_a, strategy_b
 from .grid.chunks import budget as _budget
 from .grid.geometry import compute_dtype, geom, io_bytes
@@ -200,7 +199,7 @@ def fprop(x, w, b, p: ConvParams):
     name = path.name
     # a non-finite weight: the dense loops (the dual's) add its terms after, never at the padding, and the stem loops
     # skip the tap rows that read padding, where the definition has 0 * inf
-    if name in ("dense", "stem") and not np.isfinite(w).all():
+    if name in ("dense", "stem") and not all_finite(w):
         path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, _words(path, ["output"], rule))

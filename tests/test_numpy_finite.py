@@ -1,0 +1,89 @@
+"""The non-finite check of the NumPy paths (xconv_numpy/finite.py, csrc/finite.c): the compiled pass and NumPy's
+give numpy.isfinite's answer on every array a user can hold, and a NaN or an infinity anywhere still sends a call
+to its detour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xconv
+from xconv_numpy import finite, native, paths
+
+COMPILED = native.library() is not None
+
+
+def _arrays():
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64, np.float16):
+        base = rng.standard_normal(1037).astype(dtype)
+        yield base
+        big = np.full(64, np.finfo(dtype).max, dtype)          # finite values whose sum overflows
+        yield big
+        yield np.array([np.finfo(dtype).tiny / 4, -0.0, 0.0], dtype)     # subnormal, signed zeros
+        for bad in (np.nan, np.inf, -np.inf):
+            for at in (0, 500, 1036):                            # first, middle, last (the vector tail)
+                a = base.copy()
+                a[at] = bad
+                yield a
+    a = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    a[3, 5, 4] = np.nan
+    yield a.transpose(2, 0, 1)                                   # not contiguous: NumPy's route
+    yield a.astype(">f4")                                        # byte-swapped: NumPy's route
+    ro = rng.standard_normal(300).astype(np.float32)
+    ro.flags.writeable = False
+    yield ro
+    yield np.broadcast_to(np.float32(np.inf), (3, 4))            # broadcast (stride 0)
+    yield np.empty((0, 3), np.float32)
+
+
+@pytest.mark.parametrize("i", range(len(list(_arrays()))))
+def test_all_finite_is_numpy_isfinite_all(i, monkeypatch):
+    a = list(_arrays())[i]
+    want = bool(np.isfinite(a).all())
+    assert finite.all_finite(a) is want
+    cdt = np.float64 if a.dtype == np.float64 else np.float32
+    assert finite.all_finite(a, cdt) is want
+    monkeypatch.setenv("XCONV_NUMPY_C", "0")                      # NumPy's route
+    assert finite.all_finite(a) is want
+    assert finite.all_finite(a, cdt) is want
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled loops are not built here")
+def test_compiled_check_reads_every_element():
+    """An infinity at each position of a vector's lanes and of the scalar tail is found (a reduction that skipped
+    a block or the tail would miss one of them)."""
+    lib = native.library()
+    for n in (1, 15, 16, 17, 63, 64, 65, 257):
+        for at in range(n):
+            a = np.ones(n, np.float32)
+            a[at] = -np.inf
+            assert lib.xconv_all_finite_f32(native.address(a), n) == 0, (n, at)
+            b = np.ones(n, np.float64)
+            b[at] = np.nan
+            assert lib.xconv_all_finite_f64(native.address(b), n) == 0, (n, at)
+        assert lib.xconv_all_finite_f32(native.address(np.ones(n, np.float32)), n) == 1
+
+
+def test_a_non_finite_weight_still_takes_the_detour_and_matches_the_exact_backend():
+    """A dense-loop forward and a colgemm backward with an infinite weight: the columns path computes them as the
+    definition does (NaN only where a term is inf * 0 or inf - inf)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 32, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    w[1, 2, 0, 0] = np.inf
+    dy = rng.standard_normal((2, 32, 6, 6)).astype(np.float32)
+    with paths.force("dense"), xconv.trace() as t:
+        y = xconv.conv_fprop(x, w, padding=1, backend="numpy")
+    with paths.force("colgemm"), xconv.trace() as t2:
+        dx, dw, _ = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False), backend="numpy")
+    assert "non-finite detour" in t.records[-1].path, t.records[-1].path
+    assert "grad_input: non-finite detour" in t2.records[-1].path, t2.records[-1].path
+    want_y = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), padding=1, backend="numpy-exact")
+    want_dx = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), padding=1,
+                                         output_mask=(True, False, False), backend="numpy-exact")[0]
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want_y))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(want_y))
+    np.testing.assert_array_equal(np.isnan(dx), np.isnan(want_dx))
+    np.testing.assert_array_equal(np.isinf(dx), np.isinf(want_dx))
+    assert np.isfinite(dw).all()                                 # dW reads dy and x only
