@@ -134,13 +134,15 @@ def test_depthwise_calls_take_blas_s_worker_count_without_pinning_it(monkeypatch
 
 
 def test_the_avx2_builds_channel_vector_loops_give_the_avx512_builds_bits(monkeypatch):
-    """The loops across channels (depthwise_cv.py) on the AVX2 build (16-float vectors as two AVX registers, planes
-    transposed element by element) run MobileNet's small planes and give the AVX-512 build's bits: forward, dx, dw."""
+    """The loops across channels (depthwise_cv.py) on the AVX2 build (16-float vectors as two AVX halves, planes
+    transposed in 8 x 8 tiles, positions past the last tile element by element) run MobileNet's small planes and give
+    the AVX-512 build's bits: forward, dx, dw (planes of 9, 12 and 16 positions a row: whole tiles and tails)."""
     from xconv_numpy import depthwise_cv, native
 
     if native.library() is None or native.isa(native.library()) != "avx512" or native.library_path("avx2") is None:
         pytest.skip("needs the AVX-512 build loaded and the AVX2 build installed (an AVX-512 CPU)")
-    cases = [((3, 48, 3, 3), 1), ((2, 32, 6, 6), 2), ((2, 16, 8, 8), 1), ((2, 32, 7, 5), 2), ((1, 16, 20, 7), 1)]
+    cases = [((3, 48, 3, 3), 1), ((2, 32, 6, 6), 2), ((2, 16, 8, 8), 1), ((2, 32, 7, 5), 2), ((1, 16, 20, 7), 1),
+             ((2, 32, 12, 12), 1), ((1, 16, 16, 16), 2), ((2, 16, 5, 9), 1)]
     rng = np.random.default_rng(23)
     data = []
     for xs, s in cases:
@@ -162,7 +164,7 @@ def test_the_avx2_builds_channel_vector_loops_give_the_avx512_builds_bits(monkey
 
     wide = outputs()
     load_avx2_build(monkeypatch)
-    wider = make_params((2, 16, 12, 12), (16, 1, 3, 3), padding=1, groups=16)
+    wider = make_params((2, 16, 20, 20), (16, 1, 3, 3), padding=1, groups=16)
     assert not depthwise_cv.serves(wider)          # past MAX_WIDTH["avx2"]: the AVX2 build's plane loops
     narrow = outputs()
     for (x, w, dy, kw), a, b in zip(data, wide, narrow):

@@ -15,7 +15,7 @@ NaN weight in the forward, an infinite or NaN dy in the weight gradient: 0 * inf
 instead, and the weight gradient adds the skipped terms of the blocks whose dy is not finite. Taps in ascending
 order; tasks are ranges of (sample, 16-channel block) items and never split a sum, so results depend on the
 shapes and values only, never on the workers. Used for float32, 1-D and 2-D, one output channel per input
-channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide (32 on the AVX-512 build, 8 on the AVX2 build)
+channel, C a multiple of 16, planes up to :data:`MAX_WIDTH` wide (32 on the AVX-512 build, 16 on the AVX2 build)
 (:func:`serves`).
 """
 
@@ -35,18 +35,18 @@ from .plans import per_params
 from .workers import even_ranges
 
 #: Planes at most this wide take these loops, per build (the plane loops vectorize wider rows well: on the AVX-512
-#: build 48-wide planes ran as fast there, measured on MobileNetV2's layers). The AVX2 build's plane loops take rows
-#: of 8 floats at a time, and its 16-float vectors cost two registers: measured (Intel Xeon model 207 held to AVX2,
-#: one thread, 8 samples, ms, forward / backward with dx and dw, these loops against the plane loops; torch's AVX2
-#: build), 480 channels 3x3 0.16 / 0.30 vs 0.54 / 0.84 (0.09 / 0.17), 288 channels 6x6 0.20 / 0.38 vs 0.33 / 0.52,
-#: 192 channels 6x6 0.17 / 0.30 vs 0.27 / 0.38, but 96 channels 12x12 0.25 / 0.46 vs 0.20 / 0.29 and 24x24 0.84 /
-#: 1.57 vs 0.43 / 0.49: planes up to 8 wide there.
-MAX_WIDTH = {"avx512": 32, "avx2": 8}
+#: build 48-wide planes ran as fast there, measured on MobileNetV2's layers). On the AVX2 build (Intel Xeon model 207
+#: held to AVX2, µs, forward / backward with dx and dw, these loops against the plane loops, one thread): 8x96x12x12
+#: 159 / 278 vs 251 / 430, 4x32x16x16 90 / 150 vs 107 / 163, but 8x96x24x24 588 / 1288 vs 590 / 1012 and 8x16x48x48
+#: 396 / 880 vs 387 / 706: planes up to 16 wide there. (Before the AVX2 build held its 16-channel vectors as two AVX
+#: halves, csrc/depthwise_cv.c, these loops ran 4-5x the AVX-512 build's time and took planes up to 8 wide only.)
+MAX_WIDTH = {"avx512": 32, "avx2": 16}
 #: Planes (input or output, e.g. behind a large padding) of more positions take the plane loops: the pair tables are
 #: built per row and column in Python, and a plane's transposed copies are per-worker scratch.
 MAX_POSITIONS = 1 << 16
 #: Builds these loops run on (MAX_WIDTH's): their 16-float vectors are one AVX-512 register, two AVX ones (the AVX2
-#: build transposes its planes element by element, csrc/depthwise_cv.c). Not the baseline build (SSE2: not measured).
+#: build holds them as two halves and transposes its planes in 8 x 8 tiles, csrc/depthwise_cv.c). Not the baseline
+#: build (SSE2: not measured).
 ISAS = tuple(MAX_WIDTH)
 
 

@@ -92,7 +92,11 @@ def gomp_parallel_address() -> int | None:
     lib = _library()
     if lib is None or lib.omp_in_parallel():
         return None
-    return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+    address = _state.get("address")
+    if address is None or _state.get("address_of") is not lib:
+        address = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value    # one library per process: kept
+        _state.update(address=address, address_of=lib)
+    return address
 
 
 def available() -> bool:

@@ -9,8 +9,56 @@
  * sequence of operations for given shapes and build: bitwise reproducible whatever the task split. */
 
 /* The transpositions below run 16 x 16 tiles in registers where a 16-float vector is one register (the AVX-512
- * build); the AVX2 build copies element by element: its emulated 16-float shuffles cost more than the sums on small
- * planes (../depthwise_cv.py, MAX_WIDTH, has the figures). A copy either way: the same bits. */
+ * build), and two 8 x 8 tiles of AVX registers on the AVX2 build (its emulated 16-float shuffles cost more than the
+ * sums on small planes; element by element, the copies took most of a 6x6 or 3x3 plane's time: 8x192x6x6 forward
+ * 163 µs against the AVX-512 build's 34, torch's AVX2 85). The positions past the last whole tile element by
+ * element. A copy either way: the same bits. */
+#if DENSE_V8 && defined(__AVX2__)
+#include <immintrin.h>
+/* r[i] <- column i of the 8 x 8 tile whose row j is r[j] */
+static inline void cv_transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+#define CV_TILE8 1
+#else
+#define CV_TILE8 0
+#endif
+
+/* The sums' 16-channel vectors: one v16 (an AVX-512 register), or on the AVX2 build two 8-float halves held as
+ * such (GCC's 16-float vectors on AVX registers went through memory: the loops ran 4-5x the AVX-512 build's time).
+ * Lane by lane the same operations (a multiply-add per term: -ffp-contract), so the same bits on both builds. */
+#if DENSE_V8
+typedef struct { v8f lo, hi; } cv16;
+static inline cv16 cv_load(const float *p) { cv16 v; memcpy(&v.lo, p, 32); memcpy(&v.hi, p + 8, 32); return v; }
+static inline void cv_store(float *p, cv16 v) { memcpy(p, &v.lo, 32); memcpy(p + 8, &v.hi, 32); }
+static inline cv16 cv_zero(void) { cv16 v = {{0}, {0}}; return v; }
+static inline cv16 cv_mac(cv16 acc, cv16 a, cv16 b) { acc.lo += a.lo * b.lo; acc.hi += a.hi * b.hi; return acc; }
+static inline cv16 cv_add(cv16 a, cv16 b) { a.lo += b.lo; a.hi += b.hi; return a; }
+static inline cv16 cv_times0(cv16 a) { a.lo *= 0.0f; a.hi *= 0.0f; return a; }
+#else
+typedef v16 cv16;
+static inline cv16 cv_load(const float *p) { return load16(p); }
+static inline void cv_store(float *p, cv16 v) { store16(p, v); }
+static inline cv16 cv_zero(void) { cv16 v = {0}; return v; }
+static inline cv16 cv_mac(cv16 acc, cv16 a, cv16 b) { return acc + a * b; }
+static inline cv16 cv_add(cv16 a, cv16 b) { return a + b; }
+static inline cv16 cv_times0(cv16 a) { return a * 0.0f; }
+#endif
 
 /* 16 planes of n positions (plane l at src + l * ld) -> dst[u * 16 + l] */
 static void cv_planes_in(const float *src, int64_t ld, int64_t n, float *dst) {
@@ -22,6 +70,15 @@ static void cv_planes_in(const float *src, int64_t ld, int64_t n, float *dst) {
         transpose16(t);
         for (int i = 0; i < 16; i++) store16(dst + (u + i) * 16, t[i]);
     }
+#endif
+#if CV_TILE8
+    for (; u + 8 <= n; u += 8)
+        for (int h = 0; h < 2; h++) {          /* planes 8 h .. 8 h + 7: lanes 8 h .. of positions u .. u + 7 */
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (8 * h + i) * ld + u);
+            cv_transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + (u + i) * 16 + 8 * h, r[i]);
+        }
 #endif
     for (; u < n; u++)
         for (int l = 0; l < 16; l++) dst[u * 16 + l] = src[l * ld + u];
@@ -37,6 +94,15 @@ static void cv_planes_out(const float *src, int64_t n, float *dst, int64_t ld) {
         transpose16(t);
         for (int i = 0; i < 16; i++) store16(dst + i * ld + u, t[i]);
     }
+#endif
+#if CV_TILE8
+    for (; u + 8 <= n; u += 8)
+        for (int h = 0; h < 2; h++) {          /* lanes 8 h .. 8 h + 7 of positions u .. u + 7 -> their planes */
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (u + i) * 16 + 8 * h);
+            cv_transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + (8 * h + i) * ld + u, r[i]);
+        }
 #endif
     for (; u < n; u++)
         for (int l = 0; l < 16; l++) dst[l * ld + u] = src[u * 16 + l];
@@ -60,34 +126,34 @@ void xconv_dwcv_gather(const float *in, int64_t C, int64_t Hi, int64_t Wi, float
             int64_t b = 0;
             while (b < Wo) {
                 if (b + 4 <= Wo && reg[b]) {
-                    v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+                    cv16 acc0 = cv_zero(), acc1 = cv_zero(), acc2 = cv_zero(), acc3 = cv_zero();
                     for (int64_t r = roff[a]; r < roff[a + 1]; r++) {
                         const int64_t kh = rows[2 * r], i = rows[2 * r + 1];
                         for (int64_t q = coff[b]; q < coff[b + 1]; q++) {
                             const int64_t kw = cols[2 * q], j = cols[2 * q + 1];
-                            const v16 wv = load16(wt + (kh * KW + kw) * C + c0);
+                            const cv16 wv = cv_load(wt + (kh * KW + kw) * C + c0);
                             const float *s = S + (i * Wi + j) * 16;
-                            acc0 += wv * load16(s);
-                            acc1 += wv * load16(s + step * 16);
-                            acc2 += wv * load16(s + 2 * step * 16);
-                            acc3 += wv * load16(s + 3 * step * 16);
+                            acc0 = cv_mac(acc0, wv, cv_load(s));
+                            acc1 = cv_mac(acc1, wv, cv_load(s + step * 16));
+                            acc2 = cv_mac(acc2, wv, cv_load(s + 2 * step * 16));
+                            acc3 = cv_mac(acc3, wv, cv_load(s + 3 * step * 16));
                         }
                     }
-                    store16(d + b * 16, acc0);
-                    store16(d + (b + 1) * 16, acc1);
-                    store16(d + (b + 2) * 16, acc2);
-                    store16(d + (b + 3) * 16, acc3);
+                    cv_store(d + b * 16, acc0);
+                    cv_store(d + (b + 1) * 16, acc1);
+                    cv_store(d + (b + 2) * 16, acc2);
+                    cv_store(d + (b + 3) * 16, acc3);
                     b += 4;
                 } else {
-                    v16 acc = {0};
+                    cv16 acc = cv_zero();
                     for (int64_t r = roff[a]; r < roff[a + 1]; r++) {
                         const int64_t kh = rows[2 * r], i = rows[2 * r + 1];
                         for (int64_t q = coff[b]; q < coff[b + 1]; q++) {
                             const int64_t kw = cols[2 * q], j = cols[2 * q + 1];
-                            acc += load16(wt + (kh * KW + kw) * C + c0) * load16(S + (i * Wi + j) * 16);
+                            acc = cv_mac(acc, cv_load(wt + (kh * KW + kw) * C + c0), cv_load(S + (i * Wi + j) * 16));
                         }
                     }
-                    store16(d + b * 16, acc);
+                    cv_store(d + b * 16, acc);
                     b += 1;
                 }
             }
@@ -114,36 +180,38 @@ void xconv_dwcv_wgrad(const float *x, const float *dy, int64_t C, int64_t H, int
         cv_planes_in(dy + (n * C + c0) * Po, Po, Po, SY);
         /* an infinity or NaN in dy: the terms dy * (padding zero) that the sums above skip are NaN (0 * inf), as
          * on the exact path; added after the sum, for such blocks only */
-        v16 bad = {0};
-        for (int64_t u = 0; u < Po; u++) bad += load16(SY + u * 16) * 0.0f;
+        cv16 bad = cv_zero();
+        for (int64_t u = 0; u < Po; u++) bad = cv_add(bad, cv_times0(cv_load(SY + u * 16)));
         int nonfinite = 0;
-        for (int l = 0; l < 16; l++) nonfinite |= bad[l] != bad[l];
+        float lanes[16];
+        cv_store(lanes, bad);
+        for (int l = 0; l < 16; l++) nonfinite |= lanes[l] != lanes[l];
         for (int64_t kh = 0; kh < KH; kh++)
             for (int64_t kw = 0; kw < KW; kw++) {
-                v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+                cv16 s0 = cv_zero(), s1 = cv_zero(), s2 = cv_zero(), s3 = cv_zero();
                 const int64_t b0 = blo[kw], b1 = bhi[kw];
                 for (int64_t a = alo[kh]; a < ahi[kh]; a++) {
                     const float *yr = SY + a * Wo * 16;
                     const int64_t xrow = (a * sh + kh * dh - ph) * W + kw * dw - pw;     /* + b * sw: column b's */
                     int64_t b = b0;
                     for (; b + 4 <= b1; b += 4) {
-                        s0 += load16(yr + b * 16) * load16(SX + (xrow + b * sw) * 16);
-                        s1 += load16(yr + (b + 1) * 16) * load16(SX + (xrow + (b + 1) * sw) * 16);
-                        s2 += load16(yr + (b + 2) * 16) * load16(SX + (xrow + (b + 2) * sw) * 16);
-                        s3 += load16(yr + (b + 3) * 16) * load16(SX + (xrow + (b + 3) * sw) * 16);
+                        s0 = cv_mac(s0, cv_load(yr + b * 16), cv_load(SX + (xrow + b * sw) * 16));
+                        s1 = cv_mac(s1, cv_load(yr + (b + 1) * 16), cv_load(SX + (xrow + (b + 1) * sw) * 16));
+                        s2 = cv_mac(s2, cv_load(yr + (b + 2) * 16), cv_load(SX + (xrow + (b + 2) * sw) * 16));
+                        s3 = cv_mac(s3, cv_load(yr + (b + 3) * 16), cv_load(SX + (xrow + (b + 3) * sw) * 16));
                     }
-                    for (; b < b1; b++) s0 += load16(yr + b * 16) * load16(SX + (xrow + b * sw) * 16);
+                    for (; b < b1; b++) s0 = cv_mac(s0, cv_load(yr + b * 16), cv_load(SX + (xrow + b * sw) * 16));
                 }
-                v16 sum = (s0 + s1) + (s2 + s3);
+                cv16 sum = cv_add(cv_add(s0, s1), cv_add(s2, s3));
                 if (nonfinite) {
-                    v16 pad = {0};
+                    cv16 pad = cv_zero();
                     for (int64_t a = 0; a < Ho; a++)
                         for (int64_t b = 0; b < Wo; b++)
                             if (a < alo[kh] || a >= ahi[kh] || b < b0 || b >= b1)
-                                pad += load16(SY + (a * Wo + b) * 16) * 0.0f;
-                    sum += pad;
+                                pad = cv_add(pad, cv_times0(cv_load(SY + (a * Wo + b) * 16)));
+                    sum = cv_add(sum, pad);
                 }
-                store16(acc + (kh * KW + kw) * 16, sum);
+                cv_store(acc + (kh * KW + kw) * 16, sum);
             }
         float *dst = dwp + (n * C + c0) * K;
         for (int l = 0; l < 16; l++)
