@@ -139,7 +139,7 @@ def test_colgemm_backward_chunks_x_channels_where_the_samples_do_not_fit():
 
 @pytest.mark.skipif(not small.compiled_available(), reason="the compiled column loops are not built here")
 @pytest.mark.parametrize("i", range(len(CHANNEL_CASES)))
-def test_colgemm_by_channels_matches_the_exact_backend_whatever_the_mask_and_workers(i):
+def test_colgemm_by_channels_matches_the_exact_backend_whatever_the_mask_workers_and_layout(i):
     xs, ws, kw = CHANNEL_CASES[i]
     x, w, dy = _arrays(i, xs, ws, kw)
     want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
@@ -156,9 +156,18 @@ def test_colgemm_by_channels_matches_the_exact_backend_whatever_the_mask_and_wor
                 for name, r in zip(("dx", "dw"), out):
                     if r is not None:
                         got.setdefault(name, []).append(r)
+        # other layouts of the same values: x channels-last (a strided view), dy read-only, w Fortran-ordered
+        xl = np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+        dr = d.copy()
+        dr.flags.writeable = False
+        with paths.force("colgemm"):
+            out = xconv.convolution_backward(dr, xl, np.asfortranarray(b), output_mask=(True, True, False),
+                                             backend="numpy", **kw)
+        got["dx"].append(out[0])
+        got["dw"].append(out[1])
         for name, e in zip(("dx", "dw"), want):
             rs = got[name]
-            assert all(np.array_equal(rs[0], r) for r in rs[1:]), f"{name}: bits depend on the mask or workers"
+            assert all(np.array_equal(rs[0], r) for r in rs[1:]), f"{name}: bits depend on the mask, workers or layout"
             tol = 2e-5 if dtype == "float32" else 1e-12
             np.testing.assert_allclose(rs[0], e, rtol=tol, atol=tol * np.abs(e).max())
 
