@@ -30,6 +30,19 @@
 #define STEM_VW 2
 
 typedef float stem_vec __attribute__((vector_size(4 * STEM_L)));
+/* v held in a register from here on (an empty asm that reads and writes it): GCC would otherwise fold its load into
+ * every multiply-add that uses it (a memory operand each), and the weight gradient's loops were bound by their loads.
+ * The AVX-512 build only (32 registers hold a block's sums and its tap vectors; the AVX2 build's 16 do not). */
+#if defined(__AVX512F__)
+#define STEM_REGS 32
+#else
+#define STEM_REGS 16
+#endif
+#if defined(__GNUC__) && defined(__AVX512F__)
+#define STEM_IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define STEM_IN_REGISTER(v) ((void)0)
+#endif
 
 static inline stem_vec stem_load(const float *p) { stem_vec v; memcpy(&v, p, sizeof v); return v; }
 /* The lanes of v added in order. */
@@ -215,9 +228,11 @@ void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, 
     }
 }
 
-/* Output channels x taps of a row per block (stem_wblock.h): KT * KWC accumulators and KT dy vectors fill the
- * registers (the x vectors are FMA memory operands): blocks for 7, 5 and 3 taps a row at once, else one tap at a time;
- * STEM_W<taps>: (channels, taps). */
+/* Output channels x taps of a row per block (stem_wblock.h): KT * KWC accumulators fill the registers, with the KWC
+ * tap vectors of x and one dy vector where they fit (STEM_REGS; AVX-512: 8 x 3 + 3 + 1 and 5 x 5 + 5 + 1 of 32),
+ * else with the KT dy vectors and x as memory operands (4 x 7: 3 x 7 blocks with x held ran 10-15% slower): blocks
+ * for 7, 5 and 3 taps a row at once, else one tap at a time; STEM_W<taps>: (channels, taps). A block's size and its
+ * loop order never change an element's sum (each is its own accumulator, its terms in row order). */
 #if defined(__AVX512F__)
 #define STEM_W7 4
 #define STEM_W5 5
