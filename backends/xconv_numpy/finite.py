@@ -7,8 +7,8 @@ or finite values overflowed it). The same answer either way, so no path choice, 
 ran. ``XCONV_NUMPY_C=0`` keeps NumPy's
 (as for every compiled part).
 
-Measured (Intel Xeon, one thread, µs, NumPy's sum / the compiled check): 512x512x3x3 weights 570 / 316 (a colgemm
-backward of ResNet-18 checks them on every call), 256x256x3x3 152 / 54, a 2x64x56x56 input 92 / 30.
+Measured (Intel Xeon model 207, one thread, µs, NumPy's sum / the compiled check; see tests/test_numpy_finite.py for
+the answers): see docs/numpy-backend.md.
 """
 
 from __future__ import annotations
@@ -20,17 +20,24 @@ from . import native
 _COMPILED = {np.dtype(np.float32): "xconv_all_finite_f32", np.dtype(np.float64): "xconv_all_finite_f64"}
 #: The switch of the compiled check (the settings field of ``$XCONV_NUMPY_C``), as the other compiled parts'.
 SWITCH = "numpy_c"
+#: Fewest elements the compiled check takes (below, reading the switch costs more than NumPy's check: 2.1 against 1.2
+#: µs on a 1x1 digits weight).
+COMPILED_MIN = 4096
 
 
 def all_finite(a, cdt=None) -> bool:
-    """Whether ``a`` (None: nothing to check) holds no NaN and no infinity. ``cdt``: the dtype of NumPy's summing pass
-    (:func:`xconv.dtypes.accumulation_dtype`); None: ``numpy.isfinite`` element by element instead."""
-    if a is None or a.size == 0:
+    """Whether ``a`` (an array or a NumPy scalar; None: nothing to check) holds no NaN and no infinity. ``cdt``: the
+    dtype of NumPy's summing pass, at least as wide as ``a``'s (:func:`xconv.dtypes.accumulation_dtype`; a narrower
+    one is not used: the sum could overflow where the values do not); None: ``numpy.isfinite`` element by element."""
+    if a is None:
+        return True
+    a = np.asarray(a)
+    if a.size == 0:
         return True
     name = _COMPILED.get(a.dtype)
-    if name is not None and a.flags.c_contiguous and native.part_on(SWITCH):
+    if name is not None and a.size >= COMPILED_MIN and a.flags.c_contiguous and native.part_on(SWITCH):
         return bool(getattr(native.library(), name)(native.address(a), a.size))
-    if cdt is None:
+    if cdt is None or np.dtype(cdt).itemsize < a.dtype.itemsize:
         return bool(np.isfinite(a).all())
     with np.errstate(over="ignore", invalid="ignore"):
         if np.isfinite(np.add.reduce(a, axis=None, dtype=cdt)):

@@ -8,6 +8,10 @@
  * that runs it. xconv_jobs_parallel runs the list on an OpenMP team through the GOMP_parallel given (torch's
  * libgomp, found by ../omp_team.py): the whole region runs in C, the caller's GIL released by ctypes. */
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <sched.h>
+#endif
+
 #define XJ_LEN 24
 enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6,
        XJ_SGEMM = 7, XJ_SGEMM_BATCH = 8,
@@ -101,6 +105,19 @@ static inline void xj_pause(void) {
 #endif
 }
 
+/* A wait's spin-th round: a pause, and past XJ_SPINS rounds the core handed to another thread (where the threads
+ * outnumber the free cores, as under a CPU quota or on a busy machine, the job waited for may be on this core). */
+#define XJ_SPINS 4096
+static inline void xj_wait(int spins) {
+#if defined(__unix__) || defined(__APPLE__)
+    if (spins >= XJ_SPINS) {
+        sched_yield();
+        return;
+    }
+#endif
+    xj_pause();
+}
+
 /* One thread's share of the list: jobs taken in order until none is left. */
 void xconv_jobs_work(const int64_t *jobs, int64_t n, int64_t *state) {
     const int64_t slot = __atomic_fetch_add(&state[XS_SLOT], 1, __ATOMIC_RELAXED);
@@ -110,7 +127,8 @@ void xconv_jobs_work(const int64_t *jobs, int64_t n, int64_t *state) {
         if (i >= n) return;
         const int64_t *j = jobs + i * XJ_LEN;
         if (j[1] >= 0 && j[1] < XS_PHASES)
-            while (__atomic_load_n(&state[XS_DONE + j[1]], __ATOMIC_ACQUIRE) < j[2]) xj_pause();
+            for (int spins = 0; __atomic_load_n(&state[XS_DONE + j[1]], __ATOMIC_ACQUIRE) < j[2]; spins++)
+                xj_wait(spins);
         xj_dispatch(j, scratch);
         if (j[3] >= 0 && j[3] < XS_PHASES) __atomic_fetch_add(&state[XS_DONE + j[3]], 1, __ATOMIC_RELEASE);
     }
