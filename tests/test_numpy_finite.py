@@ -50,6 +50,17 @@ def test_all_finite_is_numpy_isfinite_all(i, monkeypatch):
     assert finite.all_finite(a, cdt) is want
 
 
+def test_scalars_and_a_narrower_summing_dtype():
+    """A NumPy scalar is an array of one element; a summing dtype narrower than the array's is not used (float64
+    values past float32's range are finite): the same answer on both routes."""
+    for v, want in ((np.float32(np.nan), False), (np.float64(1.0), True), (np.float16(np.inf), False)):
+        assert finite.all_finite(v) is want
+    big = np.full(5000, 1e300)
+    assert finite.all_finite(big, np.float32) is True
+    big[4321] = np.inf
+    assert finite.all_finite(big, np.float32) is False
+
+
 @pytest.mark.skipif(not COMPILED, reason="the compiled loops are not built here")
 def test_compiled_check_reads_every_element():
     """An infinity at each position of a vector's lanes and of the scalar tail is found (a reduction that skipped
