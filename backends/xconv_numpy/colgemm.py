@@ -16,8 +16,9 @@ path's one product runs on one core, this one keeps both cores busy on layers of
 MFLOP: the deep stages of a ResNet (small spatial size, wide channels), 3-channel stems, strided
 shortcuts. Calls whose columns would outgrow the bytes of their operands run in chunks, fixed by the shapes: the
 forward in chunks of samples; the backward in chunks of x's channels (one group: every dW element still one
-product's sum over all samples, :func:`channel_chunks`), else of samples (dW's partial sums added in chunk order). Padding zeros are multiplied, so (as for the small path) calls with non-finite inputs run in
-:mod:`.columns`; the scratch is not leased, so calls under a workspace limit run elsewhere.
+product's sum over all samples, :func:`channel_chunks`), else of samples (dW's partial sums added in chunk order).
+Padding zeros are multiplied, so (as for the small path) calls with non-finite inputs run in :mod:`.columns`; the
+scratch is not leased, so calls under a workspace limit run elsewhere.
 """
 
 from __future__ import annotations
@@ -236,8 +237,6 @@ def _backward_by_channels(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool,
     xr, geo = small_c.im2col_input(x, p, cdt) if need_dw else (None, None)
     cgeo = small_c.col2im_geometry(p) if need_dx else None
     plane = math.prod(p.input_shape[2:])
-    suffix = "f64" if cdt == np.float64 else "f32"
-    lib = native.library()
     for c0, c1 in chunks:
         cols = buf[:(c1 - c0) * K * NQ].reshape((c1 - c0) * K, NQ)
         dw_views = [(dyc, cols.T, dwm[:, c0 * K:c1 * K])] if need_dw else []
@@ -247,13 +246,11 @@ def _backward_by_channels(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool,
         dx0 = None if dx is None else native.address(dx) + c0 * plane * dx.itemsize
         if not _chunk_jobs(x0, geo, dx0, cgeo, cols, c1 - c0, dw_views, dx_views, p, workers):
             if need_dw:
-                getattr(lib, f"xconv_small_im2col_range_{suffix}")(x0, native.address(cols), native.address(geo),
-                                                                    0, c1 - c0)
+                small_c.im2col_channels(x0, cols, geo, c1 - c0, cdt)
                 _split_matmul(*(v[None] for v in dw_views[0]), workers)
             if need_dx:
                 _split_matmul(*(v[None] for v in dx_views[0]), workers)
-                getattr(lib, f"xconv_small_col2im_range_{suffix}")(native.address(cols), dx0, cgeo.ctypes.data,
-                                                                    0, c1 - c0)
+                small_c.col2im_channels(cols, dx0, cgeo, c1 - c0, cdt)
     return dx, (None if dwm is None else dwm.reshape(p.weight_shape))
 
 

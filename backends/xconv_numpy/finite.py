@@ -1,15 +1,11 @@
 """Whether an array holds only finite values (no NaN, no infinity): what the paths' non-finite detours ask.
 
-The compiled check (csrc/finite.c: one branch-free pass over the bits) for C-contiguous float32 and float64 arrays
-in native byte order where the compiled loops are on; otherwise NumPy: ``numpy.isfinite``, or (given a compute
-dtype) one summing pass in it, then an exact check only when the sum is not finite (a NaN or an infinity is there,
-or finite values overflowed it). The same answer either way, so no path choice, hence no bit, depends on which one
-ran. ``XCONV_NUMPY_C=0`` keeps NumPy's
-(as for every compiled part).
-
-Measured (Intel Xeon model 207, one thread, µs, NumPy's sum / the compiled check; see tests/test_numpy_finite.py for
-the answers): see docs/numpy-backend.md.
-"""
+The compiled check (csrc/finite.c: one branch-free pass over the exponent bits) for C-contiguous float32 and float64
+arrays in native byte order, of COMPILED_MIN elements or more, where the compiled loops are on (``XCONV_NUMPY_C=0``
+keeps NumPy's, as for every compiled part); otherwise NumPy: ``numpy.isfinite``, or (given a compute dtype) one
+summing pass in it, then an exact check only when the sum is not finite (a NaN or an infinity is there, or finite
+values overflowed it). The same answer either way, so no path choice, hence no bit, depends on which one ran
+(tests/test_numpy_finite.py; timings in docs/numpy-backend.md, "Non-finite inputs")."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from xconv import forking, settings
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
-_state: dict = {"pid": None, "lib": None}
+_state: dict = {"pid": None, "lib": None, "address": None}
 _kept = threading.local()
 _ensure = ctypes.pythonapi.PyGILState_Ensure
 _ensure.restype = ctypes.c_int
@@ -66,7 +66,9 @@ def _library():
         return _state["lib"]
     with _lock:
         if _state["pid"] is None:
-            _state.update(pid=pid, lib=_load())
+            lib = _load()
+            _state.update(pid=pid, lib=lib,       # GOMP_parallel's address kept with it (one library per process)
+                          address=None if lib is None else ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value)
         elif _state["pid"] != pid:
             return None                                 # a forked child: libgomp's pool did not survive the fork
         return _state["lib"]
@@ -92,11 +94,7 @@ def gomp_parallel_address() -> int | None:
     lib = _library()
     if lib is None or lib.omp_in_parallel():
         return None
-    address = _state.get("address")
-    if address is None or _state.get("address_of") is not lib:
-        address = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value    # one library per process: kept
-        _state.update(address=address, address_of=lib)
-    return address
+    return _state["address"]
 
 
 def available() -> bool:

@@ -69,6 +69,19 @@ def col2im(dcols: np.ndarray, p: ConvParams, f: Plan, cdt) -> np.ndarray:
     return dx
 
 
+def im2col_channels(x0: int, cols: np.ndarray, geo: np.ndarray, width: int, cdt) -> None:
+    """The im2col loop for ``width`` channels of x whose first lies at address ``x0`` (x's geometry ``geo`` from
+    :func:`im2col_input`), into ``cols`` (their ``width * K`` rows)."""
+    getattr(native.library(), f"xconv_small_im2col_range_{_suffix(cdt)}")(x0, _address(cols), _address(geo), 0, width)
+
+
+def col2im_channels(dcols: np.ndarray, dx0: int, geo: np.ndarray, width: int, cdt) -> None:
+    """The col2im loop for ``width`` channels: ``dcols`` (their ``width * K`` rows) added, tap by tap in order, into
+    dx's channels from the one at address ``dx0`` (dx contiguous; ``geo`` from :func:`col2im_geometry`)."""
+    getattr(native.library(), f"xconv_small_col2im_range_{_suffix(cdt)}")(_address(dcols), dx0, geo.ctypes.data,
+                                                                        0, width)
+
+
 def col2im_geometry(p: ConvParams) -> np.ndarray:
     """The col2im loop's geometry of ``p`` (read-only; keep it while the loop runs)."""
     return _geo(p)

@@ -10,9 +10,8 @@
 
 /* The transpositions below run 16 x 16 tiles in registers where a 16-float vector is one register (the AVX-512
  * build), and two 8 x 8 tiles of AVX registers on the AVX2 build (its emulated 16-float shuffles cost more than the
- * sums on small planes; element by element, the copies took most of a 6x6 or 3x3 plane's time: 8x192x6x6 forward
- * 163 µs against the AVX-512 build's 34, torch's AVX2 85). The positions past the last whole tile element by
- * element. A copy either way: the same bits. */
+ * sums on small planes). The positions past the last whole tile element by element. A copy either way: the same
+ * bits. (On their own the 8 x 8 tiles did not change the AVX2 build's time; the sums' vectors below did.) */
 #if DENSE_V8 && defined(__AVX2__)
 #include <immintrin.h>
 /* r[i] <- column i of the 8 x 8 tile whose row j is r[j] */

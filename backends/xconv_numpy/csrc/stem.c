@@ -35,12 +35,9 @@ typedef float stem_vec __attribute__((vector_size(4 * STEM_L)));
  * The AVX-512 build only (32 registers hold a block's sums and its tap vectors; the AVX2 build's 16 do not). */
 #if defined(__AVX512F__)
 #define STEM_REGS 32
-#else
-#define STEM_REGS 16
-#endif
-#if defined(__GNUC__) && defined(__AVX512F__)
 #define STEM_IN_REGISTER(v) __asm__("" : "+v"(v))
 #else
+#define STEM_REGS 16
 #define STEM_IN_REGISTER(v) ((void)0)
 #endif
 
