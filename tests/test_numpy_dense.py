@@ -312,6 +312,40 @@ def test_kept_job_templates_give_the_block_paths_bits(stride, groups, monkeypatc
                                            rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("groups, cin, cout", [(1, 64, 32), (2, 64, 64), (1, 32, 32)])
+def test_a_kept_template_copies_the_weights_and_the_weight_gradient_in_its_one_region(groups, cin, cout,
+                                                                                       monkeypatch):
+    """A one-block call runs its weights' tap-major copy (first) and the weight gradient's taps-last copy (after the
+    dw jobs) in the same job list as its sums: one region per call, forward or backward, whatever the mask; and the
+    bits are those of the separate copies (a Fortran-ordered w is not read in place: tap_major's NumPy copy, then
+    the sums' region)."""
+    from xconv_numpy import jobs
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, cin, 7, 9)).astype(np.float32)
+    w = rng.standard_normal((cout, cin // groups, 3, 3)).astype(np.float32)
+    kw = dict(padding=1, groups=groups)
+    dy = rng.standard_normal(xconv.output_shape(x.shape, w.shape, **kw)).astype(np.float32)
+    regions = count_calls(monkeypatch, jobs, "_execute")
+    wf = np.asfortranarray(w)
+    with paths.force("dense"):
+        for round_ in range(2):                      # the template's first call, then a kept one
+            before = len(regions)
+            y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+            assert len(regions) == before + 1
+            assert y.tobytes() == xconv.conv_fprop(x, wf, backend="numpy", **kw).tobytes()
+            for mask in ((True, True, False), (True, False, False), (False, True, True)):
+                before = len(regions)
+                one = xconv.convolution_backward(dy, x, w, output_mask=mask, backend="numpy", **kw)
+                assert len(regions) == before + 1
+                apart = xconv.convolution_backward(dy, x, wf, output_mask=mask, backend="numpy", **kw)
+                for a, b in zip(one, apart):
+                    assert (a is None) == (b is None) and (a is None or a.tobytes() == b.tobytes())
+    exact = xconv.convolution_backward(dy, x, w, backend="numpy-exact", **kw)
+    for got, want in zip(xconv.convolution_backward(dy, x, w, backend="numpy", **kw), exact):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
 def test_concurrent_calls_match_sequential_ones(monkeypatch):
     """Calls from several user threads at once share the worker pool and the scratch arena: each gives the
     bits it gives alone, and none waits forever on another call's tasks."""

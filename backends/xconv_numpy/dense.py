@@ -151,14 +151,15 @@ def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease,
-             wdx=None):
+             w_dual=None):
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
-    dy is copied into its grid: per sample and copy part, then in that order. ``wdx``: w already in the dx loops'
-    layout (g, K, Cog, Cg) float32 and finite (the forward's :func:`tap_major`; w itself is then not read)."""
+    dy is copied into its grid: per sample and copy part, then in that order. ``w_dual``: the forward's finite float32
+    weights of which ``p`` is the :func:`dual` (dx's weights are their :func:`tap_major` copy with flip; w is then
+    not read)."""
     f = plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
-    if need_dx and wdx is None and not all_finite(w):    # the loops multiply the dy grid's zeros by every weight:
+    if need_dx and w_dual is None and not all_finite(w):  # the loops multiply the dy grid's zeros by every weight:
         finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
         w = np.where(finite, w, 0).astype(w.dtype)       # are added after (see _add_taps)
     g, N, C, Co, Cg, Cog, K, S = f.g, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S
@@ -175,16 +176,27 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dw_acc = lease.empty((g, K, Cog, Cg), f32) if nb < N else None        # the sum of several blocks
 
     db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None    # per sample and copy part
+    planned = nb >= N and f.out_dt == f32 and _readable(dy) and (not need_dw or _readable(x))
+    w_src, flip = (w_dual, True) if w_dual is not None else (w, False)
+    w_copy = None                                        # (w, its copy, flip): by the planned call's first jobs
     if need_dx:                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
-        if wdx is None:
-            wdx = tap_major(w, g, False, workers)
-        if wdx is None:
-            wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)          # (g, K, Cog, Cg)
-        w_jobs = [wdx if job.taps == list(range(K)) and wdx.flags.c_contiguous else
-                  np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
+        if planned and len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(K)) and _copyable(w_src, g, flip):
+            w_copy = (w_src, lease.empty((g, K, Cog, Cg), f32), flip)
+            w_jobs = [w_copy[1]]
+        else:
+            wdx = tap_major(w_src, g, flip, workers)
+            if wdx is None and flip:                     # (g, K, Cg, Cog) of the forward's w: taps reversed
+                wdx = np.asarray(w_src, f32).reshape(g, Cg, Cog, K)[..., ::-1].transpose(0, 3, 2, 1)
+            elif wdx is None:
+                wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)      # (g, K, Cog, Cg)
+            w_jobs = [wdx if job.taps == list(range(K)) and wdx.flags.c_contiguous else
+                      np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
     outs = (dx if need_dx else None, dxb if need_dx else None, dw_part if need_dw else None, db_parts)
-    if nb >= N and f.out_dt == f32 and _readable(dy) and (not need_dw or _readable(x)):
-        _run_planned(f, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers)
+    if planned:
+        dw = np.empty((g, Cog, Cg, K), f32) if need_dw else None      # the weight gradient, taps last
+        _run_planned(f, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers, w_copy, dw)
+        if need_dw:
+            dw = dw.reshape(p.weight_shape)
     else:
         for n0 in range(0, N, nb):
             n1 = min(n0 + nb, N)
@@ -198,11 +210,11 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
                         dw_acc[...] = dw_part
                     else:
                         dw_acc += dw_part
-    if need_dw:
-        total = dw_acc if nb < N else dw_part
-        dw = _taps_last(total, workers).reshape(p.weight_shape).astype(f.out_dt, copy=False)
-    else:
-        dw = None
+        if need_dw:
+            total = dw_acc if nb < N else dw_part
+            dw = _taps_last(total, workers).reshape(p.weight_shape).astype(f.out_dt, copy=False)
+        else:
+            dw = None
     db = db_parts.reshape(-1, Co).sum(axis=0).astype(f.out_dt) if need_db else None
     if finite is not None:
         _add_taps(dx, dy, w_given, ~finite, p)
@@ -214,11 +226,12 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
 _DY, _X, _DYG, _XG, _DB, _DW, _DX, _W = range(8)
 
 
-def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int) -> list:
-    """The jobs of samples [n0, n0 + m) as [(Jobs, {argument: base})] in run order: the copies (phase 0), then the
-    sums, which wait for all of the copies; the longest sums first (dw, then dx phases by number of taps), so that
-    the threads finish together. A sample of another dtype or layout is copied here by NumPy instead (no converted
-    copy: the same scratch). Each job's addresses are absolute; the mappings say which array each one points into."""
+def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, first=(), dw_signal=None) -> list:
+    """The jobs of samples [n0, n0 + m) as [(Jobs, {argument: base})] in run order: the parts ``first`` (jobs of
+    phase 0: the weights' copy) and the copies (phase 0), then the sums, which wait for all of phase 0; the longest
+    sums first (dw, counting in phase ``dw_signal``, then dx phases by number of taps), so that the threads finish
+    together. A sample of another dtype or layout is copied here by NumPy instead (no converted copy: the same
+    scratch). Each job's addresses are absolute; the mappings say which array each one points into."""
     dx, dxb, dw_part, db_parts = outs
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
     ldy, Xn, Sn = f.ldy, f.Xn, f.Sn
@@ -237,19 +250,19 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int) 
                          for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts))]
         elif dw_part is not None:
             _x_to_grid(x[n], xG[i], f)
-    parts = []
+    parts = list(first)
     for kind, rows, bases in (("dy_to_grid", dy_copies, {0: _DY, 11: _DYG, 12: _DB}),
                               ("x_to_grid", x_copies, {0: _X, 11: _XG})):
         if rows:
             parts.append((Jobs(), bases))
             parts[-1][0].rows(kind, rows, signal=0)
-    copies = (0, len(dy_copies) + len(x_copies))
+    copies = (0, sum(len(jobs) for jobs, _ in parts))
     if dw_part is not None:
         parts.append((Jobs(), {0: _DYG, 3: _XG, 15: _DW}))
         parts[-1][0].split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), Cg, Xn * Cg, f.dw_step,
                                        address(f.off_w), Cog, Cg, address(f.rdy), address(f.rx), m * f.dw_rows,
                                        f.dw_len, f.dw_seg, address(dw_part), K * Cog * Cg, f.dw_blocks), 18,
-                           even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers), wait=copies)
+                           even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers), wait=copies, signal=dw_signal)
     if dx is not None:
         base = address(dxb) + 4 * ((n0 if dxb is dx else 0) * C * Sn)
         for j in f.dx_order:
@@ -269,18 +282,34 @@ def _run_parts(parts, workers: int) -> None:
         Jobs.concatenated([jobs for jobs, _ in parts]).run(workers)
 
 
-def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int) -> None:
+def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None) -> None:
     """The call's one block (readable dy and x, a float32 dx) from its job template, made on its first call and kept
-    on the plan per mask and worker count: the jobs :func:`_block_jobs` makes, each address held as its offset from
-    the array it points into (the same jobs, so the same bits; no Python per sample or job)."""
+    on the plan per mask, worker count and weights' source: the jobs :func:`_block_jobs` makes, each address held as
+    its offset from the array it points into (the same jobs, so the same bits; no Python per sample or job). In the
+    same list: ``w_copy`` = (w, its copy w_jobs[0], flip) by :func:`tap_major`'s jobs first, and where ``dw``
+    (g, Cog, Cg, K) is given, the weight gradient's sums into it by :func:`_taps_last`'s jobs last (they wait for
+    the dw jobs: phase 1). One region of the team, not three."""
     dx, dxb, dw_part, db_parts = outs
-    addresses = tuple(0 if a is None else address(a) for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs))
-    key = (dx is not None, dw_part is not None, db_parts is not None, workers)
-    template = f.templates.get(key)
-    if template is None:
-        parts = _block_jobs(f, 0, f.N, dy, x, dyG, xG, outs, w_jobs, workers)
-        template = f.templates[key] = Template.joined(parts, addresses)
-    template.run(addresses, workers)
+    w_src, _, flip = (None, None, None) if w_copy is None else w_copy
+    addresses = tuple(0 if a is None else address(a)
+                      for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw))
+    key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None)
+    kept = f.templates.get(key)
+    if kept is None:
+        src, out = len(addresses) - 2, len(addresses) - 1              # the numbers of w_src's and dw's addresses
+        first, table = [], None
+        if w_copy is not None:                  # the copy's rows: w at argument 0, its copy at 11 (x_to_grid)
+            rows, table = _tap_major_rows(w_src, w_jobs[0], f.g, flip, workers)
+            first.append((Jobs(), {0: src, 11: _W}))
+            first[0][0].rows("x_to_grid", rows, signal=0)
+        parts = _block_jobs(f, 0, f.N, dy, x, dyG, xG, outs, w_jobs, workers, first, 1 if dw is not None else None)
+        if dw is not None:                      # after every dw job: the sums (g, K, Cog, Cg) into dw, taps last
+            n_dw = next(len(jobs) for jobs, bases in parts if bases.get(15) == _DW)
+            rows, _ = _taps_last_rows(dw_part, dw, workers)
+            parts.append((Jobs(), {0: _DW, 3: out}))
+            parts[-1][0].rows("taps_last", rows, wait=(1, n_dw))
+        kept = f.templates[key] = (Template.joined(parts, addresses), table)       # the table kept alive with it
+    kept[0].run(addresses, workers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,6 +326,11 @@ def _positions(B: int, K: int, flip: bool, step: int) -> np.ndarray:
     return frozen(np.arange(K, dtype=np.int64) * step)
 
 
+def _copyable(w, g: int, flip: bool) -> bool:
+    """Whether :func:`tap_major`'s C copy takes ``w``."""
+    return _readable(w) and (w.shape[0] // g) % 16 == 0 and w.shape[1] % 16 == 0
+
+
 def tap_major(w, g: int, flip: bool, workers: int):
     """``w`` (g A, B, *kernel) in the dx loops' tap-major layout by one transposing copy in C (csrc/direct_conv.c's
     xconv_x_to_grid, on up to ``workers`` threads), or None where w is not float32, C-contiguous and aligned, A and B
@@ -307,7 +341,7 @@ def tap_major(w, g: int, flip: bool, workers: int):
 
     Bits are copied, so the result equals NumPy's transposes (which took 3-7x longer: 0.25 ms for 256 x 256 x 3 x 3)."""
     A, B, K = w.shape[0] // g, w.shape[1], math.prod(w.shape[2:])
-    if not (_readable(w) and A % 16 == 0 and B % 16 == 0):
+    if not _copyable(w, g, flip):
         return None
     out = np.empty((g, K) + ((B, A) if flip else (A, B)), np.float32)
     _copy(("x_to_grid", w.shape, g, flip, workers), _tap_major_rows, w, out, g, flip, workers)
@@ -431,13 +465,13 @@ def fprop(x, w, bias, p: ConvParams, workers: int, budget: int | None, lease):
     weight)."""
     g, nd = p.groups, len(p.kernel)
     Co, Cg = w.shape[0], w.shape[1]
-    wdx = tap_major(w, g, True, workers)                 # the dual's weights in the loops' layout, one C copy
-    if wdx is None:                                      # (g, K, Cg, Cog), taps reversed, by NumPy
-        wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
-                                   .transpose(0, 3, 2, 1))
     if any(s != 1 for s in p.stride):
+        wdx = tap_major(w, g, True, workers)             # the dual's weights in the loops' layout, one C copy
+        if wdx is None:                                  # (g, K, Cg, Cog), taps reversed, by NumPy
+            wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
+                                       .transpose(0, 3, 2, 1))
         return dense_strided.fprop(x, wdx, bias, p, workers, lease)
-    y, _, _ = backward(x, None, None, dual(p), True, False, False, workers, budget, lease, wdx=wdx)
+    y, _, _ = backward(x, None, None, dual(p), True, False, False, workers, budget, lease, w_dual=w)
     if bias is not None:
         y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * nd)
     return y
