@@ -266,3 +266,32 @@ def test_a_repeated_call_is_legalized_as_the_backend_declares_now():
             backend.contiguous_only = True
             xconv.conv_fprop(x, w, padding=1, backend=name)
             assert last(), name
+
+
+def test_a_transposed_forwards_bias_is_added_in_place_only_to_the_primitives_own_new_array():
+    """legalize._add_bias adds the bias into the dgrad's new NumPy array (the bits of ``y + b``), and never into an
+    array that holds an input's or the bias's memory (a backend handing back a view or the input itself), nor across
+    dtypes (float32 y, float64 bias: the sum is cast back as before)."""
+    from xconv import legalize
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 2, 2)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    y = xconv.conv_fprop(x, w, bias=b, stride=2, transposed=True, backend="numpy")
+    plain = xconv.conv_fprop(x, w, stride=2, transposed=True, backend="numpy")
+    assert y.tobytes() == (plain + b.reshape(1, -1, 1, 1)).tobytes()
+
+    fresh = rng.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    want = fresh + b.reshape(1, -1, 1, 1)
+    kept = fresh.copy()
+    assert legalize._add_bias(kept, b, (x, w)) is kept and kept.tobytes() == want.tobytes()   # in place
+    before = fresh.copy()
+    got = legalize._add_bias(fresh, b, (fresh, w))                 # y is an input: a new array, the input kept
+    assert got is not fresh and fresh.tobytes() == before.tobytes() and got.tobytes() == want.tobytes()
+    view = fresh[:, :, :2]                                         # not its own memory
+    got = legalize._add_bias(view, b)
+    assert got is not view and fresh.tobytes() == before.tobytes()
+    b64 = b.astype(np.float64)
+    got = legalize._add_bias(fresh.copy(), b64)
+    assert got.dtype == np.float32 and got.tobytes() == (fresh + b64.reshape(1, -1, 1, 1)).astype(np.float32).tobytes()
