@@ -271,3 +271,67 @@ def test_a_module_the_public_call_refuses_does_not_borrow_an_equal_valid_modules
     assert torch_ops.Conf((1, 1), ((1, 1), (1, 1)), (1, 1), 1, False, (0, 0), False, "keep_dtype", "numpy").exact
     assert not torch_ops.Conf((1, 1), ((1, 1), (1, 1)), (1, 1), True, False, (0, 0), False, "keep_dtype",
                               "numpy").exact
+
+
+def test_the_numpy_backends_lane_runs_its_runner_with_the_primitives_bits(public_calls, monkeypatch):
+    """A lane on the NumPy backend keeps the backend's runner (Backend.lane: the fast path on the paths chosen when the
+    lane opened) and calls it instead of the primitive: the public call's bits, forward and backward; inside
+    paths.force (another choice) the runner declines and the primitive runs, with the forced path's bits."""
+    from xconv_numpy import backend as numpy_backend, paths
+
+    conf = _conf()
+    x, w = _arrays(c=32, co=32)
+    dy = np.random.default_rng(3).standard_normal((2, 32, 6, 6), dtype=np.float32)
+    primitive = []
+    real_fprop, real_backward = numpy_backend.NumpyBackend.fprop, numpy_backend.NumpyBackend.backward
+    monkeypatch.setattr(numpy_backend.NumpyBackend, "fprop", lambda *a: primitive.append("fprop") or real_fprop(*a))
+    monkeypatch.setattr(numpy_backend.NumpyBackend, "backward",
+                        lambda *a: primitive.append("backward") or real_backward(*a))
+    want_y = xconv.conv_fprop(x, w, **conf.kwargs())
+    want_g = xconv.convolution_backward(dy, x, w, output_mask=(True, True, False), **conf.kwargs())
+    public_calls.clear()
+    for _ in range(3):
+        assert lanes.fprop(conf, x, w, None, conf.kwargs).tobytes() == want_y.tobytes()
+        got = lanes.backward(conf, dy, x, w, None, (True, True, False), conf.kwargs)
+        assert [g.tobytes() for g in got[:2]] == [g.tobytes() for g in want_g[:2]] and got[2] is None
+    assert public_calls == ["conv_fprop", "convolution_backward"]
+    assert primitive == ["fprop", "backward"] + ["fprop", "backward"]     # the public calls' (with want's), then none
+    assert all(lane.runner is not None for lane in lanes._lanes.values())
+    with paths.force("columns"):
+        y = lanes.fprop(conf, x, w, None, conf.kwargs)
+        with xconv.trace() as t:
+            forced = xconv.conv_fprop(x, w, **conf.kwargs())
+    assert primitive[-1] == "fprop" and "columns" in t.records[-1].path and y.tobytes() == forced.tobytes()
+
+
+def test_a_backend_whose_lane_fails_or_declines_gets_its_primitive(public_calls):
+    """Backend.lane raising when a lane opens leaves the lane without a runner (the call that opened it succeeded);
+    a runner returning NotImplemented hands that call to the primitive; one raising is reported as the primitive's
+    error would be (BackendFailedError naming the backend)."""
+    x, w = _arrays()
+
+    class Laned(SpyBackend):
+        mode = "raise-at-open"
+
+        def lane(self, p, op, mask=None):
+            if self.mode == "raise-at-open":
+                raise RuntimeError("no lane today")
+            if self.mode == "decline":
+                return lambda *arrays: NotImplemented
+            return lambda *arrays: (_ for _ in ()).throw(RuntimeError("runner broke"))
+
+    for mode in ("raise-at-open", "decline", "raise-in-runner"):
+        lanes.clear()
+        backend = Laned(f"laned-{mode}")
+        backend.mode = mode
+        conf = _conf(backend=backend.name)
+        with registered(backend):
+            want = xconv.conv_fprop(x, w, **conf.kwargs())
+            lanes.fprop(conf, x, w, None, conf.kwargs)               # opens the lane (the public call)
+            if mode == "raise-in-runner":
+                with pytest.raises(BackendFailedError, match="runner broke"):
+                    lanes.fprop(conf, x, w, None, conf.kwargs)
+            else:
+                assert np.array_equal(lanes.fprop(conf, x, w, None, conf.kwargs), want)
+            runner = next(iter(lanes._lanes.values())).runner
+            assert (runner is None) == (mode == "raise-at-open")

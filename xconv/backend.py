@@ -115,6 +115,15 @@ class Backend:
                 self.wgrad(x, dy, p) if mask[1] else None,
                 self.bgrad(dy, p) if mask[2] else None)
 
+    def lane(self, p: ConvParams, op: str, mask: tuple[bool, bool, bool] | None = None):
+        """Optional: a runner for the repeated calls of one configuration that :mod:`xconv.lanes` makes (op
+        ``"fprop"``: ``runner(x, w, bias)``; ``"backward"``: ``runner(dy, x, w)`` for ``mask``), asked once when a
+        lane opens on ``p`` and called with arrays of the signatures the lane was opened for, in place of
+        ``fprop``/``backward`` (which the lane reaches only where legalization rewrites nothing). It returns what the
+        primitive returns (the same values, bits and errors), or ``NotImplemented`` to decline that call (the lane
+        then calls the primitive). None (the default): no runner."""
+        return None
+
     def info(self) -> BackendInfo:
         """This backend's row for list_backends; never raises."""
         available, reason = availability_of(self)

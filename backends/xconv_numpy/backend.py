@@ -133,6 +133,15 @@ class NumpyBackend(Backend):
             return reference.bgrad(dy, p, self._acc(p))
         return fast.bgrad(dy, p)
 
+    def lane(self, p, op, mask=None):
+        """A runner for a lane's repeated calls of ``p`` (:meth:`xconv.backend.Backend.lane`): the fast path's on the
+        paths chosen once (:func:`.fast.runner`); None for numpy-exact, and where a call of ``p`` is refused or runs
+        per sample (:meth:`_begin`: deterministic without a BLAS held at one thread, batch_invariant)."""
+        if self.exact or (p.deterministic and not blas.pinned()) or (
+                p.deterministic == "batch_invariant" and p.input_shape[0] > 1):
+            return None
+        return fast.runner(p, op, mask)
+
     def _backward(self, dy, x, w, p, mask):
         if self.exact:
             return super().backward(dy, x, w, p, mask)          # the public primitives (subclasses may wrap them)

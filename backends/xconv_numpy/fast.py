@@ -34,6 +34,8 @@ and (with BLAS thread control available) across BLAS thread counts.
 
 from __future__ import annotations
 
+import numpy as np
+
 from xconv import ConvParams, tracing
 
 from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs, omp_team, paths,
@@ -166,8 +168,13 @@ def _nonfinite(p, dy, x, w, gx, gw):
 def backward(dy, x, w, p: ConvParams, mask):
     """(dx, dw, db) of a direct convolution, None where the mask bit is False; each output by the path
     :func:`paths.choose` picks for it (from the parameters alone: the same whatever the mask)."""
-    dx = dw = db = None
     runs, bias_path = paths.backward_plan(p, mask)
+    return _backward_on(runs, bias_path, dy, x, w, p)
+
+
+def _backward_on(runs, bias_path, dy, x, w, p: ConvParams):
+    """:func:`backward` by the runs of :func:`paths.backward_plan` given."""
+    dx = dw = db = None
     for path, rule, outs, gx, gw, _ in runs:
         rx, rw = _grads(path, rule, dy, x, w, p, gx, gw)
         if gx:
@@ -196,6 +203,37 @@ def bgrad(dy, p: ConvParams):
 def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
     path, rule = paths.choose_all(p, "fprop", (True,))["output"]
+    return _fprop_on(path, rule, x, w, b, p)
+
+
+def runner(p: ConvParams, op: str, mask=None):
+    """A lane's runner for ``p`` (:meth:`.backend.NumpyBackend.lane`): :func:`fprop` (``runner(x, w, b)``) or
+    :func:`backward` for ``mask`` (``runner(dy, x, w)``) on the paths chosen now, with NumPy's floating-point
+    warnings off as in the primitives; NotImplemented (the lane then calls the primitive, which chooses again) once
+    this thread's forced paths (:func:`paths.force`) differ from now. The choice reads nothing else that a lane does
+    not check (the settings) or hold (the build); the paths read the tuning knobs when they run."""
+    forced = paths._state()
+    if op == "fprop":
+        path, rule = paths.choose_all(p, "fprop", (True,))["output"]
+
+        def run_fprop(x, w, b):
+            if paths._state() != forced:
+                return NotImplemented
+            with np.errstate(all="ignore"):
+                return _fprop_on(path, rule, x, w, b, p)
+        return run_fprop
+    runs, bias_path = paths.backward_plan(p, mask)
+
+    def run_backward(dy, x, w):
+        if paths._state() != forced:
+            return NotImplemented
+        with np.errstate(all="ignore"):
+            return _backward_on(runs, bias_path, dy, x, w, p)
+    return run_backward
+
+
+def _fprop_on(path, rule, x, w, b, p: ConvParams):
+    """:func:`fprop` by ``path`` (its ``rule`` for the trace)."""
     name = path.name
     # a non-finite weight: the dense loops (the dual's) add its terms after, never at the padding, and the stem loops
     # skip the tap rows that read padding, where the definition has 0 * inf
