@@ -433,3 +433,29 @@ def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip):
         back = dense._taps_last(np.ascontiguousarray(t.transpose(0, 3, 1, 2)), workers)
         assert back.tobytes() == w.tobytes()
     assert dense.tap_major(w[:, :, ::-1], groups, flip, 1) is None           # not contiguous: NumPy's copy instead
+
+
+def test_weight_rows_are_padded_to_an_odd_number_of_cache_lines():
+    """dense.padded_row: n channels rounded up to an odd number of 16-float lines (never fewer than n)."""
+    assert [dense.padded_row(n) for n in (16, 32, 48, 64, 128, 256, 272, 512)] == [16, 48, 48, 80, 144, 272, 272, 528]
+
+
+@pytest.mark.parametrize("width", [5, 6, 7, 11])
+def test_rows_of_five_to_fourteen_positions_run_in_one_block_with_the_exact_paths_values(width):
+    """Rows of 5-14 positions run in one register block (dx_5x2 .. dx_14x2), with weights of 256 x 256 taps in padded
+    rows: the forward and the input gradient match the exact path, and the bits do not depend on the workers."""
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((2, 256, 4, width)).astype(np.float32)
+    w = (rng.standard_normal((256, 256, 3, 3)) / 48).astype(np.float32)
+    dy = rng.standard_normal((2, 256, 4, width)).astype(np.float32)
+    with paths.force("dense"):
+        with xconv.trace() as t:
+            y = xconv.conv_fprop(x, w, padding=1, backend="numpy")
+            dx = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy")[0]
+        assert all(r.path.startswith("dense") for r in t.records)
+        with paths.tune(parallel_min_work=0, team_min_work=0):
+            one = [xconv.conv_fprop(x, w, padding=1, backend="numpy")]
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"), rtol=1e-4, atol=1e-4)
+    exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")
+    np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
+    assert one[0].tobytes() == y.tobytes()

@@ -12,6 +12,9 @@
 
 #include "template.h"
 
+
+
+
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));
@@ -89,6 +92,15 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
 #define NR 8
 #define NV 2
 #include "direct_dx_block.h"
+#define NR 7
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 6
+#define NV 2
+#include "direct_dx_block.h"
+#define NR 5
+#define NV 2
+#include "direct_dx_block.h"
 #define NR 4
 #define NV 2
 #include "direct_dx_block.h"
@@ -143,57 +155,77 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
 typedef void (*dx_block_fn)(const float *, int64_t, const float *, int64_t, const int64_t *, int64_t, int64_t, float *,
                             int64_t, int64_t, int64_t, int64_t);
 
-/* A block of n positions (1..14), 32 channels: n in one block when n >= 8, else 4 + 2 + 1 blocks. */
+/* A block of n positions (1..14), 32 channels: n in one block when n >= 5 (the weights read once for the row's
+ * positions: 2x512x7x7 -> 512 3x3 forward, one thread, 36 -> 49 G multiply-adds/s against 4 + 2 + 1 blocks), else
+ * 4 + 2 + 1 blocks. Each position's sums are the same whatever its block. */
 static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
                      int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j, int64_t n, int64_t cb) {
-    static const dx_block_fn big[] = {dx_8x2, dx_9x2, dx_10x2, dx_11x2, dx_12x2, dx_13x2, dx_14x2};
-    if (n >= 8) { big[n - 8](dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); return; }
+    static const dx_block_fn big[] = {dx_5x2, dx_6x2, dx_7x2, dx_8x2, dx_9x2, dx_10x2, dx_11x2, dx_12x2, dx_13x2,
+                                      dx_14x2};
+    if (n >= 5) { big[n - 5](dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); return; }
     if (n >= 4) { dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); j += 4; n -= 4; }
     if (n >= 2) { dx_2x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); j += 2; n -= 2; }
     if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
 }
 
-/* Input gradient of rows [r0, r1) of one group (row r: dy from dy + rin[3 r], dx at dx + rout[r] with position
- * step os, row_len positions; only taps [rin[3 r + 1], rin[3 r + 2]) of the T, the others reading only the dy grid's
- * zero rows for this row: their terms are +0 and leave every sum's bits as they are), Cg % 16 == 0: 32 channels
- * at a time in ceil(row_len / 14) blocks of (nearly) equal length (8 to 14 positions: no short block at a row's
- * end), then 16 channels at a time. */
+/* One row's blocks for the input channels [cb, cb + 32) (AVX2 build: [cb, cb + 16)), or, with one = 1, for
+ * [cb, cb + 16) in one vector of channels (the AVX-512 build's last 16 channels when Cg % 32 == 16). Row r: dy from
+ * dy + rin[3 r], dx at dx + rout[r] with position step os, row_len positions; only taps [rin[3 r + 1], rin[3 r + 2])
+ * of the phase's, the others reading only the dy grid's zero rows for this row: their terms are +0 and leave every
+ * sum's bits as they are. */
+static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t Cog,
+                   float *dx, int64_t ldx, int64_t os, const int64_t *rin, const int64_t *rout, int64_t r,
+                   int64_t row_len, int64_t cb, int one) {
+    const float *dyr = dy + rin[3 * r];
+    float *dxr = dx + rout[r];
+    const int64_t *offr = off + rin[3 * r + 1];                     /* the row's taps */
+    const float *wr = w + rin[3 * r + 1] * Cog * ldw;
+    const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
+    int64_t j = 0;
+    if (DENSE_V8) {                      /* AVX2: 16 channels, 6 positions at a time, then 4, 2, 1 */
+        for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 2 <= row_len; j += 2) dx8_2x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j < row_len; j++) dx8_1x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        return;
+    }
+    if (one) {                           /* one vector of channels: as many 12-blocks as fit (one load per FMA) */
+        for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j < row_len; j++) dx_1x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        return;
+    }
+    int64_t nblk = (row_len + 13) / 14;  /* blocks of (nearly) equal length: 8 to 14 positions, no short one */
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t n = row_len / nblk + (b < row_len % nblk);
+        dx_span2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, n, cb);
+        j += n;
+    }
+}
+
+/* The phase's weights, bytes, past which rows [r0, r1) run channel block by channel block (each block's weights
+ * kept in L2 over the rows) rather than row by row (each row's dy kept in cache over the blocks, every row reading
+ * all of the weights: 2x256x14x14 -> 256 3x3, 2.4 MB of weights, ran at half the rate of 128 channels). */
+#define DX_BLOCKS_OUTER_BYTES (1 << 20)
+
+/* Input gradient of rows [r0, r1) of one group (see dx_row), Cg % 16 == 0: 32 channels at a time in
+ * ceil(row_len / 14) blocks of (nearly) equal length, then 16 channels at a time (the AVX2 build: 16 at a time).
+ * Every block is one call whatever the order, so the order changes no bit. */
 static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
                     int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
                     const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
-    int64_t nblk = (row_len + 13) / 14;
-    (void)T;                             /* the phase's taps: each row's range lies within them */
-    for (int64_t r = r0; r < r1; r++) {
-        const float *dyr = dy + rin[3 * r];
-        float *dxr = dx + rout[r];
-        const int64_t *offr = off + rin[3 * r + 1];                 /* the row's taps */
-        const float *wr = w + rin[3 * r + 1] * Cog * ldw;
-        const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
-        int64_t cb = 0;
-        if (DENSE_V8) {                  /* AVX2: 16 channels at a time, 6 positions, then 4, 2, 1 */
-            for (; cb < Cg; cb += 16) {
-                int64_t j = 0;
-                for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-                for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-                for (; j + 2 <= row_len; j += 2) dx8_2x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-                for (; j < row_len; j++) dx8_1x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-            }
-            continue;
-        }
-        for (; cb + 32 <= Cg; cb += 32)
-            for (int64_t b = 0, j = 0; b < nblk; b++) {
-                int64_t n = row_len / nblk + (b < row_len % nblk);
-                dx_span2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, n, cb);
-                j += n;
-            }
-        for (; cb < Cg; cb += 16) {      /* one vector of channels: as many 12-blocks as fit (one load per FMA) */
-            int64_t j = 0;
-            for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-            for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-            for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-            for (; j < row_len; j++) dx_1x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        }
+    const int64_t step = DENSE_V8 ? 16 : 32;
+    const int64_t wide = Cg / step * step;                          /* channels in blocks of `step` */
+    if (4 * T * Cog * Cg > DX_BLOCKS_OUTER_BYTES) {
+        for (int64_t cb = 0; cb < Cg; cb += cb < wide ? step : 16)
+            for (int64_t r = r0; r < r1; r++)
+                dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, row_len, cb, cb >= wide);
+        return;
     }
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t cb = 0; cb < Cg; cb += cb < wide ? step : 16)
+            dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, row_len, cb, cb >= wide);
 }
 
 
@@ -281,28 +313,31 @@ void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, in
 
 
 /* Channels [c0, c1) and positions [u0, u1) of one sample's x, channel-major (channel c at src + c * ldc), into
- * its grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last:
- *   grid[pos[u] * Cg + c % Cg] = src[c * ldc + u],   and grid[pad[k] * Cg + c % Cg] = 0 for k < npad,
+ * its grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last with ps floats per position
+ * (0: Cg; more: padded rows, as the dense loops' weights take them):
+ *   grid[pos[u] * ps + c % Cg] = src[c * ldc + u],   and grid[pad[k] * ps + c % Cg] = 0 for k < npad,
  * pos and pad together covering a grid once; c0, c1 and Cg multiples of 16. In 16 x 16 register
  * transpositions where the compiler has vector shuffles (consecutive x positions, each stored to its own grid
  * position). */
 void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int64_t Cg, int64_t gs,
-                     const int64_t *pos, int64_t u0, int64_t u1, const int64_t *pad, int64_t npad, float *dst) {
+                     const int64_t *pos, int64_t u0, int64_t u1, const int64_t *pad, int64_t npad, float *dst,
+                     int64_t ps) {
+    if (ps == 0) ps = Cg;
     for (int64_t cb = c0; cb < c1; cb += 16) {
         const float *s = src + cb * ldc;
         float *d = dst + cb / Cg * gs + cb % Cg;
-        for (int64_t k = 0; k < npad; k++) memset(d + pad[k] * Cg, 0, 16 * sizeof(float));
+        for (int64_t k = 0; k < npad; k++) memset(d + pad[k] * ps, 0, 16 * sizeof(float));
         int64_t u = u0;
 #ifdef HAVE_TILE16
         for (; u + 16 <= u1; u += 16) {
             v16 t[16];
             for (int i = 0; i < 16; i++) t[i] = load16(s + i * ldc + u);
             transpose16(t);
-            for (int i = 0; i < 16; i++) store16(d + pos[u + i] * Cg, t[i]);
+            for (int i = 0; i < 16; i++) store16(d + pos[u + i] * ps, t[i]);
         }
 #endif
         for (; u < u1; u++)
-            for (int64_t c = 0; c < 16; c++) d[pos[u] * Cg + c] = s[c * ldc + u];
+            for (int64_t c = 0; c < 16; c++) d[pos[u] * ps + c] = s[c * ldc + u];
     }
 }
 
