@@ -122,8 +122,9 @@ def _dy_to_grid(dyn, grid_n, f, db_n) -> None:
 
 
 def _x_to_grid(xn, grid_n, f) -> None:
-    """One sample of x (another dtype or layout) into its zero-padded channels-last grids by NumPy."""
-    grid = grid_n.reshape((f.g,) + f.X + (f.Cg,))
+    """One sample of x (another dtype or layout) into its zero-padded channels-last grids (g, Xn, grid_row(Cg)) by
+    NumPy."""
+    grid = grid_n[..., :f.Cg].reshape((f.g,) + f.X + (f.Cg,))              # a view: Xn splits into X
     for sl in f.x_pad_slices:
         grid[sl] = 0
     grid[(slice(None),) + tuple(slice(a, a + n) for a, n in zip(f.pre, f.S))] = \
@@ -167,7 +168,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     f32 = np.dtype(np.float32)
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
-    xG = lease.empty((nb, g, Xn, Cg), f32) if need_dw else None
+    xG = lease.empty((nb, g, Xn, grid_row(Cg)), f32) if need_dw else None      # positions of grid_row floats
     if need_dx:
         dx = np.empty(p.input_shape, f.out_dt)
         dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
@@ -234,7 +235,7 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     scratch). Each job's addresses are absolute; the mappings say which array each one points into."""
     dx, dxb, dw_part, db_parts = outs
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
-    ldy, Xn, Sn = f.ldy, f.Xn, f.Sn
+    ldy, Xn, Sn, ldx = f.ldy, f.Xn, f.Sn, grid_row(f.Cg)
     dy_copies, x_copies = [], []                         # one row of arguments per copy job
     for i in range(m):
         n = n0 + i
@@ -245,8 +246,8 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
         else:
             _dy_to_grid(dy[n], dyG[i], f, None if db_parts is None else db_parts[n])
         if dw_part is not None and _readable(x[n]):
-            x_copies += [[address(x[n]), Sn, 0, C, Cg, Xn * Cg, address(f.x_pos), u0, u1, address(f.x_pad),
-                          len(f.x_pad) if part == 0 else 0, address(xG[i])]
+            x_copies += [[address(x[n]), Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), u0, u1, address(f.x_pad),
+                          len(f.x_pad) if part == 0 else 0, address(xG[i]), ldx]
                          for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts))]
         elif dw_part is not None:
             _x_to_grid(x[n], xG[i], f)
@@ -259,7 +260,7 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     copies = (0, sum(len(jobs) for jobs, _ in parts))
     if dw_part is not None:
         parts.append((Jobs(), {0: _DYG, 3: _XG, 15: _DW}))
-        parts[-1][0].split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), Cg, Xn * Cg, f.dw_step,
+        parts[-1][0].split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), ldx, Xn * ldx, f.dw_step,
                                        address(f.off_w), Cog, Cg, address(f.rdy), address(f.rx), m * f.dw_rows,
                                        f.dw_len, f.dw_seg, address(dw_part), K * Cog * Cg, f.dw_blocks), 18,
                            even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers), wait=copies, signal=dw_signal)
@@ -363,6 +364,14 @@ def _tap_major_rows(w, out, g: int, flip: bool, workers: int) -> list:
     return [[address(w) + 4 * gi * A * B * K, K, 16 * c0, 16 * c1, B, ld, address(pos), 0, K, 0, 0,
              address(out) + 4 * gi * K * A * ld, ld]
             for gi in range(g) for c0, c1 in even_ranges(A * B // 16, max(1, parts // g))], pos
+
+
+def grid_row(n: int) -> int:
+    """Floats per position of the x grids of the weight-gradient loops for n channels per group: :func:`padded_row`
+    from 128 channels (512-byte positions: a channel block's loads would fall in one cache set of 8 or fewer),
+    else n (weight gradient, one thread, G multiply-adds/s: 2x256x14x14 -> 256 3x3 49 -> 57, 2x128x4x14x14 -> 128
+    3x3x3 66 -> 75). The samples per block (the plan's budget) still count n: a grid is up to 1/8 larger than counted."""
+    return padded_row(n) if n >= 128 else n
 
 
 def padded_row(n: int) -> int:
