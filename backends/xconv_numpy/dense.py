@@ -333,7 +333,7 @@ def _copyable(w, g: int, flip: bool) -> bool:
     return _readable(w) and (w.shape[0] // g) % 16 == 0 and w.shape[1] % 16 == 0
 
 
-def tap_major(w, g: int, flip: bool, workers: int):
+def tap_major(w, g: int, flip: bool, workers: int, padded: bool = False):
     """``w`` (g A, B, *kernel) in the dx loops' tap-major layout by one transposing copy in C (csrc/direct_conv.c's
     xconv_x_to_grid, on up to ``workers`` threads), or None where w is not float32, C-contiguous and aligned, A and B
     multiples of 16 (the caller then copies by NumPy):
@@ -341,12 +341,15 @@ def tap_major(w, g: int, flip: bool, workers: int):
     - flip=False: ``out[gi, t, a, b] = w[gi A + a, b, t]`` (the weights of the input gradient);
     - flip=True: ``out[gi, t, b, a] = w[gi A + a, b, K - 1 - t]`` (the dual's, for the forward: :func:`dual`).
 
-    Bits are copied, so the result equals NumPy's transposes (which took 3-7x longer: 0.25 ms for 256 x 256 x 3 x 3)."""
+    Bits are copied, so the result equals NumPy's transposes (which took 3-7x longer: 0.25 ms for 256 x 256 x 3 x 3).
+    ``padded``: a view of rows :func:`padded_row` floats apart, as the loops read the weights fastest."""
     A, B, K = w.shape[0] // g, w.shape[1], math.prod(w.shape[2:])
     if not _copyable(w, g, flip):
         return None
-    out = np.empty((g, K) + ((B, A) if flip else (A, B)), np.float32)
-    _copy(("x_to_grid", w.shape, g, flip, workers), _tap_major_rows, w, out, g, flip, workers)
+    rows, n = (B, A) if flip else (A, B)
+    ld = padded_row(n) if padded else n
+    out = np.empty((g, K, rows, ld), np.float32)[..., :n]
+    _copy(("x_to_grid", w.shape, g, flip, workers, ld), _tap_major_rows, w, out, g, flip, workers)
     return out
 
 
@@ -487,7 +490,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int, budget: int | None, lease):
     g, nd = p.groups, len(p.kernel)
     Co, Cg = w.shape[0], w.shape[1]
     if any(s != 1 for s in p.stride):
-        wdx = tap_major(w, g, True, workers)             # the dual's weights in the loops' layout, one C copy
+        wdx = tap_major(w, g, True, workers, True)       # the dual's weights in the loops' layout, one C copy
         if wdx is None:                                  # (g, K, Cg, Cog), taps reversed, by NumPy
             wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
                                        .transpose(0, 3, 2, 1))

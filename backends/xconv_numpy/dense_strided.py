@@ -100,8 +100,9 @@ def tap_share(p: ConvParams) -> float:
 
 def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
     """y = conv(x, w) + bias for :func:`computes` calls, ``wt`` the weights in the dual's tap-major layout
-    (g, K, C_in/g, C_out/g) float32 C-contiguous (:func:`.dense.tap_major` with flip); x's phase rows in ``lease``,
-    by blocks of samples within its limit (:func:`block_samples`: the same sums, whatever the blocks)."""
+    (g, K, C_in/g, C_out/g) float32 with unit-stride rows (:func:`.dense.tap_major` with flip; rows may be padded);
+    x's phase rows in ``lease``, by blocks of samples within its limit (:func:`block_samples`: the same sums,
+    whatever the blocks)."""
     g, N = p.groups, p.input_shape[0]
     f = plan(p, block_samples(p, lease.limit))
     Co = p.output_shape[1]
@@ -114,9 +115,9 @@ def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
         run = Jobs()
         parts = even_ranges(m * sample, TASKS_PER_WORKER * workers)
         run.split("stem_phases", (address(xr[n0:]), address(phases), address(geo), 0, 0, f.lq), 3, parts, signal=0)
-        run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), Cog, f.K * Cg * Cog, address(f.offs),
-                              f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin), address(f.rout), m * f.Ho,
-                              0, 0, f.Wo), 17,
+        run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4, wt.strides[0] // 4,
+                              address(f.offs), f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin),
+                              address(f.rout), m * f.Ho, 0, 0, f.Wo), 17,
                   even_ranges(g * m * f.Ho, TASKS_PER_WORKER * workers), wait=(0, len(parts)))
         run.run(workers)
     if bias is not None:
