@@ -459,3 +459,23 @@ def test_rows_of_five_to_fourteen_positions_run_in_one_block_with_the_exact_path
     exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")
     np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
     assert one[0].tobytes() == y.tobytes()
+
+
+def test_the_weight_copies_run_on_the_workers_they_are_given(monkeypatch):
+    """dense.tap_major and dense._taps_last run their copy regions on at most ``workers`` threads, whatever the row
+    length the template was made for (a key once ended with the row length, read as the thread count: 32 threads)."""
+    from xconv_numpy import jobs
+
+    seen = []
+    real = jobs._execute
+    monkeypatch.setattr(jobs, "_execute", lambda table, threads, scratch: seen.append(threads) or real(table, threads,
+                                                                                                      scratch))
+    w = np.random.default_rng(1).standard_normal((32, 64, 2, 2)).astype(np.float32)
+    for padded in (False, True):
+        for flip in (False, True):
+            got = dense.tap_major(w, 1, flip, 2, padded)
+            want = w.reshape(1, 32, 64, 4)
+            want = want[..., ::-1].transpose(0, 3, 2, 1) if flip else want.transpose(0, 3, 1, 2)
+            assert got.shape == want.shape and np.array_equal(got, want)
+    dense._taps_last(np.ascontiguousarray(w.reshape(1, 32, 64, 4).transpose(0, 3, 1, 2)), 2)
+    assert seen and max(seen) <= 2

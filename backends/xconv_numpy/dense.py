@@ -349,7 +349,7 @@ def tap_major(w, g: int, flip: bool, workers: int, padded: bool = False):
     rows, n = (B, A) if flip else (A, B)
     ld = padded_row(n) if padded else n
     out = np.empty((g, K, rows, ld), np.float32)[..., :n]
-    _copy(("x_to_grid", w.shape, g, flip, workers, ld), _tap_major_rows, w, out, g, flip, workers)
+    _copy(("x_to_grid", w.shape, g, flip, ld), workers, _tap_major_rows, w, out, g, flip, workers)
     return out
 
 
@@ -386,17 +386,18 @@ def padded_row(n: int) -> int:
     return 16 * (lines + 1 - lines % 2)
 
 
-#: The copies' job templates, per (kind, shape, groups or None, flip or None, workers): source and destination
+#: The copies' job templates, per (kind, shape[, groups, flip, row length], workers): source and destination
 #: (arguments 0 and 11 of x_to_grid, 0 and 3 of taps_last) held as offsets (see jobs.Template), each with the
 #: positions table its jobs read at its address (kept alive with it).
 _COPIES: dict = {}
 _COPY_ARGS = {"x_to_grid": (0, 11), "taps_last": (0, 3)}
 
 
-def _copy(key, rows, src, dst, *args) -> None:
-    """Run the copy jobs ``rows(src, dst, *args)`` = (rows, table they read) from their template, made on the first
-    call of ``key``."""
+def _copy(key, workers: int, rows, src, dst, *args) -> None:
+    """Run the copy jobs ``rows(src, dst, *args)`` = (rows, table they read) on up to ``workers`` threads from their
+    template, made on the first call of ``key`` with these workers."""
     addresses = (address(src), address(dst))
+    key = key + (workers,)
     kept = _COPIES.get(key)
     if kept is None:
         jobs = Jobs()
@@ -406,7 +407,7 @@ def _copy(key, rows, src, dst, *args) -> None:
             _COPIES.clear()
         a, b = _COPY_ARGS[key[0]]
         kept = _COPIES[key] = (jobs.template({a: 0, b: 1}, addresses), positions)
-    kept[0].run(addresses, key[-1])
+    kept[0].run(addresses, workers)
 
 
 def _taps_last(total: np.ndarray, workers: int) -> np.ndarray:
@@ -414,7 +415,7 @@ def _taps_last(total: np.ndarray, workers: int) -> np.ndarray:
     C (csrc/direct_conv.c's xconv_taps_last) on up to ``workers`` threads (bits copied)."""
     g, K, A, B = total.shape
     out = np.empty((g, A, B, K), np.float32)
-    _copy(("taps_last", total.shape, None, None, workers), _taps_last_rows, total, out, workers)
+    _copy(("taps_last", total.shape), workers, _taps_last_rows, total, out, workers)
     return out
 
 
