@@ -118,11 +118,13 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
             done = pointwise_planned.backward(p, dy, x, w, need_dx, need_dw, _share(p, workers, "backward", True))
             if done is not None:
                 return done + (None,)
+    if name == "dense":                              # the C loops: no BLAS, no pin
+        budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)         # the full call's: any mask
+        with Lease(p.workspace_limit) as lease:
+            return dense.backward(dy, x, w, p, need_dx, need_dw, need_db, _share(p, blas_workers(), "backward", True),
+                                  budget, lease)
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
-        workers = _share(p, workers, "backward", name == "dense")
-        if name == "dense":
-            budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)     # the full call's: any mask
-            return dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease)
+        workers = _share(p, workers, "backward")
         if name == "pointwise":
             return pointwise.backward(geom(p), dy, x if need_dw else None, w, need_dx, need_dw, need_db, workers,
                                       lease)
@@ -254,8 +256,8 @@ def _fprop_on(path, rule, x, w, b, p: ConvParams):
     if name == "dense":                              # stride 1: the dual call's input gradient, its working-set budget
         q = dense.dual(p) if all(s == 1 for s in p.stride) else None
         budget = None if q is None else _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), q)
-        with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
-            return dense.fprop(x, w, b, p, _share(p, workers, "fprop", True), budget, lease)
+        with Lease(p.workspace_limit) as lease:                            # the C loops: no BLAS, no pin
+            return dense.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", True), budget, lease)
     if name == "pointwise":
         with pinned_blas_workers() as workers:
             workers = _share(p, workers, "fprop", p.dtype == "float32" and jobs.sgemm_available())    # sgemm jobs

@@ -69,7 +69,7 @@ PATHS = {p.name: p for p in (
          "depthwise C loops", bounds.depthwise),
     Path("dense", "backward (dx, dw): channels per group multiples of 16, AVX-512 and AVX2 builds; fprop (float32): "
          "stride 1 the input gradient of the dual call, larger strides the same loops on x's stride-phase rows",
-         "dense.backward / dense.fprop (csrc/direct_conv.c; dense_strided.py)", "pinned", True, "keeps",
+         "dense.backward / dense.fprop (csrc/direct_conv.c; dense_strided.py)", "none", True, "keeps",
          "C direct loops"),
     Path("small-c", "fprop, backward (dx, dw in one C call): small calls at stride 1, on zero-padded grids",
          "small_c.grid_fprop / small_c.grid_backward (csrc/small_grid.c)", "none", False, "self-check",

@@ -1,0 +1,135 @@
+"""The dense loops' weights in their layout (csrc/direct_conv.c): the tap-major copy the dx loops read, in rows padded
+to an odd number of cache lines, and the weight gradient's sums back to taps-last; each a C job list kept as a
+template per shape and worker count (:class:`.jobs.Template`), or run as jobs of the dense call's own list
+(:func:`.dense._run_planned`). Bits are copied: the results equal NumPy's transposes."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .dense_plan import frozen
+from .jobs import Jobs
+from .native import address
+from .workers import even_ranges
+
+#: Tasks per worker and kind (the dense loops' dx rows and dw blocks, these copies) in each list: more balance the
+#: workers, fewer cost less.
+TASKS_PER_WORKER = 2
+
+
+def _readable(a: np.ndarray) -> bool:
+    """Whether the copy loops read ``a`` (a weight, or one sample) where it lies: float32, C-contiguous, aligned."""
+    return a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned
+
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(B: int, K: int, flip: bool, step: int) -> np.ndarray:
+    """Where xconv_x_to_grid puts each weight read: flip, position u = b K + t goes to (K-1-t) B + b; else position t
+    goes to t * step."""
+    if flip:
+        u = np.arange(B * K, dtype=np.int64)
+        return frozen((K - 1 - u % K) * B + u // K)
+    return frozen(np.arange(K, dtype=np.int64) * step)
+
+
+def _copyable(w, g: int, flip: bool) -> bool:
+    """Whether :func:`tap_major`'s C copy takes ``w``."""
+    return _readable(w) and (w.shape[0] // g) % 16 == 0 and w.shape[1] % 16 == 0
+
+
+def tap_major(w, g: int, flip: bool, workers: int, padded: bool = False):
+    """``w`` (g A, B, *kernel) in the dx loops' tap-major layout by one transposing copy in C (csrc/direct_conv.c's
+    xconv_x_to_grid, on up to ``workers`` threads), or None where w is not float32, C-contiguous and aligned, A and B
+    multiples of 16 (the caller then copies by NumPy):
+
+    - flip=False: ``out[gi, t, a, b] = w[gi A + a, b, t]`` (the weights of the input gradient);
+    - flip=True: ``out[gi, t, b, a] = w[gi A + a, b, K - 1 - t]`` (the dual's, for the forward: :func:`dual`).
+
+    Bits are copied, so the result equals NumPy's transposes (which took 3-7x longer: 0.25 ms for 256 x 256 x 3 x 3).
+    ``padded``: a view of rows :func:`padded_row` floats apart, as the loops read the weights fastest."""
+    A, B, K = w.shape[0] // g, w.shape[1], math.prod(w.shape[2:])
+    if not _copyable(w, g, flip):
+        return None
+    rows, n = (B, A) if flip else (A, B)
+    ld = padded_row(n) if padded else n
+    out = np.empty((g, K, rows, ld), np.float32)[..., :n]
+    _copy(("x_to_grid", w.shape, g, flip, ld), workers, _tap_major_rows, w, out, g, flip, workers)
+    return out
+
+
+def _tap_major_rows(w, out, g: int, flip: bool, workers: int) -> list:
+    """The copy jobs' rows of :func:`tap_major` (w and out at their addresses; out's rows may be padded, ld floats
+    apart: :func:`padded_row`) and the positions table they read."""
+    A, B, K = w.shape[0] // g, w.shape[1], math.prod(w.shape[2:])
+    ld = out.strides[-2] // 4
+    parts = max(1, TASKS_PER_WORKER * workers)
+    if flip:                # channels a of every group (rows of B K reads), positions u = b K + t: in 16 x 16 tiles
+        pos = _positions(B, K, True, 0)
+        return [[address(w), B * K, 0, g * A, A, K * B * ld, address(pos), u0, u1, 0, 0, address(out), ld]
+                for u0, u1 in even_ranges(B * K, parts)], pos
+    pos = _positions(B, K, False, A)    # per group: channels a B + b (K reads each), positions t
+    return [[address(w) + 4 * gi * A * B * K, K, 16 * c0, 16 * c1, B, ld, address(pos), 0, K, 0, 0,
+             address(out) + 4 * gi * K * A * ld, ld]
+            for gi in range(g) for c0, c1 in even_ranges(A * B // 16, max(1, parts // g))], pos
+
+
+def grid_row(n: int) -> int:
+    """Floats per position of the x grids of the weight-gradient loops for n channels per group: :func:`padded_row`
+    from 128 channels (512-byte positions: a channel block's loads would fall in one cache set of 8 or fewer),
+    else n (weight gradient, one thread, G multiply-adds/s: 2x256x14x14 -> 256 3x3 49 -> 57, 2x128x4x14x14 -> 128
+    3x3x3 66 -> 75). The samples per block (the plan's budget) still count n: a grid is up to 1/8 larger than counted."""
+    return padded_row(n) if n >= 128 else n
+
+
+def padded_row(n: int) -> int:
+    """Floats per row of the dx loops' weights (T, Cog, rows of n channels) as the one-region call copies them: n
+    rounded up to an odd number of 64-byte lines. A channel block's weights are then spread over every cache set;
+    at n = 256 (1 KiB rows) they fell in one set of 16 and were read from memory again for every row of dy
+    (2x256x14x14 -> 256 3x3 forward, one thread: 56 G multiply-adds/s against 79 at 128 channels)."""
+    lines = -(-n // 16)
+    return 16 * (lines + 1 - lines % 2)
+
+
+#: The copies' job templates, per (kind, shape[, groups, flip, row length], workers): source and destination
+#: (arguments 0 and 11 of x_to_grid, 0 and 3 of taps_last) held as offsets (see jobs.Template), each with the
+#: positions table its jobs read at its address (kept alive with it).
+_COPIES: dict = {}
+_COPY_ARGS = {"x_to_grid": (0, 11), "taps_last": (0, 3)}
+
+
+def _copy(key, workers: int, rows, src, dst, *args) -> None:
+    """Run the copy jobs ``rows(src, dst, *args)`` = (rows, table they read) on up to ``workers`` threads from their
+    template, made on the first call of ``key`` with these workers."""
+    addresses = (address(src), address(dst))
+    key = key + (workers,)
+    kept = _COPIES.get(key)
+    if kept is None:
+        jobs = Jobs()
+        table, positions = rows(src, dst, *args)
+        jobs.rows(key[0], table)
+        if len(_COPIES) >= 256:         # above a real model's weight shapes
+            _COPIES.clear()
+        a, b = _COPY_ARGS[key[0]]
+        kept = _COPIES[key] = (jobs.template({a: 0, b: 1}, addresses), positions)
+    kept[0].run(addresses, workers)
+
+
+def _taps_last(total: np.ndarray, workers: int) -> np.ndarray:
+    """The weight gradient's sums (g, K, Cog, Cg), float32 C-contiguous, as (g, Cog, Cg, K): one transposing copy in
+    C (csrc/direct_conv.c's xconv_taps_last) on up to ``workers`` threads (bits copied)."""
+    g, K, A, B = total.shape
+    out = np.empty((g, A, B, K), np.float32)
+    _copy(("taps_last", total.shape), workers, _taps_last_rows, total, out, workers)
+    return out
+
+
+def _taps_last_rows(total, out, workers: int) -> list:
+    """The copy jobs' rows of :func:`_taps_last` (and no table)."""
+    g, K, A, B = total.shape
+    R, parts = A * B, max(1, TASKS_PER_WORKER * workers // g)
+    return [[address(total) + 4 * gi * K * R, K, R, address(out) + 4 * gi * K * R, 16 * r0, 16 * r1]
+            for gi in range(g) for r0, r1 in even_ranges(R // 16, parts)], None
