@@ -115,3 +115,38 @@ def test_a_non_finite_weight_sends_a_colgemm_input_gradient_to_its_detour():
     _same_nonfinite(dx, want[0])
     assert np.isfinite(dw).all()
     np.testing.assert_allclose(dw, want[1], rtol=2e-5, atol=2e-5 * np.abs(want[1]).max())
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("where", [(0, 0, 0, 0), (31, 15, 2, 2), (7, 3, 1, 0)])
+def test_the_dense_loops_find_a_non_finite_weight_in_its_copy(value, where, monkeypatch):
+    """Without a trace open, the dense call's own job list checks w while it copies it (no pass of its own): a
+    non-finite weight sends the forward to the columns detour and the input gradient to its fix-up run, with the
+    definition's infs and NaNs (float64 exact path), and a finite w costs no check of its own."""
+    from xconv_numpy import finite
+
+    if not dense.serves_fprop(make_params((2, 16, 7, 7), (32, 16, 3, 3), padding=1)):
+        pytest.skip("the dense loops do not serve this build's forward (baseline build, or no compiled loops)")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 16, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 32, 7, 7)).astype(np.float32)
+    passes = []
+    real = dense.all_finite
+    monkeypatch.setattr(dense, "all_finite", lambda *a: passes.append(1) or real(*a))
+    with paths.force("dense"):
+        xconv.conv_fprop(x, w, padding=1, backend="numpy")
+        xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False), backend="numpy")
+        assert passes == []                                  # finite: checked in the copies only
+        w[where] = value
+        y = xconv.conv_fprop(x, w, padding=1, backend="numpy")
+        dx, dw, _ = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False), backend="numpy")
+    f64 = [a.astype(np.float64) for a in (x, w, dy)]
+    _same_nonfinite(y, xconv.conv_fprop(f64[0], f64[1], padding=1, backend="numpy-exact"))
+    want = xconv.convolution_backward(f64[2], f64[0], f64[1], padding=1, output_mask=(True, True, False),
+                                      backend="numpy-exact")
+    _same_nonfinite(dx, want[0])
+    ok = np.isfinite(want[0])
+    np.testing.assert_allclose(dx[ok], want[0][ok], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, want[1], rtol=1e-4, atol=1e-4)
+    assert finite.all_finite(w) is False

@@ -148,20 +148,31 @@ def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease,
-             w_dual=None):
+             w_dual=None, check_first: bool = False):
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
-    dy is copied into its grid: per sample and copy part, then in that order. ``w_dual``: the forward's finite float32
+    dy is copied into its grid: per sample and copy part, then in that order. ``w_dual``: the forward's float32
     weights of which ``p`` is the :func:`dual` (dx's weights are their :func:`tap_major` copy with flip; w is then
-    not read)."""
+    not read); None instead of the results when they hold an inf or a NaN (the forward's caller then detours).
+
+    The loops multiply the dy grid's zeros by every weight: for a non-finite weight they run with zeros in its place
+    and its terms are added after (:func:`_add_taps`). Whether w is finite is known from its copy where the call's
+    one job list copies it (the copy jobs check what they copy): the call runs again, checking first, if it was not
+    (``check_first``); else from a pass over w first."""
     f = plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
-    if need_dx and w_dual is None and not all_finite(w):  # the loops multiply the dy grid's zeros by every weight:
-        finite = np.isfinite(w)                          # they run with zeros for the non-finite ones, whose terms
-        w = np.where(finite, w, 0).astype(w.dtype)       # are added after (see _add_taps)
     g, N, C, Co, Cg, Cog, K, S = f.g, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S
-    ldy, Xn, nb = f.ldy, f.Xn, f.nb
     f32 = np.dtype(np.float32)
+    planned = f.nb >= N and f.out_dt == f32 and _readable(dy) and (not need_dw or _readable(x))
+    w_src, flip = (w_dual, True) if w_dual is not None else (w, False)
+    in_list = (need_dx and planned and not check_first and len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(K))
+               and _copyable(w_src, g, flip))            # w copied (and checked) by the call's own jobs
+    if need_dx and not in_list and not all_finite(w_src):
+        if w_dual is not None:
+            return None
+        finite = np.isfinite(w)
+        w = w_src = np.where(finite, w, 0).astype(w.dtype)
+    ldy, Xn, nb = f.ldy, f.Xn, f.nb
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
     xG = lease.empty((nb, g, Xn, grid_row(Cg)), f32) if need_dw else None      # positions of grid_row floats
@@ -173,12 +184,10 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         dw_acc = lease.empty((g, K, Cog, Cg), f32) if nb < N else None        # the sum of several blocks
 
     db_parts = np.empty((N, f.copy_parts, Co), np.float64) if need_db else None    # per sample and copy part
-    planned = nb >= N and f.out_dt == f32 and _readable(dy) and (not need_dw or _readable(x))
-    w_src, flip = (w_dual, True) if w_dual is not None else (w, False)
-    w_copy = None                                        # (w, its copy, flip): by the planned call's first jobs
+    w_copy = None                                        # (w, its copy, flip, odd): by the planned call's first jobs
     if need_dx:                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
-        if planned and len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(K)) and _copyable(w_src, g, flip):
-            w_copy = (w_src, lease.empty((g, K, Cog, padded_row(Cg)), f32)[..., :Cg], flip)
+        if in_list:                                      # odd[0] set by the copy where w holds an inf or a NaN
+            w_copy = (w_src, lease.empty((g, K, Cog, padded_row(Cg)), f32)[..., :Cg], flip, np.zeros(1, np.int64))
             w_jobs = [w_copy[1]]
         else:
             wdx = tap_major(w_src, g, flip, workers)
@@ -192,6 +201,9 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if planned:
         dw = np.empty((g, Cog, Cg, K), f32) if need_dw else None      # the weight gradient, taps last
         _run_planned(f, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers, w_copy, dw)
+        if w_copy is not None and w_copy[3][0]:          # w was not finite: None (the forward), or again, checking
+            return None if w_dual is not None else backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget,
+                                                            lease, check_first=True)
         if need_dw:
             dw = dw.reshape(p.weight_shape)
     else:
@@ -284,22 +296,23 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
     """The call's one block (readable dy and x, a float32 dx) from its job template, made on its first call and kept
     on the plan per mask, worker count and weights' source: the jobs :func:`_block_jobs` makes, each address held as
     its offset from the array it points into (the same jobs, so the same bits; no Python per sample or job). In the
-    same list: ``w_copy`` = (w, its copy w_jobs[0], flip) by :func:`tap_major`'s jobs first, and where ``dw``
+    same list: ``w_copy`` = (w, its copy w_jobs[0], flip, odd) by :func:`tap_major`'s jobs first (odd[0] set where w
+    holds an inf or a NaN), and where ``dw``
     (g, Cog, Cg, K) is given, the weight gradient's sums into it by :func:`_taps_last`'s jobs last (they wait for
     the dw jobs: phase 1). One region of the team, not three."""
     dx, dxb, dw_part, db_parts = outs
-    w_src, _, flip = (None, None, None) if w_copy is None else w_copy
+    w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
     addresses = tuple(0 if a is None else address(a)
-                      for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw))
+                      for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw, odd))
     key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None)
     kept = f.templates.get(key)
     if kept is None:
-        src, out = len(addresses) - 2, len(addresses) - 1              # the numbers of w_src's and dw's addresses
+        src, out, flag = range(len(addresses) - 3, len(addresses))    # the numbers of w_src's, dw's and odd's
         first, table = [], None
-        if w_copy is not None:                  # the copy's rows: w at argument 0, its copy at 11 (x_to_grid)
+        if w_copy is not None:                  # the copy's rows: w at argument 0, its copy at 11, odd at 13
             rows, table = _tap_major_rows(w_src, w_jobs[0], f.g, flip, workers)
-            first.append((Jobs(), {0: src, 11: _W}))
-            first[0][0].rows("x_to_grid", rows, signal=0)
+            first.append((Jobs(), {0: src, 11: _W, 13: flag}))
+            first[0][0].rows("x_to_grid", [row + [address(odd)] for row in rows], signal=0)
         parts = _block_jobs(f, 0, f.N, dy, x, dyG, xG, outs, w_jobs, workers, first, 1 if dw is not None else None)
         if dw is not None:                      # after every dw job: the sums (g, K, Cog, Cg) into dw, taps last
             n_dw = next(len(jobs) for jobs, bases in parts if bases.get(15) == _DW)
@@ -370,17 +383,22 @@ def fprop(x, w, bias, p: ConvParams, workers: int, budget: int | None, lease):
     """y = conv(x, w) + bias for :func:`computes_fprop` calls: at stride 1 the input gradient of :func:`dual` with x
     as its dy (each output element one fixed order of the dx loops, whatever the workers), then the bias added in
     float32; at larger strides :func:`.dense_strided.fprop`. ``budget``: the working-set bytes of the dual's backward
-    (as for :func:`backward`; None at larger strides); w finite (fast.fprop takes the columns path for a non-finite
-    weight)."""
+    (as for :func:`backward`; None at larger strides). None where w holds an inf or a NaN (the loops would multiply
+    the grid's zeros by it: fast.fprop then takes the columns path), known from its copy at stride 1."""
     g, nd = p.groups, len(p.kernel)
     Co, Cg = w.shape[0], w.shape[1]
     if any(s != 1 for s in p.stride):
+        if not all_finite(w):
+            return None
         wdx = tap_major(w, g, True, workers, True)       # the dual's weights in the loops' layout, one C copy
         if wdx is None:                                  # (g, K, Cg, Cog), taps reversed, by NumPy
             wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
                                        .transpose(0, 3, 2, 1))
         return dense_strided.fprop(x, wdx, bias, p, workers, lease)
-    y, _, _ = backward(x, None, None, dual(p), True, False, False, workers, budget, lease, w_dual=w)
+    results = backward(x, None, None, dual(p), True, False, False, workers, budget, lease, w_dual=w)
+    if results is None:                                  # w holds an inf or a NaN
+        return None
+    y = results[0]
     if bias is not None:
         y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * nd)
     return y

@@ -237,10 +237,12 @@ def runner(p: ConvParams, op: str, mask=None):
 def _fprop_on(path, rule, x, w, b, p: ConvParams):
     """:func:`fprop` by ``path`` (its ``rule`` for the trace)."""
     name = path.name
-    # a non-finite weight: the dense loops (the dual's) add its terms after, never at the padding, and the stem loops
-    # skip the tap rows that read padding, where the definition has 0 * inf
-    if name in ("dense", "stem") and not all_finite(w):
-        path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"
+    # a non-finite weight: the dense loops (the dual's) would multiply the grid's zeros by it, and the stem loops
+    # skip the tap rows that read padding, where the definition has 0 * inf. The dense forward checks w in its copy
+    # (None: not finite) unless a trace is open (its record names the detour alone)
+    if name == "stem" or (name == "dense" and tracing.active()):
+        if not all_finite(w):
+            path, rule, name = paths.PATHS["columns"], "non-finite detour", "columns"
     if name == "columns":
         check_im2col("numpy", p, ["fprop"], compute_dtype(p).itemsize, _words(path, ["output"], rule))
         return columns.fprop(x, w, b, p)
@@ -257,7 +259,10 @@ def _fprop_on(path, rule, x, w, b, p: ConvParams):
         q = dense.dual(p) if all(s == 1 for s in p.stride) else None
         budget = None if q is None else _budget(io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), q)
         with Lease(p.workspace_limit) as lease:                            # the C loops: no BLAS, no pin
-            return dense.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", True), budget, lease)
+            y = dense.fprop(x, w, b, p, _share(p, blas_workers(), "fprop", True), budget, lease)
+        if y is not None:
+            return y
+        return _fprop_on(paths.PATHS["columns"], "non-finite detour", x, w, b, p)     # w not finite
     if name == "pointwise":
         with pinned_blas_workers() as workers:
             workers = _share(p, workers, "fprop", p.dtype == "float32" and jobs.sgemm_available())    # sgemm jobs

@@ -46,7 +46,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "xconv_dx_rows": [p, i, i, p, i, i, p, i, i, i, p, i, i, i, p, p, i, i, i, i],
         "xconv_dw_rows": [p, i, i, p, i, i, i, p, i, i, p, p, i, i, i, p, i, i, i, i],
-        "xconv_x_to_grid": [p, i, i, i, i, i, p, i, i, p, i, p, i],
+        "xconv_x_to_grid": [p, i, i, i, i, i, p, i, i, p, i, p, i, p],
         "xconv_dy_to_grid": [p, i, i, p, i, i, i, i, i, i, i, p, p],
         "xconv_taps_last": [p, i, i, p, i, i],
         "xconv_dwcv_gather": [p, i, i, i, p, i, i, p, i, p, p, p, p, p, i, i, i, p],

@@ -314,31 +314,45 @@ void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, in
 
 /* Channels [c0, c1) and positions [u0, u1) of one sample's x, channel-major (channel c at src + c * ldc), into
  * its grids, one per group of Cg channels (group gi's at dst + gi * gs), channels-last with ps floats per position
- * (0: Cg; more: padded rows, as the dense loops' weights take them):
+ * (0: Cg; more: padded rows, as the dense loops' weights take them); *bad |= 1 (bad not NULL) where a value copied is
+ * an inf or a NaN (the dense forward's weights: checked in their copy, not in a pass of their own):
  *   grid[pos[u] * ps + c % Cg] = src[c * ldc + u],   and grid[pad[k] * ps + c % Cg] = 0 for k < npad,
  * pos and pad together covering a grid once; c0, c1 and Cg multiples of 16. In 16 x 16 register
  * transpositions where the compiler has vector shuffles (consecutive x positions, each stored to its own grid
  * position). */
 void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int64_t Cg, int64_t gs,
                      const int64_t *pos, int64_t u0, int64_t u1, const int64_t *pad, int64_t npad, float *dst,
-                     int64_t ps) {
+                     int64_t ps, int64_t *bad) {
     if (ps == 0) ps = Cg;
+    uint32_t any = 0;                    /* bad: set when a value copied is an inf or a NaN (all exponent bits set) */
     for (int64_t cb = c0; cb < c1; cb += 16) {
         const float *s = src + cb * ldc;
         float *d = dst + cb / Cg * gs + cb % Cg;
         for (int64_t k = 0; k < npad; k++) memset(d + pad[k] * ps, 0, 16 * sizeof(float));
         int64_t u = u0;
 #ifdef HAVE_TILE16
+        v16i odd = {0};
         for (; u + 16 <= u1; u += 16) {
             v16 t[16];
-            for (int i = 0; i < 16; i++) t[i] = load16(s + i * ldc + u);
+            for (int i = 0; i < 16; i++) {
+                t[i] = load16(s + i * ldc + u);
+                if (bad) odd |= ((v16i)t[i] & 0x7f800000) == 0x7f800000;
+            }
             transpose16(t);
             for (int i = 0; i < 16; i++) store16(d + pos[u + i] * ps, t[i]);
         }
+        for (int i = 0; i < 16; i++) any |= (uint32_t)odd[i];
 #endif
         for (; u < u1; u++)
-            for (int64_t c = 0; c < 16; c++) d[pos[u] * ps + c] = s[c * ldc + u];
+            for (int64_t c = 0; c < 16; c++) {
+                float v = s[c * ldc + u];
+                uint32_t bits;
+                memcpy(&bits, &v, sizeof bits);
+                any |= (bits & 0x7f800000u) == 0x7f800000u;
+                d[pos[u] * ps + c] = v;
+            }
     }
+    if (bad && any) __atomic_fetch_or(bad, 1, __ATOMIC_RELAXED);
 }
 
 /* Rows [r0, r1) of dst = src transposed, dst[r * K + t] = src[t * R + r] for t < K: the weight gradient from the

@@ -40,7 +40,8 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
         xconv_dy_to_grid(P(0), a[1], a[2], P(3), a[4], a[5], a[6], a[7], a[8], a[9], a[10], P(11), P(12));
         break;
     case XJ_X_TO_GRID:
-        xconv_x_to_grid(P(0), a[1], a[2], a[3], a[4], a[5], P(6), a[7], a[8], P(9), a[10], P(11), a[12]);
+        xconv_x_to_grid(P(0), a[1], a[2], a[3], a[4], a[5], P(6), a[7], a[8], P(9), a[10], P(11), a[12],
+                        P(13));
         break;
     case XJ_DX_ROWS:
         xconv_dx_rows(P(0), a[1], a[2], P(3), a[4], a[5], P(6), a[7], a[8], a[9], P(10), a[11], a[12], a[13], P(14),
