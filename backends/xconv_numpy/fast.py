@@ -216,22 +216,16 @@ def runner(p: ConvParams, op: str, mask=None):
     not check (the settings) or hold (the build); the paths read the tuning knobs when they run."""
     forced = paths._state()
     if op == "fprop":
-        path, rule = paths.choose_all(p, "fprop", (True,))["output"]
+        run, chosen = _fprop_on, paths.choose_all(p, "fprop", (True,))["output"]       # (path, rule)
+    else:
+        run, chosen = _backward_on, paths.backward_plan(p, mask)                        # (runs, bias path)
 
-        def run_fprop(x, w, b):
-            if paths._state() != forced:
-                return NotImplemented
-            with np.errstate(all="ignore"):
-                return _fprop_on(path, rule, x, w, b, p)
-        return run_fprop
-    runs, bias_path = paths.backward_plan(p, mask)
-
-    def run_backward(dy, x, w):
+    def run_lane(*arrays):
         if paths._state() != forced:
             return NotImplemented
         with np.errstate(all="ignore"):
-            return _backward_on(runs, bias_path, dy, x, w, p)
-    return run_backward
+            return run(*chosen, *arrays, p)
+    return run_lane
 
 
 def _fprop_on(path, rule, x, w, b, p: ConvParams):
