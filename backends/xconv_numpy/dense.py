@@ -153,12 +153,13 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     sample, taken from ``lease`` (``lease.empty(shape, dtype)``: uninitialized buffers). db is summed in float64 while
     dy is copied into its grid: per sample and copy part, then in that order. ``w_dual``: the forward's float32
     weights of which ``p`` is the :func:`dual` (dx's weights are their :func:`tap_major` copy with flip; w is then
-    not read); None instead of the results when they hold an inf or a NaN (the forward's caller then detours).
+    not read).
 
     The loops multiply the dy grid's zeros by every weight: for a non-finite weight they run with zeros in its place
     and its terms are added after (:func:`_add_taps`). Whether w is finite is known from its copy where the call's
-    one job list copies it (the copy jobs check what they copy): the call runs again, checking first, if it was not
-    (``check_first``); else from a pass over w first."""
+    one job list copies it (the copy jobs check what they copy), else (or with ``check_first``) from a pass over w
+    first. None instead of the results where w (or w_dual) holds an inf or a NaN found in its copy, or w_dual one
+    found first: the caller detours (the forward) or calls again with ``check_first``."""
     f = plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
     g, N, C, Co, Cg, Cog, K, S = f.g, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S
@@ -201,9 +202,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if planned:
         dw = np.empty((g, Cog, Cg, K), f32) if need_dw else None      # the weight gradient, taps last
         _run_planned(f, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers, w_copy, dw)
-        if w_copy is not None and w_copy[3][0]:          # w was not finite: None (the forward), or again, checking
-            return None if w_dual is not None else backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget,
-                                                            lease, check_first=True)
+        if w_copy is not None and w_copy[3][0]:          # w was not finite: the caller detours, or calls again
+            return None                                  # with check_first (its scratch given back first)
         if need_dw:
             dw = dw.reshape(p.weight_shape)
     else:

@@ -120,9 +120,13 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
                 return done + (None,)
     if name == "dense":                              # the C loops: no BLAS, no pin
         budget = _budget(io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True), p)         # the full call's: any mask
-        with Lease(p.workspace_limit) as lease:
-            return dense.backward(dy, x, w, p, need_dx, need_dw, need_db, _share(p, blas_workers(), "backward", True),
-                                  budget, lease)
+        workers = _share(p, blas_workers(), "backward", True)
+        for check_first in (False, True):            # None: w held an inf or a NaN (found in its copy): again,
+            with Lease(p.workspace_limit) as lease:  # checking first, with the first run's scratch given back
+                results = dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease,
+                                         check_first=check_first)
+            if results is not None:
+                return results
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
         workers = _share(p, workers, "backward")
         if name == "pointwise":
