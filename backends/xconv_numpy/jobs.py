@@ -90,11 +90,15 @@ class Template:
     """A job list fixed by a call's configuration: address arguments held as offsets from the call's arrays, so a
     repeated call adds its arrays' addresses to a copy of the table and runs it (no Python per job, no rebuilding)."""
 
-    __slots__ = ("table", "cols", "base_of")
+    __slots__ = ("table", "cols", "base_of", "flat", "flat_base")
 
     def __init__(self, table: np.ndarray, cols: tuple, base_of: np.ndarray):
         self.table, self.cols, self.base_of = table, list(cols), base_of
-        for a in (table, base_of):
+        # the address arguments as flat positions in the table and the base each adds (one 1-D gather and add a
+        # run: a third of the time of indexing the table's columns)
+        self.flat = (np.arange(len(table))[:, None] * table.shape[1] + np.asarray(self.cols, np.intp)[None, :]).ravel()
+        self.flat_base = base_of.ravel().copy()
+        for a in (table, base_of, self.flat, self.flat_base):
             a.flags.writeable = False
 
     @classmethod
@@ -114,7 +118,7 @@ class Template:
     def run(self, addresses, threads: int, scratch_floats: int = 0) -> int:
         """Run the jobs with base ``addresses`` (by number) on up to ``threads`` threads, as :meth:`Jobs.run`."""
         table = self.table.copy()
-        table[:, self.cols] += np.array(tuple(addresses) + (0,), np.int64)[self.base_of]
+        table.ravel()[self.flat] += np.array(tuple(addresses) + (0,), np.int64)[self.flat_base]
         return _execute(table, threads, scratch_floats)
 
 
