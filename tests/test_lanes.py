@@ -335,3 +335,31 @@ def test_a_backend_whose_lane_fails_or_declines_gets_its_primitive(public_calls)
                 assert np.array_equal(lanes.fprop(conf, x, w, None, conf.kwargs), want)
             runner = next(iter(lanes._lanes.values())).runner
             assert (runner is None) == (mode == "raise-at-open")
+
+
+def test_a_numpy_backend_subclass_keeps_its_overrides_on_every_call(public_calls):
+    """A NumpyBackend subclass (or instance) that overrides a primitive gets no runner: the lane calls its override on
+    every call (a runner would run the fast path and skip it)."""
+    from xconv_numpy.backend import NumpyBackend
+
+    class Skewed(NumpyBackend):
+        def __init__(self):
+            super().__init__()
+            self.name = "numpy-skewed"
+            self.calls = 0
+
+        def fprop(self, x, w, bias, p):
+            self.calls += 1
+            return super().fprop(x, w, bias, p) + 1
+
+    backend = Skewed()
+    conf = _conf(backend=backend.name)
+    x, w = _arrays(c=32, co=32)
+    with registered(backend):
+        got = [lanes.fprop(conf, x, w, None, conf.kwargs) for _ in range(4)]
+        assert backend.calls == 4
+        assert all(np.array_equal(y, got[0]) for y in got)
+        assert all(lane.runner is None for lane in lanes._lanes.values())
+    plain = NumpyBackend()
+    plain.fprop = lambda *a: NumpyBackend.fprop(plain, *a)         # an instance override
+    assert plain._overridden() and not NumpyBackend()._overridden()

@@ -479,3 +479,25 @@ def test_the_weight_copies_run_on_the_workers_they_are_given(monkeypatch):
             assert got.shape == want.shape and np.array_equal(got, want)
     dense._taps_last(np.ascontiguousarray(w.reshape(1, 32, 64, 4).transpose(0, 3, 1, 2)), 2)
     assert seen and max(seen) <= 2
+
+
+@pytest.mark.parametrize("op, x_shape", [("backward", (1, 128, 14, 14)), ("fprop", (1, 128, 28, 28))])
+def test_a_workspace_limit_counts_what_it_counted_before(op, x_shape):
+    """The weights' copy in the call's own job list is not scratch (as the separate copy was not), and under a
+    workspace limit the x grids keep C floats per position (not the padded grid_row): a 128-channel call fits 1 MiB,
+    as it did before either change."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal((128, 128, 3, 3)).astype(np.float32)
+    kw = dict(padding=1, workspace_limit=1 << 20, backend="numpy")
+    with paths.force("dense"), xconv.trace() as t:
+        if op == "fprop":
+            got = xconv.conv_fprop(x, w, **kw)
+            want = xconv.conv_fprop(x, w, padding=1, backend="numpy")
+        else:
+            dy = rng.standard_normal(x_shape).astype(np.float32)
+            got = xconv.convolution_backward(dy, x, w, output_mask=(True, True, False), **kw)
+            want = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False), backend="numpy")
+    assert t.records[0].path.startswith("dense") and t.records[0].workspace_bytes <= 1 << 20
+    for a, b in zip(np.atleast_1d(got) if op == "fprop" else got, np.atleast_1d(want) if op == "fprop" else want):
+        assert (a is None) == (b is None) and (a is None or a.tobytes() == b.tobytes())

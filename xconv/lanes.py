@@ -85,7 +85,7 @@ def fprop(owner, x, w, bias, kwargs):
         if lane.runner is not None:
             y = guard.call(b, "conv_fprop", lane.runner, x, w, bias)
             if y is not NotImplemented:
-                return y
+                return legalize._expect(b, y, lane.params.output_shape, "fprop output")
         return guard.call(b, "conv_fprop", legalize.run_fprop, b, x, w, bias, lane.params)
     args = kwargs()
     y = xconv.conv_fprop(x, w, bias=bias, **args)
@@ -108,7 +108,7 @@ def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
         if lane.runner is not None:
             results = guard.call(b, "convolution_backward", lane.runner, dy, x, w)
             if results is not NotImplemented:
-                return results
+                return legalize.checked_backward(b, results, lane.params, mask)
         return guard.call(b, "convolution_backward", legalize.run_backward, b, dy, x, w, lane.params, mask)
     args = kwargs()
     results = xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **args)
@@ -128,14 +128,12 @@ def _open(key, tensors: dict, backend, outputs, args: dict, op: str, mask=None) 
     if plan is None or plan.guard_each_call or plan.family != "numpy":
         return
     b, p = plan.backend, plan.params
-    runner = None
-    make = getattr(b, "lane", None)
-    if callable(make) and legalize._kept_direct(b, p, op):
-        try:
-            runner = make(p, op, mask)
-        except Exception:                               # no runner: the lane calls the primitive (the call succeeded)
-            runner = None
-        runner = runner if callable(runner) else None
+    try:                                                # no runner on any failure: the lane calls the primitive
+        make = getattr(b, "lane", None)                 # (the call that opens the lane has succeeded)
+        runner = make(p, op, mask) if callable(make) and legalize._kept_direct(b, p, op) else None
+    except Exception:
+        runner = None
+    runner = runner if callable(runner) else None
     lane = _Lane(env, registry.generation(), b, p, runner)
     with _lock:
         _lanes.pop(key, None)                          # reopened: counts as the newest

@@ -135,12 +135,20 @@ class NumpyBackend(Backend):
 
     def lane(self, p, op, mask=None):
         """A runner for a lane's repeated calls of ``p`` (:meth:`xconv.backend.Backend.lane`): the fast path's on the
-        paths chosen once (:func:`.fast.runner`); None for numpy-exact, and where a call of ``p`` is refused or runs
-        per sample (:meth:`_begin`: deterministic without a BLAS held at one thread, batch_invariant)."""
+        paths chosen once (:func:`.fast.runner`); None for numpy-exact, where a call of ``p`` is refused or runs
+        per sample (:meth:`_begin`: deterministic without a BLAS held at one thread, batch_invariant), and for an
+        object whose primitives are not these (a subclass or an instance that overrides one: the runner would skip
+        its override)."""
         if self.exact or (p.deterministic and not blas.pinned()) or (
-                p.deterministic == "batch_invariant" and p.input_shape[0] > 1):
+                p.deterministic == "batch_invariant" and p.input_shape[0] > 1) or self._overridden():
             return None
         return fast.runner(p, op, mask)
+
+    def _overridden(self) -> bool:
+        """Whether a primitive a runner stands in for is not NumpyBackend's own (on the class or the instance)."""
+        names = ("fprop", "backward", "dgrad", "wgrad", "bgrad", "_fprop", "_backward", "_begin")
+        return any(name in vars(self) or getattr(type(self), name) is not getattr(NumpyBackend, name)
+                   for name in names)
 
     def _backward(self, dy, x, w, p, mask):
         if self.exact:

@@ -44,9 +44,9 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, native
-from .dense_plan import plan
+from .dense_plan import grid_row, padded_row, plan  # noqa: F401  (grid_row: the plan's, kept here for callers)
 from .dense_weights import (TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,  # noqa: F401
-                            _tap_major_rows, grid_row, padded_row, tap_major)
+                            _tap_major_rows, tap_major)
 from .finite import all_finite
 from .jobs import Jobs, Template
 from .native import address
@@ -118,8 +118,7 @@ def _dy_to_grid(dyn, grid_n, f, db_n) -> None:
 
 
 def _x_to_grid(xn, grid_n, f) -> None:
-    """One sample of x (another dtype or layout) into its zero-padded channels-last grids (g, Xn, grid_row(Cg)) by
-    NumPy."""
+    """One sample of x (another dtype or layout) into its zero-padded channels-last grids (g, Xn, f.ldx) by NumPy."""
     grid = grid_n[..., :f.Cg].reshape((f.g,) + f.X + (f.Cg,))              # a view: Xn splits into X
     for sl in f.x_pad_slices:
         grid[sl] = 0
@@ -176,7 +175,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     ldy, Xn, nb = f.ldy, f.Xn, f.nb
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, Co, ldy), f32)
-    xG = lease.empty((nb, g, Xn, grid_row(Cg)), f32) if need_dw else None      # positions of grid_row floats
+    xG = lease.empty((nb, g, Xn, f.ldx), f32) if need_dw else None             # positions of f.ldx floats
     if need_dx:
         dx = np.empty(p.input_shape, f.out_dt)
         dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
@@ -188,7 +187,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     w_copy = None                                        # (w, its copy, flip, odd): by the planned call's first jobs
     if need_dx:                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
         if in_list:                                      # odd[0] set by the copy where w holds an inf or a NaN
-            w_copy = (w_src, lease.empty((g, K, Cog, padded_row(Cg)), f32)[..., :Cg], flip, np.zeros(1, np.int64))
+            w_copy = (w_src, np.empty((g, K, Cog, padded_row(Cg)), f32)[..., :Cg], flip, np.zeros(1, np.int64))
             w_jobs = [w_copy[1]]
         else:
             wdx = tap_major(w_src, g, flip, workers)
@@ -243,7 +242,7 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     scratch). Each job's addresses are absolute; the mappings say which array each one points into."""
     dx, dxb, dw_part, db_parts = outs
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
-    ldy, Xn, Sn, ldx = f.ldy, f.Xn, f.Sn, grid_row(f.Cg)
+    ldy, Xn, Sn, ldx = f.ldy, f.Xn, f.Sn, f.ldx
     dy_copies, x_copies = [], []                         # one row of arguments per copy job
     for i in range(m):
         n = n0 + i

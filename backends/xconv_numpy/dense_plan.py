@@ -178,5 +178,24 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
         for name in ("off_w", "rdy", "rx", "x_pos", "x_pad"):
             frozen(getattr(f, name))
     frozen(f.dy_rows)
+    f.ldx = grid_row(f.Cg) if p.workspace_limit is None else f.Cg     # floats per position of the x grids
     f.templates = {}                                     # the call's job templates (dense.backward)
     return f
+
+
+def grid_row(n: int) -> int:
+    """Floats per position of the x grids of the weight-gradient loops for n channels per group: :func:`padded_row`
+    from 128 channels (512-byte positions: a channel block's loads would fall in one cache set of 8 or fewer),
+    else n (weight gradient, one thread, G multiply-adds/s: 2x256x14x14 -> 256 3x3 49 -> 57, 2x128x4x14x14 -> 128
+    3x3x3 66 -> 75). The plan (:func:`plan`) pads only calls without a workspace limit: the samples per block (the
+    plan's budget) count n, and a limited call's scratch must stay what it was counted as."""
+    return padded_row(n) if n >= 128 else n
+
+
+def padded_row(n: int) -> int:
+    """Floats per row of the dx loops' weights (T, Cog, rows of n channels) as the one-region call copies them: n
+    rounded up to an odd number of 64-byte lines. A channel block's weights are then spread over every cache set;
+    at n = 256 (1 KiB rows) they fell in one set of 16 and were read from memory again for every row of dy
+    (2x256x14x14 -> 256 3x3 forward, one thread: 56 G multiply-adds/s against 79 at 128 channels)."""
+    lines = -(-n // 16)
+    return 16 * (lines + 1 - lines % 2)

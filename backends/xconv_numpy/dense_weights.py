@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .dense_plan import frozen
+from .dense_plan import frozen, padded_row
 from .jobs import Jobs
 from .native import address
 from .workers import even_ranges
@@ -75,23 +75,6 @@ def _tap_major_rows(w, out, g: int, flip: bool, workers: int) -> list:
     return [[address(w) + 4 * gi * A * B * K, K, 16 * c0, 16 * c1, B, ld, address(pos), 0, K, 0, 0,
              address(out) + 4 * gi * K * A * ld, ld]
             for gi in range(g) for c0, c1 in even_ranges(A * B // 16, max(1, parts // g))], pos
-
-
-def grid_row(n: int) -> int:
-    """Floats per position of the x grids of the weight-gradient loops for n channels per group: :func:`padded_row`
-    from 128 channels (512-byte positions: a channel block's loads would fall in one cache set of 8 or fewer),
-    else n (weight gradient, one thread, G multiply-adds/s: 2x256x14x14 -> 256 3x3 49 -> 57, 2x128x4x14x14 -> 128
-    3x3x3 66 -> 75). The samples per block (the plan's budget) still count n: a grid is up to 1/8 larger than counted."""
-    return padded_row(n) if n >= 128 else n
-
-
-def padded_row(n: int) -> int:
-    """Floats per row of the dx loops' weights (T, Cog, rows of n channels) as the one-region call copies them: n
-    rounded up to an odd number of 64-byte lines. A channel block's weights are then spread over every cache set;
-    at n = 256 (1 KiB rows) they fell in one set of 16 and were read from memory again for every row of dy
-    (2x256x14x14 -> 256 3x3 forward, one thread: 56 G multiply-adds/s against 79 at 128 channels)."""
-    lines = -(-n // 16)
-    return 16 * (lines + 1 - lines % 2)
 
 
 #: The copies' job templates, per (kind, shape[, groups, flip, row length], workers): source and destination

@@ -12,9 +12,6 @@
 
 #include "template.h"
 
-
-
-
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));

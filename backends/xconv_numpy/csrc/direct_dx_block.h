@@ -23,10 +23,6 @@ static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t l
             VT wv[NV];
             for (int v = 0; v < NV; v++) wv[v] = LOADV(wt + co * ldw + VW * v);
             const float *dc = d + co * ldy;
-#ifdef DX_PREFETCH
-            __builtin_prefetch(dc + DX_PREFETCH * ldy);
-            __builtin_prefetch(dc + DX_PREFETCH * ldy + NR - 1);
-#endif
             #pragma GCC unroll 14
             for (int k = 0; k < NR; k++) {
                 float b = dc[k];
