@@ -44,7 +44,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, native
-from .dense_plan import grid_row, padded_row, plan  # noqa: F401  (grid_row: the plan's, kept here for callers)
+from .dense_plan import padded_row, plan
 from .dense_weights import (TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,  # noqa: F401
                             _tap_major_rows, tap_major)
 from .finite import all_finite
