@@ -45,8 +45,8 @@ from xconv import ConvParams
 
 from . import dense_strided, native
 from .dense_plan import padded_row, plan
-from .dense_weights import (TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,  # noqa: F401
-                            _tap_major_rows, tap_major)
+from .dense_weights import (TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
+                            _tap_major_rows, tap_major, tap_major_any)  # noqa: F401  (tap_major: dense.tap_major)
 from .finite import all_finite
 from .jobs import Jobs, Template
 from .native import address
@@ -190,11 +190,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             w_copy = (w_src, np.empty((g, K, Cog, padded_row(Cg)), f32)[..., :Cg], flip, np.zeros(1, np.int64))
             w_jobs = [w_copy[1]]
         else:
-            wdx = tap_major(w_src, g, flip, workers)
-            if wdx is None and flip:                     # (g, K, Cg, Cog) of the forward's w: taps reversed
-                wdx = np.asarray(w_src, f32).reshape(g, Cg, Cog, K)[..., ::-1].transpose(0, 3, 2, 1)
-            elif wdx is None:
-                wdx = np.asarray(w, f32).reshape(g, Cog, Cg, K).transpose(0, 3, 1, 2)      # (g, K, Cog, Cg)
+            wdx = tap_major_any(w_src, g, flip, workers)                       # (g, K, Cog, Cg)
             w_jobs = [wdx if job.taps == list(range(K)) and wdx.flags.c_contiguous else
                       np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
     outs = (dx if need_dx else None, dxb if need_dx else None, dw_part if need_dw else None, db_parts)
@@ -296,9 +292,8 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
     on the plan per mask, worker count and weights' source: the jobs :func:`_block_jobs` makes, each address held as
     its offset from the array it points into (the same jobs, so the same bits; no Python per sample or job). In the
     same list: ``w_copy`` = (w, its copy w_jobs[0], flip, odd) by :func:`tap_major`'s jobs first (odd[0] set where w
-    holds an inf or a NaN), and where ``dw``
-    (g, Cog, Cg, K) is given, the weight gradient's sums into it by :func:`_taps_last`'s jobs last (they wait for
-    the dw jobs: phase 1). One region of the team, not three."""
+    holds an inf or a NaN), and where ``dw`` (g, Cog, Cg, K) is given, the weight gradient's sums into it by
+    :func:`_taps_last`'s jobs last (they wait for the dw jobs: phase 1). One region of the team, not three."""
     dx, dxb, dw_part, db_parts = outs
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
     addresses = tuple(0 if a is None else address(a)
@@ -385,14 +380,10 @@ def fprop(x, w, bias, p: ConvParams, workers: int, budget: int | None, lease):
     (as for :func:`backward`; None at larger strides). None where w holds an inf or a NaN (the loops would multiply
     the grid's zeros by it: fast.fprop then takes the columns path), known from its copy at stride 1."""
     g, nd = p.groups, len(p.kernel)
-    Co, Cg = w.shape[0], w.shape[1]
     if any(s != 1 for s in p.stride):
         if not all_finite(w):
             return None
-        wdx = tap_major(w, g, True, workers, True)       # the dual's weights in the loops' layout, one C copy
-        if wdx is None:                                  # (g, K, Cg, Cog), taps reversed, by NumPy
-            wdx = np.ascontiguousarray(np.asarray(w, np.float32).reshape(g, Co // g, Cg, -1)[..., ::-1]
-                                       .transpose(0, 3, 2, 1))
+        wdx = tap_major_any(w, g, True, workers, True)   # the dual's weights (g, K, Cg, Cog) in the loops' layout
         return dense_strided.fprop(x, wdx, bias, p, workers, lease)
     results = backward(x, None, None, dual(p), True, False, False, workers, budget, lease, w_dual=w)
     if results is None:                                  # w holds an inf or a NaN

@@ -25,7 +25,6 @@ def _readable(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.flags.c_contiguous and a.flags.aligned
 
 
-
 @functools.lru_cache(maxsize=64)
 def _positions(B: int, K: int, flip: bool, step: int) -> np.ndarray:
     """Where xconv_x_to_grid puts each weight read: flip, position u = b K + t goes to (K-1-t) B + b; else position t
@@ -59,6 +58,16 @@ def tap_major(w, g: int, flip: bool, workers: int, padded: bool = False):
     out = np.empty((g, K, rows, ld), np.float32)[..., :n]
     _copy(("x_to_grid", w.shape, g, flip, ld), workers, _tap_major_rows, w, out, g, flip, workers)
     return out
+
+
+def tap_major_any(w, g: int, flip: bool, workers: int, padded: bool = False) -> np.ndarray:
+    """:func:`tap_major`, or where its C copy does not take ``w`` (another dtype or layout, channels not multiples of
+    16), NumPy's transpose into the same layout, C-contiguous float32 (the same values)."""
+    out = tap_major(w, g, flip, workers, padded)
+    if out is not None:
+        return out
+    t = np.asarray(w, np.float32).reshape(g, w.shape[0] // g, w.shape[1], -1)           # (g, A, B, K)
+    return np.ascontiguousarray(t[..., ::-1].transpose(0, 3, 2, 1) if flip else t.transpose(0, 3, 1, 2))
 
 
 def _tap_major_rows(w, out, g: int, flip: bool, workers: int) -> list:

@@ -90,15 +90,16 @@ class Template:
     """A job list fixed by a call's configuration: address arguments held as offsets from the call's arrays, so a
     repeated call adds its arrays' addresses to a copy of the table and runs it (no Python per job, no rebuilding)."""
 
-    __slots__ = ("table", "cols", "base_of", "flat", "flat_base")
+    __slots__ = ("table", "flat", "flat_base")
 
     def __init__(self, table: np.ndarray, cols: tuple, base_of: np.ndarray):
-        self.table, self.cols, self.base_of = table, list(cols), base_of
-        # the address arguments as flat positions in the table and the base each adds (one 1-D gather and add a
-        # run: a third of the time of indexing the table's columns)
-        self.flat = (np.arange(len(table))[:, None] * table.shape[1] + np.asarray(self.cols, np.intp)[None, :]).ravel()
-        self.flat_base = base_of.ravel().copy()
-        for a in (table, base_of, self.flat, self.flat_base):
+        """``table``'s rows with the arguments at columns ``cols`` held as offsets from the base addresses numbered
+        ``base_of[row, k]``: kept as flat positions in the table and the base each adds (one 1-D gather and add a run:
+        a third of the time of indexing the table's columns)."""
+        self.table = table
+        self.flat = (np.arange(len(table))[:, None] * table.shape[1] + np.asarray(cols, np.intp)[None, :]).ravel()
+        self.flat_base = np.ascontiguousarray(base_of).ravel()
+        for a in (table, self.flat, self.flat_base):
             a.flags.writeable = False
 
     @classmethod
