@@ -499,7 +499,8 @@ def header(threads) -> None:
     print(f"xconv compiled loops: {compiled_loops_info()}")
     print(f"BLAS: {blas_info()}")
     env = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                          "XCONV_NUMPY_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+                                          "XCONV_NUMPY_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                          "MKL_ENABLE_INSTRUCTIONS")}
     print("environment: " + (", ".join(f"{k}={v}" for k, v in env.items() if v is not None) or "default"))
     print(f"torch {torch.__version__} threads={torch.get_num_threads()} "
           f"({'set by --threads' if threads else 'default'}); "
