@@ -60,25 +60,37 @@ def _apart(a: np.ndarray, b: np.ndarray) -> bool:
 
 def fprop(p, x, w, bias, workers: int):
     """y as :func:`.pointwise.fprop` computes it (the same sgemm calls), or None (see the module docstring)."""
-    if not (takes(p)[0] and _plain(x, w) and _apart(x, w)):
-        return None
+    return fprop_runner(p)(x, w, bias, workers)
+
+
+@per_params
+def fprop_runner(p):
+    """:func:`fprop` of ``p`` as ``run(x, w, bias, workers)``, what depends on ``p`` alone looked up once (a lane's
+    runner keeps it)."""
+    if not takes(p)[0]:
+        return lambda x, w, bias, workers: None
     geo = geom(p)
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
-    y = np.empty(p.output_shape, np.float32)
-    key = ("y", workers)
-    addresses = (native.address(w), native.address(x), native.address(y))
-    templates = _templates(p)
-    template = templates.get(key, False)
-    if template is False:
-        made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)), x.reshape(N, g, Cg, P),
-                                     y.reshape(N, g, Cog, P), workers)
-        template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, addresses)
-    if template is None:
-        return None
-    template.run(addresses, workers)
-    if bias is not None:
-        y.reshape(N, g, Cog, P)[...] += np.asarray(bias, np.float32).reshape(1, g, Cog, 1)
-    return y
+    templates, out_shape = _templates(p), tuple(p.output_shape)
+
+    def run(x, w, bias, workers: int):
+        if not (_plain(x, w) and _apart(x, w)):
+            return None
+        y = np.empty(out_shape, np.float32)
+        key = ("y", workers)
+        addresses = (native.address(w), native.address(x), native.address(y))
+        template = templates.get(key, False)
+        if template is False:
+            made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)),
+                                         x.reshape(N, g, Cg, P), y.reshape(N, g, Cog, P), workers)
+            template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, addresses)
+        if template is None:
+            return None
+        template.run(addresses, workers)
+        if bias is not None:
+            y.reshape(N, g, Cog, P)[...] += np.asarray(bias, np.float32).reshape(1, g, Cog, 1)
+        return y
+    return run
 
 
 def backward(p, dy, x, w, need_dx: bool, need_dw: bool, workers: int):

@@ -1,0 +1,144 @@
+"""xconv_numpy.dense_quick: a lane's repeated dense calls run the job template kept by the first, with the public
+call's bits; every call that is not the template's (another layout, non-finite weights, another worker count or
+budget) falls back to the full decisions, with their bits."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import threadpoolctl
+
+import xconv
+from xconv import lanes, torch_ops
+from xconv.params import make_params
+from xconv_numpy import dense, dense_quick, paths, tuning
+
+pytestmark = pytest.mark.skipif(not dense.available(), reason=f"compiled loops unavailable: {dense.build_error()}")
+
+MASKS = [m for m in itertools.product((True, False), repeat=3) if any(m)]
+#: (input, weight, stride, padding, dilation, groups): 2-D, 3-D, 1-D, groups, dilation, a strided backward
+CASES = [((2, 32, 9, 9), (48, 32, 3, 3), 1, 1, 1, 1), ((2, 16, 3, 6, 6), (32, 16, 3, 3, 3), 1, 1, 1, 1),
+         ((3, 32, 20), (16, 32, 5), 1, 2, 1, 1), ((2, 64, 7, 7), (64, 32, 3, 3), 1, 1, 1, 2),
+         ((2, 32, 12, 12), (32, 32, 3, 3), 1, 0, 2, 1), ((2, 32, 12, 12), (32, 32, 3, 3), 2, 1, 1, 1)]
+
+
+def _conf(nd, stride, padding, dilation, groups):
+    return torch_ops.Conf((stride,) * nd, ((padding, padding),) * nd, (dilation,) * nd, groups, False, (0,) * nd,
+                          False, "keep_dtype", "numpy")
+
+
+def _data(xs, ws, stride, padding, dilation, groups, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = rng.standard_normal(ws, dtype=np.float32)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    ys = xconv.output_shape(xs, ws, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return x, w, b, rng.standard_normal(ys, dtype=np.float32)
+
+
+@pytest.fixture
+def quick_runs(monkeypatch):
+    """The calls a quick runner served (its result not None), by (need_dx, need_dw, flip)."""
+    lanes.clear()
+    served = []
+    real = dense_quick.runner
+
+    def counted(p, need_dx, need_dw, flip=False):
+        run = real(p, need_dx, need_dw, flip)
+        if run is None:
+            return None
+
+        def counting(*args):
+            out = run(*args)
+            if out is not None:
+                served.append((need_dx, need_dw, flip))
+            return out
+        return counting
+    monkeypatch.setattr(dense_quick, "runner", counted)
+    yield served
+    lanes.clear()
+
+
+def _bits(results):
+    return [None if r is None else (r.dtype.str, r.shape, r.tobytes()) for r in results]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-s{c[2]}")
+def test_repeated_calls_have_the_public_calls_bits(case, quick_runs):
+    """Forward (with and without bias) and every mask, the dense loops forced (lanes opened inside paths.force keep
+    that choice): the public call's bits on every repeated call, the template runners serving them."""
+    with paths.force("dense"):
+        _repeat_and_compare(case, quick_runs)
+
+
+def _repeat_and_compare(case, quick_runs):
+    xs, ws, stride, padding, dilation, groups = case
+    conf = _conf(len(xs) - 2, stride, padding, dilation, groups)
+    x, w, b, dy = _data(*case)
+    want_y = [xconv.conv_fprop(x, w, bias=bias, **conf.kwargs()) for bias in (None, b)]
+    want_g = {m: xconv.convolution_backward(dy, x, w, bias_sizes=[ws[0]], output_mask=m, **conf.kwargs())
+              for m in MASKS}
+    for _ in range(3):
+        for bias, want in zip((None, b), want_y):
+            assert lanes.fprop(conf, x, w, bias, conf.kwargs).tobytes() == want.tobytes()
+        for m in MASKS:
+            got = lanes.backward(conf, dy, x, w, [ws[0]], m, conf.kwargs)
+            assert _bits(got) == _bits(want_g[m]), m
+    backward_runs = {(gx, gw) for gx, gw, flip in quick_runs if not flip}
+    # every mask's dense run; dx at stride 2 has a job list per phase (its weights copied before, not among its jobs)
+    assert backward_runs == ({(True, True), (True, False), (False, True)} if stride == 1 else {(False, True)})
+    assert ((True, False, True) in quick_runs) == (stride == 1)                    # the stride-1 forward
+
+
+def test_calls_that_are_not_the_templates_take_the_full_path(quick_runs):
+    """Fortran-ordered weights, a non-contiguous dy, weights holding a NaN or an infinity: the runner declines and the
+    call runs as the public call does, with its bits (NaN where the definition has them)."""
+    case = CASES[0]
+    conf = _conf(2, *case[2:])
+    x, w, b, dy = _data(*case)
+    for _ in range(2):                                   # the lanes and their templates
+        lanes.fprop(conf, x, w, b, conf.kwargs)
+        lanes.backward(conf, dy, x, w, [case[1][0]], (True, True, True), conf.kwargs)
+    served = len(quick_runs)
+    bad_inf, bad_nan = w.copy(), w.copy()
+    bad_inf[3, 5, 0, 2], bad_nan[7, 1, 1, 1] = np.inf, np.nan
+    dy_strided = np.repeat(dy, 2, axis=-1)[..., ::2]
+    for wv, dyv in ((np.asfortranarray(w), dy), (w, dy_strided), (bad_inf, dy), (bad_nan, dy)):
+        want_y = xconv.conv_fprop(x, wv, bias=b, **conf.kwargs())
+        want_g = xconv.convolution_backward(dyv, x, wv, bias_sizes=[case[1][0]], output_mask=(True, True, True),
+                                            **conf.kwargs())
+        assert lanes.fprop(conf, x, wv, b, conf.kwargs).tobytes() == want_y.tobytes()
+        got = lanes.backward(conf, dyv, x, wv, [case[1][0]], (True, True, True), conf.kwargs)
+        assert _bits(got) == _bits(want_g)
+    assert np.isnan(want_y).any() and not np.isnan(xconv.conv_fprop(x, w, **conf.kwargs())).any()
+    assert len(quick_runs) == served + 1     # only the non-contiguous dy's forward (x, w as the template's) was served
+
+
+def test_another_worker_count_or_budget_runs_its_own_template(quick_runs):
+    """The templates are kept per worker count and working-set budget: a call with another (BLAS threads, the
+    chunk_bytes knob) makes its own first, by the full path, with the public call's bits in the same setting (the
+    worker count changes no bit; the budget sets dW's blocks of samples, so the knob may)."""
+    case = ((4, 32, 10, 10), (32, 32, 3, 3), 1, 1, 1, 1)
+    conf = _conf(2, *case[2:])
+    x, w, b, dy = _data(*case)
+    for threads, knobs in ((1, {}), (2, {}), (2, {"chunk_bytes": (4096, 8192)}), (1, {})):
+        with threadpoolctl.threadpool_limits(threads), tuning.tuned(**knobs):
+            want_y = xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+            want_g = xconv.convolution_backward(dy, x, w, bias_sizes=[32], output_mask=(True, True, True),
+                                                **conf.kwargs())
+            for _ in range(2):
+                assert lanes.fprop(conf, x, w, b, conf.kwargs).tobytes() == want_y.tobytes()
+                got = lanes.backward(conf, dy, x, w, [32], (True, True, True), conf.kwargs)
+                assert _bits(got) == _bits(want_g)
+    assert len(quick_runs) >= 2 * 4                    # each setting's second call at least, forward and backward
+
+
+def test_no_runner_under_a_workspace_limit_or_outside_float32():
+    limited = make_params((2, 32, 8, 8), (32, 32, 3, 3), padding=1, workspace_limit=1 << 30)
+    assert dense_quick.runner(limited, True, True) is None
+    half = make_params((2, 32, 8, 8), (32, 32, 3, 3), padding=1, dtype="float16")
+    assert dense_quick.runner(half, True, True) is None
+    plain = make_params((2, 32, 8, 8), (32, 32, 3, 3), padding=1)
+    assert dense_quick.runner(plain, True, False) is not None and dense_quick.runner(plain, False, False) is None
