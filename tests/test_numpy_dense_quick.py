@@ -142,3 +142,37 @@ def test_no_runner_under_a_workspace_limit_or_outside_float32():
     assert dense_quick.runner(half, True, True) is None
     plain = make_params((2, 32, 8, 8), (32, 32, 3, 3), padding=1)
     assert dense_quick.runner(plain, True, False) is not None and dense_quick.runner(plain, False, False) is None
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_repeated_pointwise_calls_skip_the_dispatch_with_its_bits(groups, monkeypatch):
+    """A 1x1 layer's repeated calls run the pointwise sgemm jobs from the lane's runner (not through the path
+    dispatch, which calls pointwise_planned.fprop / .backward per call): the public call's bits, every mask."""
+    from xconv_numpy import jobs
+    from xconv_numpy.grid import pointwise_planned
+    if not jobs.sgemm_available():
+        pytest.skip("NumPy's ILP64 cblas_sgemm not found: the pointwise path runs its chunks")
+    lanes.clear()
+    with paths.force("pointwise"):                     # lanes opened inside keep that choice
+        conf = _conf(2, 1, 0, 1, groups)
+        x, w, b, dy = _data((8, 32, 6, 6), (48, 32 // groups, 1, 1), 1, 0, 1, groups)
+        want_y = xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+        want_g = {m: xconv.convolution_backward(dy, x, w, bias_sizes=[48], output_mask=m, **conf.kwargs())
+                  for m in MASKS}
+        lanes.fprop(conf, x, w, b, conf.kwargs)
+        for m in MASKS:
+            lanes.backward(conf, dy, x, w, [48], m, conf.kwargs)
+        dispatched = []
+        for name in ("fprop", "backward"):
+            real = getattr(pointwise_planned, name)
+            monkeypatch.setattr(pointwise_planned, name,
+                                lambda *a, _real=real, _n=name: dispatched.append(_n) or _real(*a))
+        for _ in range(2):
+            assert lanes.fprop(conf, x, w, b, conf.kwargs).tobytes() == want_y.tobytes()
+            for m in MASKS:
+                assert _bits(lanes.backward(conf, dy, x, w, [48], m, conf.kwargs)) == _bits(want_g[m]), m
+        assert dispatched == []
+        with xconv.trace() as t:
+            xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+        assert t.records[-1].path.startswith("pointwise") and dispatched == ["fprop"]
+    lanes.clear()

@@ -25,11 +25,11 @@ _F32 = np.dtype(np.float32)
 
 
 def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
-    """``run(dy, x, w, workers, budget) -> (dx, dw)`` (None where not asked) for :func:`.dense.backward` of ``p`` without
-    db, or, with ``flip``, w the forward's weights of which ``p`` is the dual (dx is then the forward's output, x is
-    not read); None instead of the results where the call is not its kept template's (see the module docstring).
-    None instead of a runner for calls under a workspace limit or not in float32 (the templates' are float32 calls of
-    leases without a limit)."""
+    """``run(dy, x, w, workers, budget) -> (dx, dw)`` (None where not asked) for :func:`.dense.backward` of ``p``
+    without db, or, with ``flip``, w the forward's weights of which ``p`` is the dual (dx is then the forward's
+    output, x is not read); None instead of the results where the call is not its kept template's (see the module
+    docstring). None instead of a runner for calls under a workspace limit or not in float32 (the templates' are
+    float32 calls of leases without a limit)."""
     if p.workspace_limit is not None or p.dtype != "float32" or not (need_dx or need_dw):
         return None
     N = p.input_shape[0]

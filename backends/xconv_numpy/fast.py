@@ -273,11 +273,25 @@ def _quick_fprop(path, p: ConvParams):
 
 
 def _quick_backward(runs, bias_path, p: ConvParams):
-    """:func:`_quick_fprop` for the backward of one run on the dense loops (its bias by :func:`bias.bias_sum`, as
-    :func:`_backward_on` sums it): ``quick(dy, x, w) -> (dx, dw, db)``."""
-    if len(runs) != 1 or runs[0][0].name != "dense":
+    """:func:`_quick_fprop` for the backward of one run on the dense loops or the pointwise sgemm jobs (its bias by
+    :func:`bias.bias_sum`, as :func:`_backward_on` sums it): ``quick(dy, x, w) -> (dx, dw, db)``."""
+    if len(runs) != 1:
         return None
-    _, _, _, gx, gw, _ = runs[0]
+    path, _, _, gx, gw, _ = runs[0]
+    if path.name == "pointwise" and p.dtype == "float32" and jobs.sgemm_available():
+        products = pointwise_planned.backward_runner(p)
+
+        def quick_pointwise(dy, x, w):
+            if tracing.active():
+                return None
+            with pinned_blas_workers() as workers:
+                done = products(dy, x, w, gx, gw, _share(p, workers, "backward", True))
+            if done is None:
+                return None
+            return done[0], done[1], (None if bias_path is None else bias.bias_sum(dy, p))
+        return quick_pointwise
+    if path.name != "dense":
+        return None
     loops = dense_quick.runner(p, gx, gw)
     if loops is None:
         return None

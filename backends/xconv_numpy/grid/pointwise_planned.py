@@ -97,36 +97,44 @@ def backward(p, dy, x, w, need_dx: bool, need_dw: bool, workers: int):
     """(dx, dw) as :func:`.pointwise.backward` computes them (None where not needed), or None (see the module
     docstring): dx[n] = W^T @ dy[n] and dW's per-sample products as one list of sgemm jobs, then dW's sums in the
     chunked path's order."""
+    return backward_runner(p)(dy, x, w, need_dx, need_dw, workers)
+
+
+@per_params
+def backward_runner(p):
+    """:func:`backward` of ``p`` as ``run(dy, x, w, need_dx, need_dw, workers)`` (see :func:`fprop_runner`)."""
     geo = geom(p)
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
-    serves = takes(p)
-    if p.workspace_limit is not None or not serves[0] or not _plain(dy, *([w] if need_dx else []),
-                                                                     *([x] if need_dw else [])):
-        return None
-    if need_dw and not (serves[1] and _apart(x, dy)):
-        return None                        # dW's per-sample products past their bound: the chunks keep to it
-    dy_rows = dw_dy_rows(geo)
-    dx = np.empty(p.input_shape, np.float32) if need_dx else None
-    wt = np.ascontiguousarray(w.reshape(g, Cog, Cg).transpose(0, 2, 1)) if need_dx else None     # (g, Cg, Cog)
-    per = np.empty((N, g) + ((Cog, Cg) if dy_rows else (Cg, Cog)), np.float32) if need_dw else None
-    dy4 = dy.reshape(N, g, Cog, P)
-    addresses = tuple(0 if a is None else native.address(a) for a in (wt, dy, x, dx, per))
-    key = ("backward", workers, need_dx, need_dw)
-    templates = _templates(p)
-    template = templates.get(key, False)
-    if template is False:
-        template = templates[key] = _backward_template(geo, dy4, x, wt, dx, per, dy_rows, workers, addresses)
-    if template is None:
-        return None
-    template.run(addresses, workers)
-    tracing.workspace((wt.nbytes if need_dx else 0) + (per.nbytes if need_dw else 0))
-    dw = None
-    if need_dw:
-        chunks, slots, _, _ = backward_chunks(geo)       # pointwise.backward's sums: per chunk, then as its slots
-        total = slot_order_sum((np.sum(per[n0:n1], axis=0) for n0, n1 in chunks), slots)
-        dw = np.empty(p.weight_shape, np.float32)
-        dw.reshape(g, Cog, Cg)[...] = total if dy_rows else total.transpose(0, 2, 1)
-    return dx, dw
+    serves, dy_rows, templates = takes(p), dw_dy_rows(geo), _templates(p)
+    if p.workspace_limit is not None or not serves[0]:
+        return lambda dy, x, w, need_dx, need_dw, workers: None
+
+    def run(dy, x, w, need_dx: bool, need_dw: bool, workers: int):
+        if not _plain(dy, *([w] if need_dx else []), *([x] if need_dw else [])):
+            return None
+        if need_dw and not (serves[1] and _apart(x, dy)):
+            return None                    # dW's per-sample products past their bound: the chunks keep to it
+        dx = np.empty(p.input_shape, np.float32) if need_dx else None
+        wt = np.ascontiguousarray(w.reshape(g, Cog, Cg).transpose(0, 2, 1)) if need_dx else None     # (g, Cg, Cog)
+        per = np.empty((N, g) + ((Cog, Cg) if dy_rows else (Cg, Cog)), np.float32) if need_dw else None
+        addresses = tuple(0 if a is None else native.address(a) for a in (wt, dy, x, dx, per))
+        key = ("backward", workers, need_dx, need_dw)
+        template = templates.get(key, False)
+        if template is False:
+            template = templates[key] = _backward_template(geo, dy.reshape(N, g, Cog, P), x, wt, dx, per, dy_rows,
+                                                           workers, addresses)
+        if template is None:
+            return None
+        template.run(addresses, workers)
+        tracing.workspace((wt.nbytes if need_dx else 0) + (per.nbytes if need_dw else 0))
+        dw = None
+        if need_dw:
+            chunks, slots, _, _ = backward_chunks(geo)       # pointwise.backward's sums: per chunk, then as its slots
+            total = slot_order_sum((np.sum(per[n0:n1], axis=0) for n0, n1 in chunks), slots)
+            dw = np.empty(p.weight_shape, np.float32)
+            dw.reshape(g, Cog, Cg)[...] = total if dy_rows else total.transpose(0, 2, 1)
+        return dx, dw
+    return run
 
 
 def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, addresses):
