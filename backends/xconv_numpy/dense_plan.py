@@ -17,6 +17,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from . import native
 from .grid.geometry import padded
 
 #: Bytes of dy and x that one segment of the weight-gradient loop takes (kept in cache across its tasks).
@@ -181,6 +182,14 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     f.ldx = grid_row(f.Cg) if p.workspace_limit is None else f.Cg     # floats per position of the x grids
     f.templates = {}                                     # the call's job templates (dense.backward)
     return f
+
+
+
+@functools.lru_cache(maxsize=256)
+def dx_units(T: int, Cog: int, Cg: int) -> int:
+    """Channel units per group of the input-gradient loops' items (csrc/direct_conv.c's xconv_dx_units: Cg / 32 where
+    the rows run channel block by channel block, else 1): a job list splits g x units x rows items."""
+    return int(native.library().xconv_dx_units(T, Cog, Cg))
 
 
 def grid_row(n: int) -> int:

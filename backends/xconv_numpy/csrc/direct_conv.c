@@ -206,38 +206,50 @@ static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
  * all of the weights: 2x256x14x14 -> 256 3x3, 2.4 MB of weights, ran at half the rate of 128 channels). */
 #define DX_BLOCKS_OUTER_BYTES (1 << 20)
 
-/* Input gradient of rows [r0, r1) of one group (see dx_row), Cg % 16 == 0: 32 channels at a time in
- * ceil(row_len / 14) blocks of (nearly) equal length, then 16 channels at a time (the AVX2 build: 16 at a time).
- * Every block is one call whatever the order, so the order changes no bit. */
+/* Input gradient of rows [r0, r1) of one group (see dx_row), channels [c0, c1) of its Cg (c0, c1 multiples of 32, or
+ * 0 and Cg), Cg % 16 == 0: 32 channels at a time in ceil(row_len / 14) blocks of (nearly) equal length, then 16
+ * channels at a time (the AVX2 build: 16 at a time). Every block is one call whatever the order, so the order changes
+ * no bit. */
 static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
                     int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t os, const int64_t *rin,
-                    const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len) {
+                    const int64_t *rout, int64_t r0, int64_t r1, int64_t row_len, int64_t c0, int64_t c1) {
     const int64_t step = DENSE_V8 ? 16 : 32;
     const int64_t wide = Cg / step * step;                          /* channels in blocks of `step` */
     if (4 * T * Cog * Cg > DX_BLOCKS_OUTER_BYTES) {
-        for (int64_t cb = 0; cb < Cg; cb += cb < wide ? step : 16)
+        for (int64_t cb = c0; cb < c1; cb += cb < wide ? step : 16)
             for (int64_t r = r0; r < r1; r++)
                 dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, row_len, cb, cb >= wide);
         return;
     }
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t cb = 0; cb < Cg; cb += cb < wide ? step : 16)
+        for (int64_t cb = c0; cb < c1; cb += cb < wide ? step : 16)
             dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, row_len, cb, cb >= wide);
 }
 
+/* The channel units of a phase's items (xconv_dx_rows): Cg / 32 where its rows run channel block by channel block
+ * (weights past DX_BLOCKS_OUTER_BYTES) and Cg % 32 == 0, else 1. Items of one unit share its weights only: a task
+ * of a few units reads a few blocks' weights, where a task of rows read them all (2x256x14x14 -> 256 3x3 forward, two
+ * threads: every task read all 2.4 MB of weights). */
+int64_t xconv_dx_units(int64_t T, int64_t Cog, int64_t Cg) {
+    return 4 * T * Cog * Cg > DX_BLOCKS_OUTER_BYTES && Cg % 32 == 0 ? Cg / 32 : 1;
+}
 
-/* Input gradient of items [i0, i1) of (group, row) pairs, nr rows per group: group gi's dy, w and dx start
- * sdy, sw and sdx floats after those of group gi - 1 (so one call may cover rows of several groups). */
+/* Input gradient of items [i0, i1) of (group, channel unit, row) triples, nr rows per unit and
+ * xconv_dx_units(T, Cog, Cg) units per group: group gi's dy, w and dx start sdy, sw and sdx floats after those of
+ * group gi - 1 (so one call may cover rows of several groups). */
 void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, int64_t ldw, int64_t sw,
                    const int64_t *off, int64_t T, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
                    int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
                    int64_t row_len) {
-    for (int64_t gi = i0 / nr; gi * nr < i1; gi++) {
-        int64_t a = i0 > gi * nr ? i0 - gi * nr : 0, b = i1 < (gi + 1) * nr ? i1 - gi * nr : nr;
+    const int64_t units = xconv_dx_units(T, Cog, Cg), cu = Cg / units;
+    for (int64_t gu = i0 / nr; gu * nr < i1; gu++) {
+        const int64_t gi = gu / units, u = gu % units;
+        int64_t a = i0 > gu * nr ? i0 - gu * nr : 0, b = i1 < (gu + 1) * nr ? i1 - gu * nr : nr;
         dx_rows(dy + gi * sdy, ldy, w + gi * sw, ldw, off, T, Cog, Cg, dx + gi * sdx, ldx, os, rin, rout, a, b,
-                row_len);
+                row_len, u * cu, (u + 1) * cu);
     }
 }
+
 
 /* dw_<RC>x<NV>: the block of direct_dw_block.h for RC output channels and NV vectors of input channels */
 #define RC 16
