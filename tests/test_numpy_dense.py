@@ -19,6 +19,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from threadpoolctl import threadpool_limits
+
 import xconv
 from xconv.params import make_params
 
@@ -460,6 +462,33 @@ def test_rows_of_five_to_fourteen_positions_run_in_one_block_with_the_exact_path
     np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
     assert one[0].tobytes() == y.tobytes()
 
+
+
+def test_big_weights_split_in_channel_units_with_the_same_bits_on_any_workers():
+    """Weights past 1 MB with C % 32 == 0 (the rows run channel block by channel block): the input gradient's items
+    come in 32-channel units (dense_plan.dx_units), the forward (stride 1 and 2) and dx match the exact path and
+    their bits do not depend on the workers (1 to 3 threads, units split between them)."""
+    assert [dense_plan.dx_units(9, c, c) for c in (64, 256, 272, 512)] == [1, 8, 1, 16]
+    assert dense_plan.dx_units(27, 128, 128) == 4 and dense_plan.dx_units(1, 512, 512) == 1
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 256, 6, 6)).astype(np.float32)
+    w = (rng.standard_normal((256, 256, 3, 3)) / 48).astype(np.float32)
+    dy = rng.standard_normal((2, 256, 6, 6)).astype(np.float32)
+    runs = []
+    for threads in (1, 2, 3):
+        with paths.force("dense"), paths.tune(parallel_min_work=0, team_min_work=0), xconv.trace() as t, \
+                threadpool_limits(threads):
+            runs.append([xconv.conv_fprop(x, w, padding=1, backend="numpy"),
+                         xconv.conv_fprop(x, w, padding=1, stride=2, backend="numpy"),
+                         xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False),
+                                                    backend="numpy")[0]])
+        assert all(r.path.startswith("dense") for r in t.records)
+    assert all(a.tobytes() == b.tobytes() for run in runs[1:] for a, b in zip(runs[0], run))
+    exact = [xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"),
+             xconv.conv_fprop(x, w, padding=1, stride=2, backend="numpy-exact"),
+             xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")[0]]
+    for got, want in zip(runs[0], exact):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 def test_the_weight_copies_run_on_the_workers_they_are_given(monkeypatch):
     """dense.tap_major and dense._taps_last run their copy regions on at most ``workers`` threads, whatever the row
