@@ -10,7 +10,7 @@ import xconv
 from xconv import Backend, Capabilities, tracing
 from xconv.dtypes import accumulation_dtype
 
-from . import blas, fast, invariant, reference, status
+from . import blas, fast, invariant, lane_runner, reference, status
 from .budget import check_im2col
 from .blas import single_threaded_blas as pinned_blas_workers
 
@@ -135,14 +135,14 @@ class NumpyBackend(Backend):
 
     def lane(self, p, op, mask=None):
         """A runner for a lane's repeated calls of ``p`` (:meth:`xconv.backend.Backend.lane`): the fast path's on the
-        paths chosen once (:func:`.fast.runner`); None for numpy-exact, where a call of ``p`` is refused or runs
+        paths chosen once (:func:`.lane_runner.runner`); None for numpy-exact, where a call of ``p`` is refused or runs
         per sample (:meth:`_begin`: deterministic without a BLAS held at one thread, batch_invariant), and for an
         object whose primitives are not these (a subclass or an instance that overrides one: the runner would skip
         its override)."""
         if self.exact or (p.deterministic and not blas.pinned()) or (
                 p.deterministic == "batch_invariant" and p.input_shape[0] > 1) or self._overridden():
             return None
-        return fast.runner(p, op, mask)
+        return lane_runner.runner(p, op, mask)
 
     def _overridden(self) -> bool:
         """Whether a primitive a runner stands in for is not NumpyBackend's own (on the class or the instance)."""

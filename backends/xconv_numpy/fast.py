@@ -38,8 +38,8 @@ import numpy as np
 
 from xconv import ConvParams, tracing
 
-from . import (bias, colgemm, columns, cost, dense, dense_quick, depthwise, grid_blocks, jobs, omp_team,
-               paths, small, small_c, small_numpy, stem, tuning)
+from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs, omp_team, paths, small,
+               small_c, small_numpy, stem, tuning)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .finite import all_finite
@@ -210,101 +210,6 @@ def fprop(x, w, b, p: ConvParams):
     """y = conv(x, w) + b by the path :func:`paths.choose` picks."""
     path, rule = paths.choose_all(p, "fprop", (True,))["output"]
     return _fprop_on(path, rule, x, w, b, p)
-
-
-def runner(p: ConvParams, op: str, mask=None):
-    """A lane's runner for ``p`` (:meth:`.backend.NumpyBackend.lane`): :func:`fprop` (``runner(x, w, b)``) or
-    :func:`backward` for ``mask`` (``runner(dy, x, w)``) on the paths chosen now, with NumPy's floating-point
-    warnings off as in the primitives; NotImplemented (the lane then calls the primitive, which chooses again) once
-    this thread's forced paths (:func:`paths.force`) differ from now. The choice reads nothing else that a lane does
-    not check (the settings) or hold (the build); the paths read the tuning knobs when they run."""
-    forced = paths._state()
-    if op == "fprop":
-        run, chosen = _fprop_on, paths.choose_all(p, "fprop", (True,))["output"]       # (path, rule)
-        quick = _quick_fprop(chosen[0], p)
-    else:
-        run, chosen = _backward_on, paths.backward_plan(p, mask)                        # (runs, bias path)
-        quick = _quick_backward(*chosen, p)
-
-    def run_lane(*arrays):
-        if paths._state() != forced:
-            return NotImplemented
-        with np.errstate(all="ignore"):
-            if quick is not None:
-                results = quick(*arrays)
-                if results is not None:
-                    return results
-            return run(*chosen, *arrays, p)
-    return run_lane
-
-
-def _quick_fprop(path, p: ConvParams):
-    """A lane's forward of ``p`` on ``path`` without :func:`_fprop_on`'s per-call decisions where the path keeps job
-    templates (the dense loops at stride 1: :mod:`.dense_quick`; the pointwise sgemm jobs), ``quick(x, w, b) -> y``,
-    or None (no such runner); the runner's None: that call is not its template's, :func:`_fprop_on` runs it."""
-    if path.name == "pointwise" and p.dtype == "float32" and jobs.sgemm_available():
-        products = pointwise_planned.fprop_runner(p)
-
-        def quick_pointwise(x, w, b):
-            if tracing.active():
-                return None
-            with pinned_blas_workers() as workers:
-                return products(x, w, b, _share(p, workers, "fprop", True))
-        return quick_pointwise
-    if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
-        return None
-    q = dense.dual(p)
-    loops = dense_quick.runner(q, True, False, flip=True)
-    if loops is None:
-        return None
-    nbytes, nd = io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), p.nd
-
-    def quick(x, w, b):
-        if tracing.active():
-            return None
-        out = loops(x, None, w, _share(p, blas_workers(), "fprop", True), _budget(nbytes, q))
-        if out is None:
-            return None
-        y = out[0]
-        if b is not None:                            # as dense.fprop adds it
-            y += np.asarray(b, np.float32).reshape((1, -1) + (1,) * nd)
-        return y
-    return quick
-
-
-def _quick_backward(runs, bias_path, p: ConvParams):
-    """:func:`_quick_fprop` for the backward of one run on the dense loops or the pointwise sgemm jobs (its bias by
-    :func:`bias.bias_sum`, as :func:`_backward_on` sums it): ``quick(dy, x, w) -> (dx, dw, db)``."""
-    if len(runs) != 1:
-        return None
-    path, _, _, gx, gw, _ = runs[0]
-    if path.name == "pointwise" and p.dtype == "float32" and jobs.sgemm_available():
-        products = pointwise_planned.backward_runner(p)
-
-        def quick_pointwise(dy, x, w):
-            if tracing.active():
-                return None
-            with pinned_blas_workers() as workers:
-                done = products(dy, x, w, gx, gw, _share(p, workers, "backward", True))
-            if done is None:
-                return None
-            return done[0], done[1], (None if bias_path is None else bias.bias_sum(dy, p))
-        return quick_pointwise
-    if path.name != "dense":
-        return None
-    loops = dense_quick.runner(p, gx, gw)
-    if loops is None:
-        return None
-    nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)              # the full call's: any mask
-
-    def quick(dy, x, w):
-        if tracing.active():
-            return None
-        out = loops(dy, x, w, _share(p, blas_workers(), "backward", True), _budget(nbytes, p))
-        if out is None:
-            return None
-        return out[0], out[1], (None if bias_path is None else bias.bias_sum(dy, p))
-    return quick
 
 
 def _fprop_on(path, rule, x, w, b, p: ConvParams):

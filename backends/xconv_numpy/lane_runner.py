@@ -1,0 +1,118 @@
+"""A lane's runner (:meth:`.backend.NumpyBackend.lane`): one configuration's repeated calls on the paths chosen once.
+
+:func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
+templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
+:mod:`.grid.pointwise_planned`), it runs them straight, what depends on the configuration looked up once, and falls
+back to the dispatch for any call that is not the template's (the same jobs either way, so the same bits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xconv import ConvParams, tracing
+from xconv.dtypes import DTYPES
+
+from . import bias, dense, dense_quick, jobs, paths
+from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
+from .fast import _backward_on, _fprop_on, _share
+from .grid import pointwise_planned
+from .grid.chunks import budget as _budget
+from .grid.geometry import geom, io_bytes
+
+
+def runner(p: ConvParams, op: str, mask=None):
+    """A lane's runner for ``p``: :func:`.fast.fprop` (``runner(x, w, b)``) or :func:`.fast.backward` for ``mask``
+    (``runner(dy, x, w)``) on the paths chosen now, with NumPy's floating-point warnings off as in the primitives;
+    NotImplemented (the lane then calls the primitive, which chooses again) once this thread's forced paths
+    (:func:`paths.force`) differ from now. The choice reads nothing else that a lane does not check (the settings) or
+    hold (the build); the paths read the tuning knobs when they run."""
+    forced = paths._state()
+    if op == "fprop":
+        run, chosen = _fprop_on, paths.choose_all(p, "fprop", (True,))["output"]       # (path, rule)
+        quick = _quick_fprop(chosen[0], p)
+    else:
+        run, chosen = _backward_on, paths.backward_plan(p, mask)                        # (runs, bias path)
+        quick = _quick_backward(*chosen, p)
+
+    def run_lane(*arrays):
+        if paths._state() != forced:
+            return NotImplemented
+        with np.errstate(all="ignore"):
+            if quick is not None:
+                results = quick(*arrays)
+                if results is not None:
+                    return results
+            return run(*chosen, *arrays, p)
+    return run_lane
+
+
+def _sgemm_jobs(p: ConvParams) -> bool:
+    """Whether ``p``'s pointwise path runs its sgemm jobs (float32, NumPy's ILP64 sgemm found), as the dispatch asks."""
+    return p.dtype == "float32" and jobs.sgemm_available()
+
+
+def _pinned(products, p: ConvParams, op: str):
+    """``products(*arrays, workers)`` with BLAS pinned to one thread and the workers :func:`.fast._share` gives, as
+    the dispatch runs the pointwise path; None while a trace is open (the dispatch records the call)."""
+    def quick(*arrays):
+        if tracing.active():
+            return None
+        with pinned_blas_workers() as workers:
+            return products(*arrays, _share(p, workers, op, True))
+    return quick
+
+
+def _quick_fprop(path, p: ConvParams):
+    """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
+    None where ``path`` keeps none (the dense loops at stride 1, the pointwise sgemm jobs do)."""
+    if path.name == "pointwise" and _sgemm_jobs(p):
+        return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
+    if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
+        return None
+    q = dense.dual(p)
+    loops = dense_quick.runner(q, True, False, flip=True)
+    if loops is None:
+        return None
+    nbytes, nd = io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), p.nd
+
+    def quick(x, w, b):
+        if tracing.active():
+            return None
+        out = loops(x, None, w, _share(p, blas_workers(), "fprop", True), _budget(nbytes, q))
+        if out is None:
+            return None
+        y = out[0]
+        if b is not None:                            # as dense.fprop adds it
+            y += np.asarray(b, np.float32).reshape((1, -1) + (1,) * nd)
+        return y
+    return quick
+
+
+def _quick_backward(runs, bias_path, p: ConvParams):
+    """:func:`_quick_fprop` for a backward of one run (``quick(dy, x, w) -> (dx, dw, db)``), its bias by
+    :func:`.bias.bias_sum` as :func:`.fast._backward_on` sums it."""
+    if len(runs) != 1:
+        return None
+    path, _, _, gx, gw, _ = runs[0]
+    if path.name == "pointwise" and _sgemm_jobs(p):
+        products = _pinned(pointwise_planned.backward_runner(p), p, "backward")
+
+        def grads(dy, x, w):
+            return products(dy, x, w, gx, gw)
+    elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
+        nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
+
+        def grads(dy, x, w):
+            if tracing.active():
+                return None
+            return loops(dy, x, w, _share(p, blas_workers(), "backward", True), _budget(nbytes, p))
+    else:
+        return None
+
+    def quick(dy, x, w):
+        done = grads(dy, x, w)
+        if done is None:
+            return None
+        return done[0], done[1], (None if bias_path is None else bias.bias_sum(dy, p))
+    return quick
