@@ -117,9 +117,11 @@ def test_calls_that_are_not_the_templates_take_the_full_path(quick_runs):
 
 
 def test_another_worker_count_or_budget_runs_its_own_template(quick_runs):
-    """The templates are kept per worker count and working-set budget: a call with another (BLAS threads, the
-    chunk_bytes knob) makes its own first, by the full path, with the public call's bits in the same setting (the
-    worker count changes no bit; the budget sets dW's blocks of samples, so the knob may)."""
+    """The templates are kept per worker count and working-set budget: a call with another worker count (BLAS
+    threads) makes its own first, by the full path; a budget that splits the samples into blocks (the chunk_bytes
+    knob) has no template, so the runner declines every call and the full path runs them. Each with the public call's
+    bits in the same setting (the worker count changes no bit; the budget sets dW's blocks of samples, so the knob
+    may)."""
     case = ((4, 32, 10, 10), (32, 32, 3, 3), 1, 1, 1, 1)
     conf = _conf(2, *case[2:])
     x, w, b, dy = _data(*case)
@@ -132,7 +134,7 @@ def test_another_worker_count_or_budget_runs_its_own_template(quick_runs):
                 assert lanes.fprop(conf, x, w, b, conf.kwargs).tobytes() == want_y.tobytes()
                 got = lanes.backward(conf, dy, x, w, [32], (True, True, True), conf.kwargs)
                 assert _bits(got) == _bits(want_g)
-    assert len(quick_runs) >= 2 * 4                    # each setting's second call at least, forward and backward
+    assert len(quick_runs) >= 2 * 3           # the second call of each unblocked setting, forward and backward
 
 
 def test_no_runner_under_a_workspace_limit_or_outside_float32():

@@ -34,8 +34,6 @@ and (with BLAS thread control available) across BLAS thread counts.
 
 from __future__ import annotations
 
-import numpy as np
-
 from xconv import ConvParams, tracing
 
 from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs, omp_team, paths, small,

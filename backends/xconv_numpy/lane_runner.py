@@ -48,8 +48,9 @@ def runner(p: ConvParams, op: str, mask=None):
 
 
 def _sgemm_jobs(p: ConvParams) -> bool:
-    """Whether ``p``'s pointwise path runs its sgemm jobs (float32, NumPy's ILP64 sgemm found), as the dispatch asks."""
-    return p.dtype == "float32" and jobs.sgemm_available()
+    """Whether ``p``'s pointwise path runs its sgemm jobs (float32, NumPy's ILP64 sgemm found, tables within their
+    bounds), as the dispatch would."""
+    return p.dtype == "float32" and jobs.sgemm_available() and pointwise_planned.takes(p)[0]
 
 
 def _pinned(products, p: ConvParams, op: str):
