@@ -165,8 +165,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     f32 = np.dtype(np.float32)
     planned = f.nb >= N and f.out_dt == f32 and _readable(dy) and (not need_dw or _readable(x))
     w_src, flip = (w_dual, True) if w_dual is not None else (w, False)
-    in_list = (need_dx and planned and not check_first and len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(K))
-               and _copyable(w_src, g, flip))            # w copied (and checked) by the call's own jobs
+    in_list = need_dx and planned and not check_first and _copies_weights(f, w_src, flip)
     if need_dx and not in_list and not all_finite(w_src):
         if w_dual is not None:
             return None
@@ -277,8 +276,8 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
                                            wj.strides[0] // 4, address(job.offs), len(job.taps), Cog, Cg, base,
                                            Sn, Cg * Sn, f.st[-1], address(job.rin), address(job.rout), m * job.rows, 0,
                                            0, job.row_len), 17,
-                               even_ranges(g * m * job.rows * dx_units(len(job.taps), Cog, Cg), TASKS_PER_WORKER * workers),
-                               wait=copies)
+                               even_ranges(g * m * job.rows * dx_units(len(job.taps), Cog, Cg),
+                                           TASKS_PER_WORKER * workers), wait=copies)
     return parts
 
 
@@ -297,10 +296,7 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
     :func:`_taps_last`'s jobs last (they wait for the dw jobs: phase 1). One region of the team, not three."""
     dx, dxb, dw_part, db_parts = outs
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
-    addresses = tuple(0 if a is None else address(a)
-                      for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw, odd))
-    key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None)
-    kept = f.templates.get(key)
+    kept, key, addresses = _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers, w_copy, dw)
     if kept is None:
         src, out, flag = range(len(addresses) - 3, len(addresses))    # the numbers of w_src's, dw's and odd's
         first, table = [], None
@@ -316,6 +312,23 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
             parts[-1][0].rows("taps_last", rows, wait=(1, n_dw))
         kept = f.templates[key] = (Template.joined(parts, addresses), table)       # the table kept alive with it
     kept[0].run(addresses, workers)
+
+
+def _copies_weights(f, w, flip: bool) -> bool:
+    """Whether a one-block call of plan ``f`` copies (and checks) w among its own jobs: dx in one job list of every
+    tap, w one :func:`tap_major`'s C copy takes."""
+    return len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(f.K)) and _copyable(w, f.g, flip)
+
+
+def _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None) -> tuple:
+    """(the template kept on plan ``f`` for this call or None, its key, the call's base addresses by number) of
+    :func:`_run_planned` (its arguments)."""
+    dx, dxb, dw_part, db_parts = outs
+    w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
+    addresses = tuple(0 if a is None else address(a)
+                      for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw, odd))
+    key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None)
+    return f.templates.get(key), key, addresses
 
 
 # ---------------------------------------------------------------------------------------------

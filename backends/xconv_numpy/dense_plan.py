@@ -184,7 +184,6 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     return f
 
 
-
 @functools.lru_cache(maxsize=256)
 def dx_units(T: int, Cog: int, Cg: int) -> int:
     """Channel units per group of the input-gradient loops' items (csrc/direct_conv.c's xconv_dx_units: Cg / 32 where

@@ -16,10 +16,10 @@ import numpy as np
 
 from xconv import ConvParams
 
+from . import dense
 from .dense_plan import padded_row, plan
-from .dense_weights import _copyable, _readable
+from .dense_weights import _readable
 from .grid.scratch import Lease
-from .native import address
 
 _F32 = np.dtype(np.float32)
 
@@ -33,30 +33,27 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
     if p.workspace_limit is not None or p.dtype != "float32" or not (need_dx or need_dw):
         return None
     N = p.input_shape[0]
-    key_flip = flip if need_dx else None                # no weights' copy among the jobs without dx
 
     def run(dy, x, w, workers: int, budget: int):
         f = plan(p, True, True, budget)
-        kept = f.templates.get((need_dx, need_dw, False, workers, key_flip, need_dw))
-        if kept is None or f.nb < N or not _readable(dy) or (need_dw and not _readable(x)):
-            return None
-        if need_dx and not (len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(f.K)) and _copyable(w, f.g, flip)):
+        if f.nb < N or not _readable(dy) or (need_dw and not _readable(x)) or (
+                need_dx and not dense._copies_weights(f, w, flip)):
             return None
         g, K, Cog, Cg = f.g, f.K, f.Cog, f.Cg
         dx = np.empty(p.input_shape, _F32) if need_dx else None
         dw = np.empty((g, Cog, Cg, K), _F32) if need_dw else None
-        odd = np.zeros(1, np.int64)
         with Lease() as lease:                           # what dense.backward leases, in its order
             dyG = lease.empty((f.nb, f.Co, f.ldy), _F32)
             xG = lease.empty((f.nb, g, f.Xn, f.ldx), _F32) if need_dw else None
             dw_part = lease.empty((g, K, Cog, Cg), _F32) if need_dw else None
-            copy = (np.empty((g, K, Cog, padded_row(Cg)), _F32),) if need_dx else ()
-            # dense._run_planned's bases: dy, x, the grids, db, dw's part, dx, the weights' copy, w, dw, odd
-            kept[0].run((address(dy), address(x) if need_dw else 0, address(dyG), 0 if xG is None else address(xG), 0,
-                         0 if dw_part is None else address(dw_part), 0 if dx is None else address(dx),
-                         *(address(c) for c in copy), address(w) if need_dx else 0,
-                         0 if dw is None else address(dw), address(odd) if need_dx else 0), workers)
-        if odd[0]:                                       # w not finite: dense.backward decides again
+            w_copy = (w, np.empty((g, K, Cog, padded_row(Cg)), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \
+                if need_dx else None
+            kept, _, addresses = dense._kept_template(f, dy, x, dyG, xG, (dx, dx, dw_part, None),
+                                                      [w_copy[1]] if need_dx else [], workers, w_copy, dw)
+            if kept is None:
+                return None
+            kept[0].run(addresses, workers)
+        if need_dx and w_copy[3][0]:                    # w not finite: dense.backward decides again
             return None
         return dx, (None if dw is None else dw.reshape(p.weight_shape))
     return run

@@ -118,7 +118,8 @@ def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
         run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4, wt.strides[0] // 4,
                               address(f.offs), f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin),
                               address(f.rout), m * f.Ho, 0, 0, f.Wo), 17,
-                  even_ranges(g * m * f.Ho * dx_units(f.K, Cg, Cog), TASKS_PER_WORKER * workers), wait=(0, len(parts)))
+                  even_ranges(g * m * f.Ho * dx_units(f.K, Cg, Cog), TASKS_PER_WORKER * workers),
+                  wait=(0, len(parts)))
         run.run(workers)
     if bias is not None:
         y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * p.nd)
