@@ -114,6 +114,28 @@ def test_colgemm_chunks_are_fixed_by_the_configuration_and_bounded():
     assert colgemm.cols_bytes(colgemm._sub(p, 0, n), True, True) <= colgemm._io_bytes(p, True, True, False)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_colgemm_sample_chunks_land_in_their_samples(dtype):
+    """A call in chunks of samples (the forward's; a grouped backward's) writes each chunk's y or dx straight into its
+    samples of the result: every sample within float32 rounding of the exact backend's."""
+    xs, ws, kw = (8, 64, 40, 40), (64, 16, 3, 3), dict(padding=1, groups=4)
+    p = make_params(xs, ws, **kw)
+    assert len(colgemm._forward_chunks(p)[0]) > 1
+    assert colgemm._backward_chunks(p)[1] == "samples" and len(colgemm._backward_chunks(p)[0]) > 1
+    x, w, dy = (a.astype(dtype) for a in _arrays(4, xs, ws, kw))
+    with paths.force("colgemm"), xconv.trace() as t:
+        y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+        dx = xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy", **kw)[0]
+    on = t.records if dtype == "float32" else t.records[1:]     # float16: the forward's columns are not a candidate
+    assert all("colgemm" in r.path for r in on), [r.path for r in t.records]
+    exact_y = xconv.conv_fprop(x, w, backend="numpy-exact", **kw)
+    exact_dx = xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy-exact", **kw)[0]
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for got, want in ((y, exact_y), (dx, exact_dx)):
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol * 8)
+
+
 #: colgemm backward calls whose columns do not fit all samples at once: one chunk of x's channels (ResNet-18 at 224
 #: pixels, 256x256 3x3 at 14x14), several (5x5 at 16x16: 8 chunks of 8 channels).
 CHANNEL_CASES = [((2, 256, 14, 14), (256, 256, 3, 3), dict(padding=1)),

@@ -127,12 +127,14 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     if len(chunks) <= 1:
         return _fprop(x, w, bias, p, workers)
     y = np.empty(p.output_shape, DTYPES[p.dtype])
-    for n0, n1 in chunks:
-        y[n0:n1] = _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers)
+    for n0, n1 in chunks:                          # each chunk's result moved straight into its samples of y
+        _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers, y[n0:n1])
     return y
 
 
-def _fprop(x, w, bias, p: ConvParams, workers: int):
+def _fprop(x, w, bias, p: ConvParams, workers: int, out=None):
+    """y of one chunk (all of ``p``'s samples), moved into ``out`` (a C-contiguous array of y's shape and dtype) when
+    given, else into a new array; returns it."""
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     y = np.empty((f.g, f.Cog, f.N * f.Q), cdt)
@@ -140,7 +142,7 @@ def _fprop(x, w, bias, p: ConvParams, workers: int):
         _split_matmul(wm, small_c.im2col(x, p, f, cdt), y, workers)          # cols: (g, Cg*K, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
-    return small.from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype])
+    return small.from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype], out)
 
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
@@ -159,11 +161,12 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         return (None if dx is None else dx.astype(out_dt, copy=False),
                 None if dw is None else dw.astype(out_dt, copy=False))
     dx = np.empty(p.input_shape, out_dt) if need_dx else None
+    into = need_dx and out_dt == accumulation_dtype(p.dtype)       # each chunk's dx made in its samples of dx
     dw = None
     for n0, n1 in chunks:
         dxq, dwq = _backward(dy[n0:n1], None if x is None else x[n0:n1], w, _sub(p, n0, n1), need_dx, need_dw,
-                             workers)
-        if need_dx:
+                             workers, dx[n0:n1] if into else None)
+        if need_dx and not into:
             dx[n0:n1] = dxq
         if need_dw:
             if dw is None:
@@ -173,8 +176,9 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     return dx, (None if dw is None else dw.astype(out_dt, copy=False))
 
 
-def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
-    """(dx, dw) in the compute dtype."""
+def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, dx_out=None):
+    """(dx, dw) in the compute dtype; dx made in ``dx_out`` (C-contiguous, dx's shape, the compute dtype) when
+    given."""
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
     dyc = small.dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
     dx = dw = None
@@ -186,10 +190,10 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
     if need_dx:
         wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
         dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
-        dx = _products_then_col2im(wt, dyc, dcols, p, f, cdt, workers)
+        dx = _products_then_col2im(wt, dyc, dcols, p, f, cdt, workers, dx_out)
         if dx is None:
             _split_matmul(wt, dyc, dcols, workers)
-            dx = small_c.col2im(dcols, p, f, cdt)
+            dx = small_c.col2im(dcols, p, f, cdt, dx_out)
     return dx, dw
 
 
@@ -316,7 +320,7 @@ def _one_tap(p: ConvParams) -> bool:
     return math.prod(p.kernel) == 1 and all(s == 1 for s in p.stride) and all(a == b == 0 for a, b in p.padding)
 
 
-def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int):
+def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int, dx=None):
     """dx: the products ``dcols = wt @ dyc`` (blocks of :func:`_block_views`), then col2im by channel ranges once they
     are done, as one C job list (float32 where :func:`runs_as_jobs`; the bits of the NumPy route); None, nothing
     run, where the jobs do not serve."""
@@ -326,7 +330,8 @@ def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int):
     if calls is None:
         return None
     workers = min(workers, len(calls))
-    dx = np.empty(p.input_shape, cdt)
+    if dx is None:
+        dx = np.empty(p.input_shape, cdt)
     geo = small_c.col2im_geometry(p)
     ranges = _channel_ranges(f.C, workers)
     run = jobs.Jobs()

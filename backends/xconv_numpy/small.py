@@ -129,9 +129,11 @@ def plan(p: ConvParams) -> Plan:
     return Plan(p)
 
 
-def from_channel_major(a: np.ndarray, N: int, shape, dt) -> np.ndarray:
-    """(g, C/g, N*n) as an (N, C, *spatial) array of dtype ``dt``."""
-    out = np.empty(shape, dt)
+def from_channel_major(a: np.ndarray, N: int, shape, dt, out: np.ndarray | None = None) -> np.ndarray:
+    """(g, C/g, N*n) as an (N, C, *spatial) array of dtype ``dt``: ``out`` (C-contiguous, that shape and dtype) when
+    given, else a new one."""
+    if out is None:
+        out = np.empty(shape, dt)
     C = shape[1]
     _swap_rows(a.reshape(C, N, -1), out.reshape(N, C, -1))
     return out

@@ -61,9 +61,11 @@ def im2col_input(t: np.ndarray, p: ConvParams, cdt) -> tuple:
     return t, geo
 
 
-def col2im(dcols: np.ndarray, p: ConvParams, f: Plan, cdt) -> np.ndarray:
-    """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array."""
-    dx = np.empty(p.input_shape, cdt)
+def col2im(dcols: np.ndarray, p: ConvParams, f: Plan, cdt, dx: np.ndarray | None = None) -> np.ndarray:
+    """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array, or into ``dx``
+    (C-contiguous, that shape, dtype ``cdt``: every element written)."""
+    if dx is None:
+        dx = np.empty(p.input_shape, cdt)
     geo = col2im_geometry(p)                       # held here: the cache may drop it meanwhile
     getattr(native.library(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
     return dx
