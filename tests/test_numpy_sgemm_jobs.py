@@ -8,7 +8,8 @@ import pytest
 
 import xconv
 
-from xconv_numpy import blas, jobs, paths
+from xconv.params import make_params
+from xconv_numpy import blas, colgemm, jobs, paths
 
 needs_sgemm = pytest.mark.skipif(not jobs.sgemm_available(),
                                  reason="no compiled loops, or NumPy's BLAS here is not an ILP64 OpenBLAS with "
@@ -54,6 +55,31 @@ def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatc
                     runs[(label, least, xx is x)] = _bits((y, dx, dw))
     first = runs[("numpy", 1 << 62, True)]
     assert all(v == first for v in runs.values())
+
+
+#: colgemm forwards whose products write y's samples themselves (colgemm._direct): 1x1 stride-2 shortcuts, a long
+#: 1-D layer, groups, one sample.
+DIRECT = [((2, 64, 56, 56), (128, 64, 1, 1), dict(stride=2)), ((3, 48, 700), (40, 48, 3), dict(stride=2, padding=1)),
+          ((4, 32, 24, 24), (48, 8, 3, 3), dict(padding=1, groups=4)), ((1, 16, 30, 30), (24, 16, 1, 1), {})]
+
+
+@needs_sgemm
+@pytest.mark.parametrize("case", DIRECT)
+def test_colgemm_forward_into_y_gives_the_channel_major_routes_bits(case, monkeypatch):
+    """Products written straight into y's samples (blocks within a sample) give the bits of the channel-major route
+    (blocks across samples, then moved into y): a product's blocks never split its inner dimension. With a bias too."""
+    xs, ws, kw = case
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    assert colgemm._direct(make_params(xs, ws, **kw))
+    runs = []
+    for direct in (True, False):
+        monkeypatch.setattr(colgemm, "_direct", lambda p, d=direct: d)
+        with paths.force("colgemm"), xconv.trace() as tr:
+            runs.append(_bits(xconv.conv_fprop(x, w, bias=bias, backend="numpy", **kw) for bias in (None, b)))
+        assert all(r.path.startswith("colgemm") for r in tr.records), [r.path for r in tr.records]
+    assert runs[0] == runs[1]
 
 
 def test_the_blas_form_of_an_operand_is_numpys():

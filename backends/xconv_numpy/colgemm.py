@@ -47,6 +47,8 @@ BLOCK_MACS = 1 << 20
 MAX_BLOCKS = cost.CORES
 #: Columns (or rows) per block are a multiple of this (whole BLAS micro-tiles).
 ALIGN = 16
+#: Output positions per sample from which a float32 forward's products always write y itself (:func:`_direct`).
+DIRECT_Q = 512
 
 
 def blocks(total: int, macs_per_unit: int) -> list[tuple[int, int]]:
@@ -84,6 +86,20 @@ def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, workers: int) -
         x, y, o = views[j]
         np.matmul(x, y, out=o)
     run([(j,) for j in range(len(views))], task, lambda: None, workers)
+
+
+def _direct(p: ConvParams) -> bool:
+    """Whether the forward's products write y's samples themselves (blocks within one sample, y's rows their output
+    rows; no channel-major result, no pass moving it into y): float32 as C jobs, where a sample's product has at
+    least DIRECT_Q columns (output positions) or at least as many as its inner dimension (input channels per group x
+    taps), so that packing the weights again per sample costs less than the pass it saves. Two threads, the Intel
+    machine of issue 25, ms, alternating in one process: 2x64x56x56 -> 128 1x1 s2 1.20 -> 0.65, 2x128x28x28 -> 256
+    1x1 s2 1.09 -> 0.75, 4x512x3199 -> 512 k3 s2 63 -> 57, 4x512x1599 34.8 -> 31.7; with fewer, per-sample blocks
+    ran slower (2x512x7x7 -> 512 3x3 3.90 -> 4.44, 8x256x4x4 3x3 1.49 -> 2.20, 2x128x28x28 -> 256 3x3 s2 2.08 ->
+    2.21) or alike (2x256x14x14 -> 256 3x3 4.20 -> 4.09). The products' bits do not depend on their blocks (the
+    inner dimension is never split)."""
+    Q, inner = math.prod(p.output_shape[2:]), p.weight_shape[1] * math.prod(p.kernel)
+    return p.dtype == "float32" and Q >= ALIGN and (Q >= DIRECT_Q or Q >= inner) and runs_as_jobs(p)
 
 
 def runs_as_jobs(p: ConvParams) -> bool:
@@ -133,12 +149,20 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 
 def _fprop(x, w, bias, p: ConvParams, workers: int, out=None):
-    """y of one chunk (all of ``p``'s samples), moved into ``out`` (a C-contiguous array of y's shape and dtype) when
-    given, else into a new array; returns it."""
+    """y of one chunk (all of ``p``'s samples), made in ``out`` (a C-contiguous array of y's shape and dtype) when
+    given, else in a new array; returns it. Where :func:`_direct`, the products write y's samples themselves."""
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
+    if _direct(p):
+        y = np.empty(p.output_shape, cdt) if out is None else out
+        ys = y.reshape(f.N, f.g, f.Cog, f.Q)
+        if _columns_then_products(x, p, f, cdt, lambda cols: [
+                v for n in range(f.N) for v in _block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n])], workers):
+            if bias is not None:
+                ys += np.asarray(bias, cdt).reshape(1, f.g, f.Cog, 1)
+            return y
     y = np.empty((f.g, f.Cog, f.N * f.Q), cdt)
-    if not _columns_then_products(x, p, f, cdt, lambda cols: (wm, cols, y), workers):
+    if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(wm, cols, y), workers):
         _split_matmul(wm, small_c.im2col(x, p, f, cdt), y, workers)          # cols: (g, Cg*K, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
@@ -184,7 +208,8 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
     dx = dw = None
     if need_dw:
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
-        if not _columns_then_products(x, p, f, cdt, lambda cols: (dyc, cols.transpose(0, 2, 1), dwm), workers):
+        if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(dyc, cols.transpose(0, 2, 1), dwm),
+                                      workers):
             _split_matmul(dyc, small_c.im2col(x, p, f, cdt).transpose(0, 2, 1), dwm, workers)    # (g, N*Q, Cg*K)
         dw = dwm.reshape(p.weight_shape)            # the columns freed before dx's: one of the two at a time
     if need_dx:
@@ -290,14 +315,14 @@ def _channel_ranges(C: int, workers: int) -> list:
     return jobs.ranges(C, 2 * workers) if workers > 1 else [(0, C)]
 
 
-def _columns_then_products(x, p: ConvParams, f, cdt, operands, workers: int) -> bool:
-    """x's columns, then the products ``operands(cols)`` = (a, b, out), as one C job list (float32 where
-    :func:`runs_as_jobs`): the column copies by channel ranges, the blocks of :func:`_block_views` once they are
-    done (numpy.matmul's calls: the bits of the NumPy route); False, nothing run, where the jobs do not serve."""
+def _columns_then_products(x, p: ConvParams, f, cdt, views, workers: int) -> bool:
+    """x's columns, then the products' blocks ``views(cols)`` (of :func:`_block_views`), as one C job list (float32
+    where :func:`runs_as_jobs`): the column copies by channel ranges, the blocks once they are done (numpy.matmul's
+    calls: the bits of the NumPy route); False, nothing run, where the jobs do not serve."""
     if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return False
     cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
-    calls = jobs.sgemm_calls(_block_views(*operands(cols.reshape(f.g, f.Cg * f.K, f.N * f.Q))))
+    calls = jobs.sgemm_calls(views(cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)))
     if calls is None:
         return False
     workers = min(workers, len(calls))             # a thread more than the blocks would only share the copies
@@ -349,7 +374,7 @@ def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = F
     it = np.dtype(accumulation_dtype(p.dtype)).itemsize
     cols = f.C * f.K * f.N * f.Q
     if fprop_call:
-        return it * (cols + f.Co * f.N * f.Q)
+        return it * (cols + (0 if _direct(p) else f.Co * f.N * f.Q))
     return it * (cols * int(need_dx or need_dw) + f.Co * f.N * f.Q)
 
 
