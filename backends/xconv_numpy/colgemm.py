@@ -17,8 +17,12 @@ MFLOP: the deep stages of a ResNet (small spatial size, wide channels), 3-channe
 shortcuts. Calls whose columns would outgrow the bytes of their operands run in chunks, fixed by the shapes: the
 forward in chunks of samples; the backward in chunks of x's channels (one group: every dW element still one
 product's sum over all samples, :func:`channel_chunks`), else of samples (dW's partial sums added in chunk order).
-Padding zeros are multiplied, so (as for the small path) calls with non-finite inputs run in :mod:`.columns`; the
-scratch is not leased, so calls under a workspace limit run elsewhere.
+Where the products of a forward sample are wide (:func:`_direct`) they write y's samples themselves. Padding zeros are
+multiplied, so (as for the small path) calls with non-finite inputs run in :mod:`.columns`. The scratch (columns, dy
+channel-major, the forward's channel-major result) comes from the fast path's arena (:class:`_Buffers`: kept between
+calls, so a repeated call pays no page faults; 4x512x3199 -> 512 k3 s2 forward: about 400 faults a call before) but
+is not counted against a workspace limit as it is taken: under a limit the path runs only where its bound fits
+(``bounds.colgemm``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import cost, jobs, native, small, small_c
+from .grid.scratch import Lease
 from .plans import per_params
 from .workers import run
 
@@ -136,19 +141,43 @@ def _backward_chunks(p: ConvParams) -> tuple:
                                for gx in (False, True) for gw in (False, True)}
 
 
+class _Buffers:
+    """One call's scratch by role ("cols": x's or dx's columns, one at a time; "dy": dy channel-major; "y": the
+    forward's channel-major result), leased from the arena (kept between calls: a repeated call pays no page
+    faults) at the size of the first request and reused by every later one of its role (a call's chunks are equal
+    but for a smaller last one), given back when the call ends."""
+
+    def __init__(self, lease: Lease):
+        self.lease, self.bufs = lease, {}
+
+    def get(self, role: str, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        buf = self.bufs.get(role)
+        if buf is None or buf.nbytes < n:
+            buf = self.bufs[role] = self.lease.empty((n,), np.uint8)
+        return buf[:n].view(dtype).reshape(shape)
+
+    def empty(self, role: str):
+        """``empty(shape, dtype)`` for ``role``."""
+        return lambda shape, dtype: self.get(role, shape, dtype)
+
+
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias (inputs finite), chunk by chunk of samples (:func:`sample_chunks`)."""
     chunks, scratch = _forward_chunks(p)
     tracing.note(workspace_bytes=scratch)
-    if len(chunks) <= 1:
-        return _fprop(x, w, bias, p, workers)
-    y = np.empty(p.output_shape, DTYPES[p.dtype])
-    for n0, n1 in chunks:                          # each chunk's result moved straight into its samples of y
-        _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers, y[n0:n1])
-    return y
+    with Lease() as lease:
+        bufs = _Buffers(lease)
+        if len(chunks) <= 1:
+            return _fprop(x, w, bias, p, workers, bufs)
+        y = np.empty(p.output_shape, DTYPES[p.dtype])
+        for n0, n1 in chunks:                      # each chunk's result moved straight into its samples of y
+            _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers, bufs, y[n0:n1])
+        return y
 
 
-def _fprop(x, w, bias, p: ConvParams, workers: int, out=None):
+def _fprop(x, w, bias, p: ConvParams, workers: int, bufs: _Buffers, out=None):
     """y of one chunk (all of ``p``'s samples), made in ``out`` (a C-contiguous array of y's shape and dtype) when
     given, else in a new array; returns it. Where :func:`_direct`, the products write y's samples themselves."""
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
@@ -157,12 +186,13 @@ def _fprop(x, w, bias, p: ConvParams, workers: int, out=None):
         y = np.empty(p.output_shape, cdt) if out is None else out
         ys = y.reshape(f.N, f.g, f.Cog, f.Q)
         if _columns_then_products(x, p, f, cdt, lambda cols: [
-                v for n in range(f.N) for v in _block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n])], workers):
+                v for n in range(f.N) for v in _block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n])], workers,
+                bufs.empty("cols")):
             if bias is not None:
                 ys += np.asarray(bias, cdt).reshape(1, f.g, f.Cog, 1)
             return y
-    y = np.empty((f.g, f.Cog, f.N * f.Q), cdt)
-    if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(wm, cols, y), workers):
+    y = bufs.get("y", (f.g, f.Cog, f.N * f.Q), cdt)
+    if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(wm, cols, y), workers, bufs.empty("cols")):
         _split_matmul(wm, small_c.im2col(x, p, f, cdt), y, workers)          # cols: (g, Cg*K, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
@@ -176,45 +206,47 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     chunks, by, scratch = _backward_chunks(p)
     tracing.note(workspace_bytes=scratch[(need_dx, need_dw)])
     out_dt = DTYPES[p.dtype]
-    if by == "channels":
-        dx, dw = _backward_by_channels(dy, x, w, p, need_dx, need_dw, workers, chunks)
-        return (None if dx is None else dx.astype(out_dt, copy=False),
-                None if dw is None else dw.astype(out_dt, copy=False))
-    if len(chunks) <= 1:
-        dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers)
-        return (None if dx is None else dx.astype(out_dt, copy=False),
-                None if dw is None else dw.astype(out_dt, copy=False))
-    dx = np.empty(p.input_shape, out_dt) if need_dx else None
-    into = need_dx and out_dt == accumulation_dtype(p.dtype)       # each chunk's dx made in its samples of dx
-    dw = None
-    for n0, n1 in chunks:
-        dxq, dwq = _backward(dy[n0:n1], None if x is None else x[n0:n1], w, _sub(p, n0, n1), need_dx, need_dw,
-                             workers, dx[n0:n1] if into else None)
-        if need_dx and not into:
-            dx[n0:n1] = dxq
-        if need_dw:
-            if dw is None:
-                dw = dwq
-            else:
-                dw += dwq
-    return dx, (None if dw is None else dw.astype(out_dt, copy=False))
+    with Lease() as lease:
+        bufs = _Buffers(lease)
+        if by == "channels":
+            dx, dw = _backward_by_channels(dy, x, w, p, need_dx, need_dw, workers, chunks, bufs)
+            return (None if dx is None else dx.astype(out_dt, copy=False),
+                    None if dw is None else dw.astype(out_dt, copy=False))
+        if len(chunks) <= 1:
+            dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers, bufs)
+            return (None if dx is None else dx.astype(out_dt, copy=False),
+                    None if dw is None else dw.astype(out_dt, copy=False))
+        dx = np.empty(p.input_shape, out_dt) if need_dx else None
+        into = need_dx and out_dt == accumulation_dtype(p.dtype)   # each chunk's dx made in its samples of dx
+        dw = None
+        for n0, n1 in chunks:
+            dxq, dwq = _backward(dy[n0:n1], None if x is None else x[n0:n1], w, _sub(p, n0, n1), need_dx, need_dw,
+                                 workers, bufs, dx[n0:n1] if into else None)
+            if need_dx and not into:
+                dx[n0:n1] = dxq
+            if need_dw:
+                if dw is None:
+                    dw = dwq
+                else:
+                    dw += dwq
+        return dx, (None if dw is None else dw.astype(out_dt, copy=False))
 
 
-def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, dx_out=None):
+def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, bufs: _Buffers, dx_out=None):
     """(dx, dw) in the compute dtype; dx made in ``dx_out`` (C-contiguous, dx's shape, the compute dtype) when
-    given."""
+    given. x's columns and dx's share one buffer (one of the two at a time)."""
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
-    dyc = small.dy_channel_major(dy, f, cdt)                            # (g, Cog, N*Q)
+    dyc = small.dy_channel_major(dy, f, cdt, bufs.empty("dy"))            # (g, Cog, N*Q)
     dx = dw = None
     if need_dw:
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
         if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(dyc, cols.transpose(0, 2, 1), dwm),
-                                      workers):
+                                      workers, bufs.empty("cols")):
             _split_matmul(dyc, small_c.im2col(x, p, f, cdt).transpose(0, 2, 1), dwm, workers)    # (g, N*Q, Cg*K)
-        dw = dwm.reshape(p.weight_shape)            # the columns freed before dx's: one of the two at a time
+        dw = dwm.reshape(p.weight_shape)
     if need_dx:
         wt = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)   # (g, Cg*K, Cog)
-        dcols = np.empty((f.g, f.Cg * f.K, f.N * f.Q), cdt)
+        dcols = bufs.get("cols", (f.g, f.Cg * f.K, f.N * f.Q), cdt)
         dx = _products_then_col2im(wt, dyc, dcols, p, f, cdt, workers, dx_out)
         if dx is None:
             _split_matmul(wt, dyc, dcols, workers)
@@ -250,7 +282,8 @@ def _channel_scratch(p: ConvParams, width: int, cols: bool) -> int:
     return it * (width * f.K * f.N * f.Q * int(cols) + f.Co * f.N * f.Q)
 
 
-def _backward_by_channels(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, chunks):
+def _backward_by_channels(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int, chunks,
+                          bufs: _Buffers):
     """(dx, dw) in the compute dtype, chunk by chunk of x's channels [c0, c1) (one group): the chunk's columns
     ``cols`` (its rows c0 * K .. c1 * K of all samples' im2col), ``dW[:, c0 K:c1 K] = dy @ cols^T``, then the same
     buffer's ``dcols = W^T[c0 K:c1 K] @ dy`` added back into dx's channels c0..c1 (col2im). As C job lists per chunk
@@ -258,8 +291,8 @@ def _backward_by_channels(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool,
     bits."""
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
     K, NQ = f.K, f.N * f.Q
-    dyc = small.dy_channel_major(dy, f, cdt)[0]                         # (Co, N*Q)
-    buf = np.empty(max(c1 - c0 for c0, c1 in chunks) * K * NQ, cdt)
+    dyc = small.dy_channel_major(dy, f, cdt, bufs.empty("dy"))[0]       # (Co, N*Q)
+    buf = bufs.get("cols", (max(c1 - c0 for c0, c1 in chunks) * K * NQ,), cdt)
     dwm = np.empty((f.Co, f.C * K), cdt) if need_dw else None
     wt = np.ascontiguousarray(w, cdt).reshape(f.Co, f.C * K).T if need_dx else None     # (C*K, Co)
     dx = np.empty(p.input_shape, cdt) if need_dx else None
@@ -315,13 +348,13 @@ def _channel_ranges(C: int, workers: int) -> list:
     return jobs.ranges(C, 2 * workers) if workers > 1 else [(0, C)]
 
 
-def _columns_then_products(x, p: ConvParams, f, cdt, views, workers: int) -> bool:
+def _columns_then_products(x, p: ConvParams, f, cdt, views, workers: int, empty=np.empty) -> bool:
     """x's columns, then the products' blocks ``views(cols)`` (of :func:`_block_views`), as one C job list (float32
     where :func:`runs_as_jobs`): the column copies by channel ranges, the blocks once they are done (numpy.matmul's
     calls: the bits of the NumPy route); False, nothing run, where the jobs do not serve."""
     if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return False
-    cols = np.empty((f.C * f.K, f.N * f.Q), cdt)
+    cols = empty((f.C * f.K, f.N * f.Q), cdt)
     calls = jobs.sgemm_calls(views(cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)))
     if calls is None:
         return False

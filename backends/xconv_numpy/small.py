@@ -144,9 +144,9 @@ def channel_major_into(t: np.ndarray, out: np.ndarray) -> None:
     _swap_rows(t.reshape(out.shape[1], out.shape[0], -1), out)
 
 
-def dy_channel_major(dy: np.ndarray, f: Plan, cdt) -> np.ndarray:
-    """dy as (g, C_out/g, N * Q) in the compute dtype."""
-    out = np.empty((f.Co, f.N, f.Q), cdt)
+def dy_channel_major(dy: np.ndarray, f: Plan, cdt, empty=np.empty) -> np.ndarray:
+    """dy as (g, C_out/g, N * Q) in the compute dtype, in a new array ``empty(shape, dtype)``."""
+    out = empty((f.Co, f.N, f.Q), cdt)
     _swap_rows(dy.reshape(f.N, f.Co, f.Q), out)
     return out.reshape(f.g, f.Cog, f.N * f.Q)
 
