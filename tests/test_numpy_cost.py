@@ -136,6 +136,39 @@ def test_colgemm_sample_chunks_land_in_their_samples(dtype):
         np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol * 8)
 
 
+@pytest.mark.parametrize("xs,ws,mask", [((4, 64, 40, 40), (1, 64, 1, 1), None), ((4, 64, 40, 40), (1, 64, 1, 1), (0, 1)),
+                                         ((4, 1, 64, 64), (64, 1, 1, 1), None), ((4, 1, 64, 64), (64, 1, 1, 1), (1, 1))])
+def test_colgemm_scratch_stays_within_the_calls_bytes_where_sgemm_refuses(xs, ws, mask):
+    """A product sgemm does not take (a dimension of 1: one output channel, one input channel of a 1x1) runs on the
+    NumPy route; the columns taken for the jobs are let go first, so the call's extra memory stays near its operands'
+    bytes (it had held both columns: 2.1x)."""
+    import tracemalloc
+
+    from xconv_numpy import fast
+    x, w, dy = _arrays(6, xs, ws, {})
+    if mask is None:
+        def call():
+            return (xconv.conv_fprop(x, w, backend="numpy"),)
+    else:
+        def call():
+            return xconv.convolution_backward(dy, x, w, output_mask=(bool(mask[0]), bool(mask[1]), False),
+                                              backend="numpy")
+    with paths.force("colgemm"), xconv.trace() as t:
+        call()
+        fast.release_memory()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            results = call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert all(r.path.startswith("colgemm") for r in t.records), [r.path for r in t.records]
+    extra = peak - base - sum(a.nbytes for a in results if a is not None)
+    assert extra < 1.3 * (x.nbytes + w.nbytes + dy.nbytes), extra
+
+
 #: colgemm backward calls whose columns do not fit all samples at once: one chunk of x's channels (ResNet-18 at 224
 #: pixels, 256x256 3x3 at 14x14), several (5x5 at 16x16: 8 chunks of 8 channels).
 CHANNEL_CASES = [((2, 256, 14, 14), (256, 256, 3, 3), dict(padding=1)),

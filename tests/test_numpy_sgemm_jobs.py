@@ -9,7 +9,7 @@ import pytest
 import xconv
 
 from xconv.params import make_params
-from xconv_numpy import blas, colgemm, jobs, paths
+from xconv_numpy import blas, colgemm, jobs, paths, small, small_c
 
 needs_sgemm = pytest.mark.skipif(not jobs.sgemm_available(),
                                  reason="no compiled loops, or NumPy's BLAS here is not an ILP64 OpenBLAS with "
@@ -58,28 +58,45 @@ def test_colgemm_blocks_as_c_sgemm_jobs_give_numpy_matmuls_bits(case, monkeypatc
 
 
 #: colgemm forwards whose products write y's samples themselves (colgemm._direct): 1x1 stride-2 shortcuts, a long
-#: 1-D layer, groups, one sample.
+#: 1-D layer, groups, one sample, and a small product whose bits differ from the channel-major route's.
 DIRECT = [((2, 64, 56, 56), (128, 64, 1, 1), dict(stride=2)), ((3, 48, 700), (40, 48, 3), dict(stride=2, padding=1)),
-          ((4, 32, 24, 24), (48, 8, 3, 3), dict(padding=1, groups=4)), ((1, 16, 30, 30), (24, 16, 1, 1), {})]
+          ((4, 32, 24, 24), (48, 8, 3, 3), dict(padding=1, groups=4)), ((1, 16, 30, 30), (24, 16, 1, 1), {}),
+          ((2, 64, 10, 10), (16, 64, 1, 1), {})]
 
 
 @needs_sgemm
 @pytest.mark.parametrize("case", DIRECT)
-def test_colgemm_forward_into_y_gives_the_channel_major_routes_bits(case, monkeypatch):
-    """Products written straight into y's samples (blocks within a sample) give the bits of the channel-major route
-    (blocks across samples, then moved into y): a product's blocks never split its inner dimension. With a bias too."""
+def test_colgemm_forward_into_y_gives_numpy_matmuls_bits_on_its_blocks(case, monkeypatch):
+    """Products written straight into y's samples: the bits of numpy.matmul on the same blocks (x's columns from the
+    C copies, then per sample the blocks of colgemm._block_views, numpy.matmul into y's rows), with and without a
+    bias, on one worker or two; within float32 rounding of the channel-major route (whose blocks span samples: its
+    bits may differ, OpenBLAS choosing its kernel by a block's shape)."""
     xs, ws, kw = case
+    p = make_params(xs, ws, **kw)
+    assert colgemm._direct(p)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32)
-    assert colgemm._direct(make_params(xs, ws, **kw))
-    runs = []
-    for direct in (True, False):
-        monkeypatch.setattr(colgemm, "_direct", lambda p, d=direct: d)
-        with paths.force("colgemm"), xconv.trace() as tr:
-            runs.append(_bits(xconv.conv_fprop(x, w, bias=bias, backend="numpy", **kw) for bias in (None, b)))
-        assert all(r.path.startswith("colgemm") for r in tr.records), [r.path for r in tr.records]
-    assert runs[0] == runs[1]
+    f = small.plan(p)
+    cols = small_c.im2col(x, p, f, np.float32)
+    want = np.empty(p.output_shape, np.float32)
+    ys = want.reshape(f.N, f.g, f.Cog, f.Q)
+    wm = w.reshape(f.g, f.Cog, f.Cg * f.K)
+    for n in range(f.N):
+        for a_, b_, o_ in colgemm._block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n]):
+            np.matmul(a_, b_, out=o_)
+    with paths.force("colgemm"):
+        for least in (1 << 62, 0):
+            with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
+                y = xconv.conv_fprop(x, w, backend="numpy", **kw)
+                yb = xconv.conv_fprop(x, w, bias=b, backend="numpy", **kw)
+            assert all(r.path.startswith("colgemm") for r in tr.records), [r.path for r in tr.records]
+            assert y.tobytes() == want.tobytes()
+            assert yb.tobytes() == (want + b.reshape((1, -1) + (1,) * (len(xs) - 2))).tobytes()
+        monkeypatch.setattr(colgemm, "_direct", lambda q: False)
+        channel_major = xconv.conv_fprop(x, w, backend="numpy", **kw)
+    np.testing.assert_allclose(y, channel_major, rtol=1e-5, atol=1e-5 * np.abs(channel_major).max())
+
 
 
 def test_the_blas_form_of_an_operand_is_numpys():

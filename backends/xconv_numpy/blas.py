@@ -128,9 +128,6 @@ class _Blas:
         self.saved = []
         self.workers = 1
 
-    def _pinnable(self):
-        return [lib for lib in self.libs if lib.threading not in _UNPINNED]
-
     def __enter__(self) -> int:
         """Set BLAS to one thread; return the number of workers to use (NumPy's BLAS thread count). Runs around
         every call that may reach BLAS: one library (the usual case) takes a short path (about 2 us against 6)."""

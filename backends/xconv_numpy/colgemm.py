@@ -97,14 +97,20 @@ def _direct(p: ConvParams) -> bool:
     """Whether the forward's products write y's samples themselves (blocks within one sample, y's rows their output
     rows; no channel-major result, no pass moving it into y): float32 as C jobs, where a sample's product has at
     least DIRECT_Q columns (output positions) or at least as many as its inner dimension (input channels per group x
-    taps), so that packing the weights again per sample costs less than the pass it saves. Two threads, the Intel
-    machine of issue 25, ms, alternating in one process: 2x64x56x56 -> 128 1x1 s2 1.20 -> 0.65, 2x128x28x28 -> 256
-    1x1 s2 1.09 -> 0.75, 4x512x3199 -> 512 k3 s2 63 -> 57, 4x512x1599 34.8 -> 31.7; with fewer, per-sample blocks
-    ran slower (2x512x7x7 -> 512 3x3 3.90 -> 4.44, 8x256x4x4 3x3 1.49 -> 2.20, 2x128x28x28 -> 256 3x3 s2 2.08 ->
-    2.21) or alike (2x256x14x14 -> 256 3x3 4.20 -> 4.09). The products' bits do not depend on their blocks (the
-    inner dimension is never split)."""
-    Q, inner = math.prod(p.output_shape[2:]), p.weight_shape[1] * math.prod(p.kernel)
-    return p.dtype == "float32" and Q >= ALIGN and (Q >= DIRECT_Q or Q >= inner) and runs_as_jobs(p)
+    taps), so that packing the weights again per sample costs less than the pass it saves, and where every block is
+    one sgemm takes (no dimension of 1: the route never falls back). Two threads, the Intel machine of issue 25, ms,
+    alternating in one process: 2x64x56x56 -> 128 1x1 s2 1.20 -> 0.65, 2x128x28x28 -> 256 1x1 s2 1.09 -> 0.75,
+    4x512x3199 -> 512 k3 s2 63 -> 57, 4x512x1599 34.8 -> 31.7; with fewer, per-sample blocks ran slower (2x512x7x7 ->
+    512 3x3 3.90 -> 4.44, 8x256x4x4 3x3 1.49 -> 2.20, 2x128x28x28 -> 256 3x3 s2 2.08 -> 2.21) or alike (2x256x14x14 ->
+    256 3x3 4.20 -> 4.09). The bits are those of numpy.matmul on these blocks, a function of the configuration and the
+    build like every path's, but not always the channel-major route's: OpenBLAS picks its kernel, and handles a
+    block's last columns, by the block's shape (2x64x10x10 -> 16 1x1: 106 of 3200 elements differ in their last bit;
+    the ResNet-18 shortcuts and speech_1d's layers do not)."""
+    Q, inner, m = math.prod(p.output_shape[2:]), p.weight_shape[1] * math.prod(p.kernel), p.weight_shape[0] // p.groups
+    if not (p.dtype == "float32" and Q >= ALIGN and (Q >= DIRECT_Q or Q >= inner) and min(m, inner) > 1):
+        return False
+    parts = blocks(Q, m * inner) if m <= Q else blocks(m, Q * inner)      # one sample's blocks (_block_views)
+    return all(hi - lo > 1 for lo, hi in parts) and runs_as_jobs(p)
 
 
 def runs_as_jobs(p: ConvParams) -> bool:
@@ -162,6 +168,12 @@ class _Buffers:
         """``empty(shape, dtype)`` for ``role``."""
         return lambda shape, dtype: self.get(role, shape, dtype)
 
+    def drop(self, role: str) -> None:
+        """Let ``role``'s buffer go now (taken for jobs that then did not serve: the fallback takes its own)."""
+        buf = self.bufs.pop(role, None)
+        if buf is not None:
+            self.lease.release(buf)
+
 
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias (inputs finite), chunk by chunk of samples (:func:`sample_chunks`)."""
@@ -187,12 +199,13 @@ def _fprop(x, w, bias, p: ConvParams, workers: int, bufs: _Buffers, out=None):
         ys = y.reshape(f.N, f.g, f.Cog, f.Q)
         if _columns_then_products(x, p, f, cdt, lambda cols: [
                 v for n in range(f.N) for v in _block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n])], workers,
-                bufs.empty("cols")):
+                bufs):
             if bias is not None:
                 ys += np.asarray(bias, cdt).reshape(1, f.g, f.Cog, 1)
             return y
+        out = y                                    # (not reached where _direct holds: its blocks are all sgemm's)
     y = bufs.get("y", (f.g, f.Cog, f.N * f.Q), cdt)
-    if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(wm, cols, y), workers, bufs.empty("cols")):
+    if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(wm, cols, y), workers, bufs):
         _split_matmul(wm, small_c.im2col(x, p, f, cdt), y, workers)          # cols: (g, Cg*K, N*Q)
     if bias is not None:
         y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
@@ -241,7 +254,7 @@ def _backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: in
     if need_dw:
         dwm = np.empty((f.g, f.Cog, f.Cg * f.K), cdt)
         if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(dyc, cols.transpose(0, 2, 1), dwm),
-                                      workers, bufs.empty("cols")):
+                                      workers, bufs):
             _split_matmul(dyc, small_c.im2col(x, p, f, cdt).transpose(0, 2, 1), dwm, workers)    # (g, N*Q, Cg*K)
         dw = dwm.reshape(p.weight_shape)
     if need_dx:
@@ -348,15 +361,18 @@ def _channel_ranges(C: int, workers: int) -> list:
     return jobs.ranges(C, 2 * workers) if workers > 1 else [(0, C)]
 
 
-def _columns_then_products(x, p: ConvParams, f, cdt, views, workers: int, empty=np.empty) -> bool:
-    """x's columns, then the products' blocks ``views(cols)`` (of :func:`_block_views`), as one C job list (float32
-    where :func:`runs_as_jobs`): the column copies by channel ranges, the blocks once they are done (numpy.matmul's
-    calls: the bits of the NumPy route); False, nothing run, where the jobs do not serve."""
+def _columns_then_products(x, p: ConvParams, f, cdt, views, workers: int, bufs: _Buffers) -> bool:
+    """x's columns (``bufs``' "cols"), then the products' blocks ``views(cols)`` (of :func:`_block_views`), as one C
+    job list (float32 where :func:`runs_as_jobs`): the column copies by channel ranges, the blocks once they are done
+    (numpy.matmul's calls: the bits of the NumPy route); False, nothing run and the columns let go, where the
+    jobs do not serve."""
     if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return False
-    cols = empty((f.C * f.K, f.N * f.Q), cdt)
+    cols = bufs.get("cols", (f.C * f.K, f.N * f.Q), cdt)
     calls = jobs.sgemm_calls(views(cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)))
     if calls is None:
+        del cols
+        bufs.drop("cols")                          # freed: the fallback builds its own columns
         return False
     workers = min(workers, len(calls))             # a thread more than the blocks would only share the copies
     run = jobs.Jobs()
@@ -401,8 +417,8 @@ def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int, d
 
 
 def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:
-    """Scratch bytes of a call in one chunk: the columns (x's, or dx's: one at a time), dy channel-major or the
-    result matrix."""
+    """Scratch bytes of a call in one chunk: the columns (x's, or dx's: one at a time), and dy channel-major or the
+    forward's channel-major result (none where :func:`_direct`)."""
     f = small.plan(p)
     it = np.dtype(accumulation_dtype(p.dtype)).itemsize
     cols = f.C * f.K * f.N * f.Q

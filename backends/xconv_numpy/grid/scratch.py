@@ -42,7 +42,7 @@ class Arena:
         """The bytes of the buffer serving a request of ``nbytes``."""
         if nbytes <= cls.MIN_CLASS:
             return cls.MIN_CLASS
-        step = 1 << ((nbytes - 1).bit_length() - 3)
+        step = 1 << ((nbytes - 1).bit_length() - 4)    # nbytes - 1 in [2^(b-1), 2^b): steps of 2^(b-4)
         return -(-nbytes // step) * step
 
     def take(self, nbytes: int) -> np.ndarray:
@@ -100,6 +100,14 @@ class Lease:
         self.bufs.append(raw)
         a = -raw.ctypes.data % 64
         return raw[a:a + n].view(dtype).reshape(shape)
+
+    def release(self, a: np.ndarray) -> None:
+        """Let the buffer behind ``a`` (an array :meth:`empty` made) go now, not kept for reuse: freed once the
+        caller drops ``a`` (its bytes stay counted: they were taken)."""
+        for i, raw in enumerate(self.bufs):
+            if raw is a.base:
+                del self.bufs[i]
+                return
 
     def __enter__(self):
         return self
