@@ -374,18 +374,28 @@ def _columns_then_products(x, p: ConvParams, f, cdt, views, workers: int, bufs: 
         del cols
         bufs.drop("cols")                          # freed: the fallback builds its own columns
         return False
-    workers = min(workers, len(calls))             # a thread more than the blocks would only share the copies
-    run = jobs.Jobs()
+    parts, threads, _kept = column_jobs(x, p, f, cdt, cols, calls, workers)
     if _one_tap(p):                                # the columns are x's channel-major copy: rows moved whole
         small.channel_major_into(x, cols.reshape(f.C, f.N, f.Q))
-        run.rows("sgemm", calls)
-    else:
-        xr, geo = small_c.im2col_input(x, p, cdt)
-        ranges = _channel_ranges(f.C, workers)
-        run.split("im2col", (native.address(xr), native.address(cols), native.address(geo)), 3, ranges, signal=0)
-        run.rows("sgemm", calls, wait=(0, len(ranges)))
-    run.run(workers)
+    jobs.Jobs.concatenated([q for q in parts if q is not None]).run(threads)
     return True
+
+
+def column_jobs(x, p: ConvParams, f, cdt, cols, calls, workers: int) -> tuple:
+    """The job lists of :func:`_columns_then_products`: ([x's column copies by channel ranges (None for a one-tap
+    call: its caller copies the rows), the products' ``calls`` once those are done], the threads to run them on, what
+    the jobs read that must stay alive: x as the copies read it and its geometry)."""
+    threads = min(workers, len(calls))             # a thread more than the blocks would only share the copies
+    products = jobs.Jobs()
+    if _one_tap(p):
+        products.rows("sgemm", calls)
+        return [None, products], threads, ()
+    xr, geo = small_c.im2col_input(x, p, cdt)
+    ranges = _channel_ranges(f.C, threads)
+    copies = jobs.Jobs()
+    copies.split("im2col", (native.address(xr), native.address(cols), native.address(geo)), 3, ranges, signal=0)
+    products.rows("sgemm", calls, wait=(0, len(ranges)))
+    return [copies, products], threads, (xr, geo)
 
 
 def _one_tap(p: ConvParams) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import bias, dense, dense_quick, jobs, paths
+from . import bias, colgemm, colgemm_quick, dense, dense_quick, jobs, paths
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .fast import _backward_on, _fprop_on, _share
 from .grid import pointwise_planned
@@ -66,9 +66,12 @@ def _pinned(products, p: ConvParams, op: str):
 
 def _quick_fprop(path, p: ConvParams):
     """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
-    None where ``path`` keeps none (the dense loops at stride 1, the pointwise sgemm jobs do)."""
+    None where ``path`` keeps none (the dense loops at stride 1, the pointwise sgemm jobs and colgemm's one-chunk
+    float32 jobs do)."""
     if path.name == "pointwise" and _sgemm_jobs(p):
         return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
+    if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
+        return _pinned(colgemm_quick.fprop_runner(p), p, "fprop")
     if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
         return None
     q = dense.dual(p)

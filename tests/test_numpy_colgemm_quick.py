@@ -1,0 +1,105 @@
+"""xconv_numpy.colgemm_quick: a lane's repeated colgemm forwards run the job template kept by the first call, with
+the public call's bits (channel-major and direct routes, one-tap, groups, 1-D/2-D/3-D, bias); calls that are not the
+template's (another layout, another worker count, a configuration in chunks) take the full path, with its bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xconv
+from xconv import lanes, torch_ops
+from xconv.params import make_params
+from xconv_numpy import colgemm, colgemm_quick, jobs, paths
+from xconv_numpy.grid import scratch
+
+pytestmark = pytest.mark.skipif(not jobs.sgemm_available(),
+                                reason="no compiled loops, or NumPy's BLAS is not an ILP64 OpenBLAS: colgemm builds "
+                                       "no job lists")
+
+#: (input, weight, stride, padding, groups): a deep 3x3 (channel-major), a 1x1 stride-2 shortcut and a long 1-D layer
+#: (direct), a 1x1 at stride 1 (one tap: the columns are x's rows), groups, a 3-D layer.
+CASES = [((8, 128, 4, 4), (128, 128, 3, 3), 1, 1, 1), ((2, 32, 24, 24), (48, 32, 1, 1), 2, 0, 1),
+         ((2, 64, 600), (64, 64, 3), 2, 1, 1), ((4, 48, 5, 5), (40, 48, 1, 1), 1, 0, 1),
+         ((2, 64, 4, 4), (128, 16, 3, 3), 1, 1, 4), ((1, 32, 2, 4, 4), (64, 32, 3, 3, 3), 1, 1, 1)]
+
+
+def _conf(nd, stride, padding, groups):
+    return torch_ops.Conf((stride,) * nd, ((padding, padding),) * nd, (1,) * nd, groups, False, (0,) * nd, False,
+                          "keep_dtype", "numpy")
+
+
+def _data(xs, ws, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32),
+            rng.standard_normal(ws[0], dtype=np.float32))
+
+
+def _fresh_scratch(stash: list) -> None:
+    """Keep the arena's free buffers alive in ``stash``: the next call's scratch lies at new addresses."""
+    with scratch.ARENA.lock:
+        stash.append(scratch.ARENA.free)
+        scratch.ARENA.free, scratch.ARENA.total = {}, 0
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The calls that reached colgemm.fprop (the full path), counted."""
+    lanes.clear()
+    seen = []
+    real = colgemm.fprop
+    monkeypatch.setattr(colgemm, "fprop", lambda *a: seen.append(a[-2].input_shape) or real(*a))
+    yield seen
+    lanes.clear()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0]) - 2}d-{c[1][2:]}-s{c[2]}-g{c[4]}")
+def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, dispatched):
+    xs, ws, s, pad, g = case
+    conf = _conf(len(xs) - 2, s, pad, g)
+    x, w, b = _data(xs, ws)
+    p = make_params(xs, ws, stride=s, padding=pad, groups=g)
+    assert len(colgemm._forward_chunks(p)[0]) == 1
+    assert colgemm._direct(p) == (case in (CASES[1], CASES[2]))
+    xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
+    stash = []
+    with paths.force("colgemm"):                    # lanes opened inside keep that choice
+        want = [[xconv.conv_fprop(xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
+        for bb in (None, b):
+            lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
+        dispatched.clear()
+        for xi, wants in zip(xs_, want):
+            _fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
+            got = [lanes.fprop(conf, xi, w, bb, conf.kwargs) for bb in (None, b)]
+            assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
+        assert dispatched == []
+        x2 = np.asfortranarray(x)                   # another layout: the full path, its bits
+        assert lanes.fprop(conf, x2, w, b, conf.kwargs).tobytes() == want[0][1].tobytes()
+        assert dispatched == [xs]
+        with xconv.trace() as t:                    # a trace open: the full path records the call
+            xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+        assert t.records[-1].path.startswith("colgemm")
+
+
+def test_each_worker_count_keeps_its_template():
+    """The column copies' ranges and the threads depend on the workers: a template per count, each with the bits."""
+    xs, ws = (8, 128, 4, 4), (128, 128, 3, 3)
+    p = make_params(xs, ws, padding=1)
+    x, w, b = _data(xs, ws, 1)
+    run = colgemm_quick.fprop_runner(p)
+    with paths.force("colgemm"):
+        want = xconv.conv_fprop(x, w, bias=b, padding=1, backend="numpy")
+    stash = []
+    for workers in (1, 2, 1, 2):
+        _fresh_scratch(stash)
+        assert run(x, w, b, workers).tobytes() == want.tobytes()
+    assert run(x.astype(np.float64), w, b, 2) is None
+
+
+def test_no_runner_for_calls_in_chunks_or_off_the_jobs():
+    chunked = make_params((2, 256, 14, 14), (256, 256, 3, 3), padding=1)
+    assert len(colgemm._forward_chunks(chunked)[0]) > 1
+    x, w, b = _data((2, 256, 14, 14), (256, 256, 3, 3))
+    assert colgemm_quick.fprop_runner(chunked)(x, w, b, 2) is None
+    half = make_params((2, 8, 6, 6), (8, 8, 3, 3), padding=1, dtype="float16")
+    assert colgemm_quick.fprop_runner(half)(x, w, b, 2) is None
