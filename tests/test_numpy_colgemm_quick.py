@@ -10,7 +10,7 @@ import pytest
 import xconv
 from xconv import lanes, torch_ops
 from xconv.params import make_params
-from xconv_numpy import colgemm, colgemm_quick, jobs, paths
+from xconv_numpy import colgemm, colgemm_quick, jobs, lane_runner, paths
 from xconv_numpy.grid import scratch
 
 pytestmark = pytest.mark.skipif(not jobs.sgemm_available(),
@@ -103,3 +103,6 @@ def test_no_runner_for_calls_in_chunks_or_off_the_jobs():
     assert colgemm_quick.fprop_runner(chunked)(x, w, b, 2) is None
     half = make_params((2, 8, 6, 6), (8, 8, 3, 3), padding=1, dtype="float16")
     assert colgemm_quick.fprop_runner(half)(x, w, b, 2) is None
+    unfit = make_params((1, 4, 8, 8), (4, 4, 3, 3), padding=1)          # colgemm's columns do not fit its contract
+    assert not colgemm.fits(unfit, False, False, True) and colgemm_quick.fprop_runner(unfit) is colgemm_quick._never
+    assert lane_runner._quick_fprop(paths.PATHS["colgemm"], chunked) is None     # no wrapper: the dispatch at once

@@ -34,7 +34,8 @@ def _plain(a: np.ndarray) -> bool:
 def fprop_runner(p: ConvParams):
     """``run(x, w, bias, workers) -> y`` for :func:`.colgemm.fprop` of ``p`` (None instead of y where the call is
     not its template's: see the module docstring)."""
-    if p.dtype != "float32" or len(colgemm._forward_chunks(p)[0]) != 1 or not colgemm.runs_as_jobs(p):
+    if (p.dtype != "float32" or not colgemm.runs_as_jobs(p) or not colgemm.fits(p, False, False, True)
+            or len(colgemm._forward_chunks(p)[0]) != 1):
         return _never
     f = small.plan(p)
     direct, one_tap = colgemm._direct(p), colgemm._one_tap(p)
@@ -81,8 +82,7 @@ def _template(x, p: ConvParams, f, direct: bool, wm, cols, y, workers: int, addr
     calls = jobs.sgemm_calls(views)
     if calls is None:
         return None
-    (copies, products), threads, kept = colgemm.column_jobs(x, p, f, _F32, cols, calls, workers)
-    if kept and kept[0] is not x:                   # x read from a copy: not the template's case
-        return None
+    (copies, products), threads, alive = colgemm.column_jobs(x, p, f, _F32, cols, calls, workers)
+    # alive: (x itself, run() takes only aligned float32 x, and its geometry), or () for a one-tap call
     parts = ([] if copies is None else [(copies, {0: 3, 1: 1})]) + [(products, {6: 0, 8: 1, 10: 2})]
-    return jobs.Template.joined(parts, addresses), threads, kept[1:]
+    return jobs.Template.joined(parts, addresses), threads, alive[1:]

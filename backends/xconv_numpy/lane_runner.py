@@ -2,7 +2,7 @@
 
 :func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
 templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
-:mod:`.grid.pointwise_planned`), it runs them straight, what depends on the configuration looked up once, and falls
+:mod:`.grid.pointwise_planned`; colgemm's one-chunk forwards: :mod:`.colgemm_quick`), it runs them straight, what depends on the configuration looked up once, and falls
 back to the dispatch for any call that is not the template's (the same jobs either way, so the same bits).
 """
 
@@ -71,7 +71,8 @@ def _quick_fprop(path, p: ConvParams):
     if path.name == "pointwise" and _sgemm_jobs(p):
         return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
     if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
-        return _pinned(colgemm_quick.fprop_runner(p), p, "fprop")
+        run = colgemm_quick.fprop_runner(p)
+        return None if run is colgemm_quick._never else _pinned(run, p, "fprop")
     if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
         return None
     q = dense.dual(p)
