@@ -196,19 +196,32 @@ def _fprop(x, w, bias, p: ConvParams, workers: int, bufs: _Buffers, out=None):
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     if _direct(p):
         y = np.empty(p.output_shape, cdt) if out is None else out
-        ys = y.reshape(f.N, f.g, f.Cog, f.Q)
-        if _columns_then_products(x, p, f, cdt, lambda cols: [
-                v for n in range(f.N) for v in _block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n])], workers,
-                bufs):
-            if bias is not None:
-                ys += np.asarray(bias, cdt).reshape(1, f.g, f.Cog, 1)
-            return y
+        if _columns_then_products(x, p, f, cdt, lambda cols: sample_views(wm, cols, y, f), workers, bufs):
+            return finish_forward(y, bias, p, f, True)
         out = y                                    # (not reached where _direct holds: its blocks are all sgemm's)
     y = bufs.get("y", (f.g, f.Cog, f.N * f.Q), cdt)
     if not _columns_then_products(x, p, f, cdt, lambda cols: _block_views(wm, cols, y), workers, bufs):
         _split_matmul(wm, small_c.im2col(x, p, f, cdt), y, workers)          # cols: (g, Cg*K, N*Q)
+    return finish_forward(y, bias, p, f, False, out)
+
+
+def sample_views(wm, cols, y, f) -> list:
+    """The direct forward's blocks (:func:`_direct`): per sample, :func:`_block_views` of its columns of ``cols``
+    (g, Cg*K, N*Q) into its rows of ``y`` (N, C_out, *spatial)."""
+    ys = y.reshape(f.N, f.g, f.Cog, f.Q)
+    return [v for n in range(f.N) for v in _block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n])]
+
+
+def finish_forward(y, bias, p: ConvParams, f, direct: bool, out=None):
+    """The forward's result from its products' output ``y`` (y itself where ``direct``, else its channel-major
+    (g, Cog, N*Q) result, in the compute dtype): bias added, then, channel-major, moved into ``out`` (a new array
+    where None) in the call's dtype."""
+    if direct:
+        if bias is not None:
+            y.reshape(f.N, f.g, f.Cog, f.Q)[...] += np.asarray(bias, y.dtype).reshape(1, f.g, f.Cog, 1)
+        return y
     if bias is not None:
-        y += np.asarray(bias, cdt).reshape(f.g, f.Cog, 1)
+        y += np.asarray(bias, y.dtype).reshape(f.g, f.Cog, 1)
     return small.from_channel_major(y, f.N, p.output_shape, DTYPES[p.dtype], out)
 
 

@@ -59,13 +59,7 @@ def fprop_runner(p: ConvParams):
             if one_tap:                             # the columns are x's channel-major copy (colgemm's own step)
                 small.channel_major_into(x, cols.reshape(f.C, f.N, f.Q))
             template.run(addresses, threads)
-            if direct:
-                if bias is not None:
-                    y.reshape(f.N, f.g, f.Cog, f.Q)[...] += np.asarray(bias, _F32).reshape(1, f.g, f.Cog, 1)
-                return y
-            if bias is not None:
-                y += np.asarray(bias, _F32).reshape(f.g, f.Cog, 1)
-            return small.from_channel_major(y, f.N, p.output_shape, _F32)
+            return colgemm.finish_forward(y, bias, p, f, direct)
     return run
 
 
@@ -74,12 +68,7 @@ def _template(x, p: ConvParams, f, direct: bool, wm, cols, y, workers: int, addr
     take a block: the blocks and job lists :func:`.colgemm._fprop` builds (bases: 0 the weights, 1 the columns, 2 the
     result, 3 x; x's geometry kept at its address)."""
     c3 = cols.reshape(f.g, f.Cg * f.K, f.N * f.Q)
-    if direct:
-        ys = y.reshape(f.N, f.g, f.Cog, f.Q)
-        views = [v for n in range(f.N) for v in colgemm._block_views(wm, c3[:, :, n * f.Q:(n + 1) * f.Q], ys[n])]
-    else:
-        views = colgemm._block_views(wm, c3, y)
-    calls = jobs.sgemm_calls(views)
+    calls = jobs.sgemm_calls(colgemm.sample_views(wm, c3, y, f) if direct else colgemm._block_views(wm, c3, y))
     if calls is None:
         return None
     (copies, products), threads, alive = colgemm.column_jobs(x, p, f, _F32, cols, calls, workers)
