@@ -355,3 +355,32 @@ def test_one_choice_reads_the_kind_its_key_holds(monkeypatch):
     monkeypatch.setenv("XCONV_NUMPY_CPU", "intel-avx512")
     paths.choose(p, "fprop", "output")
     assert len(seen) > 1 and set(seen) == {"intel-avx512"}
+
+
+def test_the_big_weights_factor_rises_with_the_weights_and_steps_where_a_sample_leaves_l2():
+    """cost.big_weights, worked by hand on intel-avx512's rates (2^19 elements, two octaves, 1.8, 1 MB): 1 below
+    2^19; 1 + 0.8 * log2(W / 2^19) / 2 between; 1.8 from 2^21; 1.8 wherever a sample's x or dy exceeds 1 MB; and a
+    step without a ramp (zen4)."""
+    r = cost.RATES["intel-avx512"]
+    small_w = make_params((2, 128, 14, 14), (128, 128, 3, 3), padding=1)             # 147456 elements
+    mid = make_params((2, 256, 14, 14), (256, 256, 3, 3), padding=1)                 # 589824 = 2^19 * 1.125
+    big = make_params((2, 512, 7, 7), (512, 512, 3, 3), padding=1)                   # 2359296 > 2^21
+    long_rows = make_params((4, 512, 3199), (512, 512, 3), stride=2)                 # 786432; x 6.5 MB per sample
+    assert cost.big_weights(small_w, r) == 1.0
+    assert cost.big_weights(mid, r) == pytest.approx(1 + 0.8 * np.log2(1.125) / 2)
+    assert cost.big_weights(big, r) == pytest.approx(1.8)
+    assert cost.big_weights(long_rows, r) == pytest.approx(1.8)
+    z = cost.RATES["zen4"]
+    assert cost.big_weights(mid, z) == 1.5 and cost.big_weights(small_w, z) == 1.0
+
+
+@pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()),
+                    reason="the dense loops are a candidate only where the compiled loops hold them")
+def test_intel_rates_pick_the_loops_for_256_channel_3x3s_and_colgemm_for_512():
+    """The picks the big-weights ramp moved (measured, two threads: 2x256x14x14 -> 256 loops 2.01 ms, colgemm 2.45;
+    2x512x7x7 -> 512 loops 3.44, colgemm 2.32), for every output."""
+    mid = make_params((2, 256, 14, 14), (256, 256, 3, 3), padding=1)
+    big = make_params((2, 512, 7, 7), (512, 512, 3, 3), padding=1)
+    with cost.choosing("intel-avx512"):
+        assert [paths.cost_pick(mid, o) for o in ("y", "dx", "dw")] == ["dense"] * 3
+        assert [paths.cost_pick(big, o) for o in ("y", "dx", "dw")] == ["colgemm"] * 3

@@ -107,7 +107,12 @@ class Rates:
       samples where the dense loops could take it, and of at most ``forward_columns`` output positions (N x spatial)
       (Zen 4: one chunk, a stride-1 2x256x14x14 in two ran 2.8 ms against the dense loops' 2.45; 4096 positions, past
       which the copy back to (N, C, spatial) cost more than the model counts: a 1x1 at 8x28x28, 256 -> 128, 10-16 ms
-      against the grid loops' 6)."""
+      against the grid loops' 6);
+    - ``loop_weights_ramp``, ``loop_sample_bytes``: with a ramp of n octaves (0: a step), the big-weights factor rises
+      from 1 at ``loop_weights`` elements to ``loop_big_weights`` at 2^n times as many (log scale), where one sample's
+      data for the loops (x or dy, channel-major) holds at most ``loop_sample_bytes`` (None: any); past it, the step
+      (each channel block of the weights streams the sample again from beyond L2: the speech encoder's 512-channel
+      rows of 3199)."""
 
     blas_macs: float
     loop_macs: float
@@ -118,6 +123,8 @@ class Rates:
     grid_forward: float
     forward_chunks: int
     forward_columns: int
+    loop_weights_ramp: int = 0
+    loop_sample_bytes: int | None = None
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -132,7 +139,10 @@ class Rates:
 #:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 1.9-2.0 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82
 #:   / 1.69 / 1.46) and 45 on the speech encoder's long rows (4x512x1599 -> 512 3-tap stride 2: 28.1 / 15.6 /
 #:   11.8; its whole evaluation forward 147 ms against torch's 74): the loops' big-weights factor from 2^18
-#:   elements, on every row length, and colgemm's forward at any width (the 1-D encoder's 6396 output positions)
+#:   elements, on every row length (refit later: from 2^19 elements rising over two octaves to 1.8 at 2^21, the step
+#:   where a sample's x or dy exceeds 1 MB: 2x256x14x14 -> 256 forward, two threads, loops 2.01 ms, colgemm 2.45,
+#:   torch about 1.5; 512x512x3x3 at 2x7x7 3.44 / 2.32; the speech encoder's 4x512x3199 -> 512 58 / 37; see
+#:   docs/numpy-backend.md), and colgemm's forward at any width (the 1-D encoder's 6396 output positions)
 #:   and in chunks (the encoder's 4 samples run in two: 27.4-27.7 ms against the dense loops' 61). The grid
 #:   engine's forward ran 1.03-1.4x colgemm's time on the encoder's layers (ms: 4x512x3199 29.9 / 27.7, 4x512x1599
 #:   15.1 / 14.7, 4x512x399 5.27 / 3.76) and 1.55-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 /
@@ -142,9 +152,9 @@ class Rates:
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
                   stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096),
-    "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 18, loop_big_weights=1.8,
+    "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
-                          forward_columns=1 << 62),
+                          forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
 }
 
 
@@ -237,13 +247,26 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     return call + (products + copies) / blocks
 
 
+def big_weights(p, r: Rates) -> float:
+    """The dense loops' time factor for one group's weights of W elements (see :class:`Rates`): 1 below
+    ``r.loop_weights``; from there ``r.loop_big_weights``, or, with a ramp and where a sample's x and dy (float32) fit in
+    ``r.loop_sample_bytes``, 1 + (loop_big_weights - 1) * min(1, log2(W / loop_weights) / loop_weights_ramp)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    W = Cog * Cg * K
+    if W < r.loop_weights:
+        return 1.0
+    sample = 4 * max(p.input_shape[1] * math.prod(p.input_shape[2:]), p.output_shape[1] * Q)
+    if r.loop_weights_ramp <= 0 or (r.loop_sample_bytes is not None and sample > r.loop_sample_bytes):
+        return r.loop_big_weights
+    return 1 + (r.loop_big_weights - 1) * min(1.0, math.log2(W / r.loop_weights) / r.loop_weights_ramp)
+
+
 def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     """The dense C loops (any output)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     macs = N * g * Cog * Cg * K * Q * (dx_tap_share(p) if output == "dx" else 1.0)
     q0, r = LOOP_Q0[len(p.kernel)], rates()
-    big = r.loop_big_weights if Cog * Cg * K >= r.loop_weights else 1.0
-    return call + big * macs / (r.loop_macs * Q / (Q + q0)) / cores
+    return call + big_weights(p, r) * macs / (r.loop_macs * Q / (Q + q0)) / cores
 
 
 def small(p, output: str) -> float:
@@ -304,7 +327,7 @@ def dense_forward(p, output: str = "y") -> float:
     64->128 at 4x14x14 7.4 vs 8.5, 128->128 15.1 vs 16.8; 2-D 64 at 16x16 1.62 vs 1.74, 128 at 8x8 1.78 vs 1.80)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     q0, r = LOOP_Q0[len(p.kernel)], rates()
-    big = r.loop_big_weights if Cog * Cg * K >= r.loop_weights else 1.0
+    big = big_weights(p, r)
     if any(s != 1 for s in p.stride):          # x's phase rows copied, then the loops over the output's positions
         if not dense_strided.computes(p):
             return math.inf
