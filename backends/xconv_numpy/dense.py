@@ -45,7 +45,7 @@ from xconv import ConvParams
 
 from . import dense_strided, native
 from .dense_plan import dx_units, padded_row, plan
-from .dense_weights import (TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
+from .dense_weights import (ROW_TASKS_PER_WORKER, TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
                             _tap_major_rows, tap_major, tap_major_any)  # noqa: F401  (tap_major: dense.tap_major)
 from .finite import all_finite
 from .jobs import Jobs, Template
@@ -277,7 +277,7 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
                                            Sn, Cg * Sn, f.st[-1], address(job.rin), address(job.rout), m * job.rows, 0,
                                            0, job.row_len), 17,
                                even_ranges(g * m * job.rows * dx_units(len(job.taps), Cog, Cg),
-                                           TASKS_PER_WORKER * workers), wait=copies)
+                                           ROW_TASKS_PER_WORKER * workers), wait=copies)
     return parts
 
 

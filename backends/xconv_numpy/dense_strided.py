@@ -27,6 +27,7 @@ from xconv import ConvParams
 
 from . import small_c
 from .dense_plan import dx_units, frozen
+from .dense_weights import ROW_TASKS_PER_WORKER
 from .jobs import Jobs
 from .native import address
 from .workers import even_ranges
@@ -118,7 +119,7 @@ def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
         run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4, wt.strides[0] // 4,
                               address(f.offs), f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin),
                               address(f.rout), m * f.Ho, 0, 0, f.Wo), 17,
-                  even_ranges(g * m * f.Ho * dx_units(f.K, Cg, Cog), TASKS_PER_WORKER * workers),
+                  even_ranges(g * m * f.Ho * dx_units(f.K, Cg, Cog), ROW_TASKS_PER_WORKER * workers),
                   wait=(0, len(parts)))
         run.run(workers)
     if bias is not None:

@@ -18,6 +18,13 @@ from .workers import even_ranges
 #: Tasks per worker and kind (the dense loops' dx rows and dw blocks, these copies) in each list: more balance the
 #: workers, fewer cost less.
 TASKS_PER_WORKER = 2
+#: Tasks per worker of the dx loops' rows (the backward's input gradient, the forward at any stride): finer than the
+#: rest, as the workers' speeds differ (a shared core: in one two-thread forward one thread's tasks ran 1.4x the
+#: other's, and with two tasks each the first to finish waited 0.8 of 3.4 ms). Measured, two threads, alternating in
+#: one process, ms, 2 -> 4: 2x64x56x56 -> 64 3x3 forward 2.53 -> 2.39, dx 2.60 -> 2.35; 2x128x4x14x14 -> 128 3x3x3
+#: 6.22 -> 5.61, 6.26 -> 5.64; 8x128x16x16 -> 128 3.64 -> 3.28 forward; one thread unchanged. The weight gradient's
+#: tasks stay at TASKS_PER_WORKER: each reads the whole call's dy and x again (2x64x56x56: 3.20 -> 3.35 at 4).
+ROW_TASKS_PER_WORKER = 4
 
 
 def _readable(a: np.ndarray) -> bool:
