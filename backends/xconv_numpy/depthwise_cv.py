@@ -132,7 +132,7 @@ def _ranges(n_out: int, n_in: int, k: int, s: int, d: int, pre: int):
 
 
 @per_params
-def _tables(p: ConvParams) -> _Tables:
+def tables(p: ConvParams) -> _Tables:
     return _Tables(p)
 
 
@@ -147,34 +147,62 @@ def _items(t: _Tables, N: int, workers: int):
     return even_ranges(n, 1 if workers == 1 else min(n, 4 * workers))
 
 
-def _gather(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> int:
-    """dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx); returns the scratch bytes. One worker: one C
-    call (no job list)."""
+def gather_jobs(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> Jobs:
+    """The job list of dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx) with tap-major weights wt:
+    argument 0 src, 4 dst, 7 wt (the rest: the tables of ``t``, kept alive by the caller)."""
     (Hi, Wi), (Ho, Wo) = shape_in, shape_out
     args = (address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]), address(rows[1]),
             address(cols[0]), address(cols[1]), address(reg), step)
-    size = (Hi * Wi + Ho * Wo) * 16
-    if workers == 1:
-        scratch = np.empty(size, np.float32)
-        native.library().xconv_dwcv_gather(*args, 0, src.shape[0] * (t.C // 16), address(scratch))
-        return scratch.nbytes
     jobs = Jobs()
     jobs.split("dwcv_gather", args, 15, _items(t, src.shape[0], workers))
-    return jobs.run(workers, size)
+    return jobs
 
 
-def _weights(w, t: _Tables) -> np.ndarray:
+def gather_scratch(t: _Tables, shape_in, shape_out) -> int:
+    """Floats of scratch per worker of the gather jobs."""
+    return (shape_in[0] * shape_in[1] + shape_out[0] * shape_out[1]) * 16
+
+
+def _gather(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> int:
+    """dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx); returns the scratch bytes. One worker: one C
+    call (no job list)."""
+    size = gather_scratch(t, shape_in, shape_out)
+    if workers == 1:
+        (Hi, Wi), (Ho, Wo) = shape_in, shape_out
+        scratch = np.empty(size, np.float32)
+        native.library().xconv_dwcv_gather(address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW,
+                                           address(rows[0]), address(rows[1]), address(cols[0]), address(cols[1]),
+                                           address(reg), step, 0, src.shape[0] * (t.C // 16), address(scratch))
+        return scratch.nbytes
+    return gather_jobs(src, dst, wt, t, rows, cols, reg, step, shape_in, shape_out, workers).run(workers, size)
+
+
+def wgrad_jobs(xs, dys, dwp, t: _Tables, N: int, workers: int) -> Jobs:
+    """The job list of the per-sample weight-gradient partials dwp (N, C, K): argument 0 x, 1 dy, 14 dwp."""
+    args = (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo), address(t.alo),
+            address(t.ahi), address(t.blo), address(t.bhi), address(dwp))
+    jobs = Jobs()
+    jobs.split("dwcv_wgrad", args, 15, _items(t, N, workers))
+    return jobs
+
+
+def wgrad_scratch(t: _Tables) -> int:
+    """Floats of scratch per worker of the weight-gradient jobs."""
+    return (t.H * t.W + t.Ho * t.Wo + t.K) * 16
+
+
+def weights(w, t: _Tables) -> np.ndarray:
     """(K, C): the weights tap-major, so that 16 channels of one tap are one vector."""
     return np.ascontiguousarray(np.asarray(w, np.float32).reshape(t.C, t.K).T)
 
 
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias (bias added in float32 after the sums)."""
-    t = _tables(p)
+    t = tables(p)
     N = p.input_shape[0]
     xs = _f32(x, (N, t.C, t.H, t.W))
     y = np.empty((N, t.C, t.Ho, t.Wo), np.float32)
-    scratch = _gather(xs, y, _weights(w, t), t, t.f_rows, t.f_cols, t.f_reg, p.stride[-1], (t.H, t.W),
+    scratch = _gather(xs, y, weights(w, t), t, t.f_rows, t.f_cols, t.f_reg, p.stride[-1], (t.H, t.W),
                       (t.Ho, t.Wo), workers)
     tracing.workspace(scratch + (0 if xs is x or xs.base is x else xs.nbytes))     # x converted: a copy
     if bias is not None:
@@ -184,30 +212,28 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
 
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int):
     """(dx, dw), None where not needed."""
-    t = _tables(p)
+    t = tables(p)
     N = p.input_shape[0]
     dys = _f32(dy, (N, t.C, t.Ho, t.Wo))
     dx = dw = None
     scratch = 0
     if need_dx:
         dx = np.empty((N, t.C, t.H, t.W), np.float32)
-        scratch = _gather(dys, dx, _weights(w, t), t, t.d_rows, t.d_cols, t.d_reg, 1, (t.Ho, t.Wo), (t.H, t.W),
+        scratch = _gather(dys, dx, weights(w, t), t, t.d_rows, t.d_cols, t.d_reg, 1, (t.Ho, t.Wo), (t.H, t.W),
                           workers)
         dx = dx.reshape(p.input_shape)
     if need_dw:
         xs = _f32(x, (N, t.C, t.H, t.W))
         dwp = np.empty((N, t.C, t.K), np.float32)
-        args = (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo), address(t.alo),
-                address(t.ahi), address(t.blo), address(t.bhi), address(dwp))
-        size = (t.H * t.W + t.Ho * t.Wo + t.K) * 16
+        size = wgrad_scratch(t)
         if workers == 1:
             ws = np.empty(size, np.float32)
-            native.library().xconv_dwcv_wgrad(*args, 0, N * (t.C // 16), address(ws))
+            native.library().xconv_dwcv_wgrad(address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW,
+                                              address(t.geo), address(t.alo), address(t.ahi), address(t.blo),
+                                              address(t.bhi), address(dwp), 0, N * (t.C // 16), address(ws))
             used = ws.nbytes
         else:
-            jobs = Jobs()
-            jobs.split("dwcv_wgrad", args, 15, _items(t, N, workers))
-            used = jobs.run(workers, size)
+            used = wgrad_jobs(xs, dys, dwp, t, N, workers).run(workers, size)
         scratch = max(scratch, used + dwp.nbytes)
         dw = dwp.sum(axis=0).reshape(p.weight_shape)              # per-sample partials in sample order
     tracing.workspace(scratch)

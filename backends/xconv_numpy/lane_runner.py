@@ -2,7 +2,8 @@
 
 :func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
 templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
-:mod:`.grid.pointwise_planned`; colgemm's one-chunk forwards: :mod:`.colgemm_quick`), it runs them straight, what depends on the configuration looked up once, and falls
+:mod:`.grid.pointwise_planned`; colgemm's one-chunk forwards: :mod:`.colgemm_quick`; the depthwise loops across
+channels: :mod:`.depthwise_quick`), it runs them straight, what depends on the configuration looked up once, and falls
 back to the dispatch for any call that is not the template's (the same jobs either way, so the same bits).
 """
 
@@ -13,7 +14,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import bias, colgemm, colgemm_quick, dense, dense_quick, jobs, paths
+from . import bias, colgemm, colgemm_quick, dense, dense_quick, depthwise_quick, jobs, paths
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .fast import _backward_on, _fprop_on, _share
 from .grid import pointwise_planned
@@ -64,15 +65,28 @@ def _pinned(products, p: ConvParams, op: str):
     return quick
 
 
+def _plain_jobs(run, p: ConvParams, op: str):
+    """``run(*arrays, workers)`` on the workers :func:`.fast._share` gives a path of C jobs that calls no BLAS (the
+    depthwise loops: not pinned, as the dispatch runs them); None while a trace is open."""
+    def quick(*arrays):
+        if tracing.active():
+            return None
+        return run(*arrays, _share(p, blas_workers(), op, True))
+    return quick
+
+
 def _quick_fprop(path, p: ConvParams):
     """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
-    None where ``path`` keeps none (the dense loops at stride 1, the pointwise sgemm jobs and colgemm's one-chunk
-    float32 jobs do)."""
+    None where ``path`` keeps none (the dense loops at stride 1, the pointwise sgemm jobs, colgemm's one-chunk
+    float32 jobs and the depthwise loops across channels do)."""
     if path.name == "pointwise" and _sgemm_jobs(p):
         return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
     if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
         run = colgemm_quick.fprop_runner(p)
         return None if run is colgemm_quick._never else _pinned(run, p, "fprop")
+    if path.name == "depthwise":
+        run = depthwise_quick.fprop_runner(p)
+        return None if run is None else _plain_jobs(run, p, "fprop")
     if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
         return None
     q = dense.dual(p)
@@ -105,6 +119,11 @@ def _quick_backward(runs, bias_path, p: ConvParams):
 
         def grads(dy, x, w):
             return products(dy, x, w, gx, gw)
+    elif path.name == "depthwise" and (loops := depthwise_quick.backward_runner(p)) is not None:
+        grads_of = _plain_jobs(loops, p, "backward")
+
+        def grads(dy, x, w):
+            return grads_of(dy, x, w, gx, gw)
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
         nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
 
