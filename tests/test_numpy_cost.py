@@ -359,8 +359,8 @@ def test_one_choice_reads_the_kind_its_key_holds(monkeypatch):
 
 def test_the_big_weights_factor_rises_with_the_weights_and_steps_where_a_sample_leaves_l2():
     """cost.big_weights, worked by hand on intel-avx512's rates (2^19 elements, two octaves, 1.8, 1 MB): 1 below
-    2^19; 1 + 0.8 * log2(W / 2^19) / 2 between; 1.8 from 2^21; 1.8 wherever a sample's x or dy exceeds 1 MB; and a
-    step without a ramp (zen4)."""
+    2^19; 1 + 0.8 * log2(W / 2^19) / 2 between; 1.8 from 2^21; 1.8 from 2^19 wherever a sample's x or dy exceeds 1 MB;
+    and a step without a ramp (zen4)."""
     r = cost.RATES["intel-avx512"]
     small_w = make_params((2, 128, 14, 14), (128, 128, 3, 3), padding=1)             # 147456 elements
     mid = make_params((2, 256, 14, 14), (256, 256, 3, 3), padding=1)                 # 589824 = 2^19 * 1.125

@@ -1,7 +1,7 @@
 """xconv_numpy.depthwise_quick: a lane's repeated depthwise calls on the loops across channels run the job templates
 kept by the first call, with the public call's bits (forward with and without bias, input and weight gradients, 1-D
-and 2-D, strides, dilation, one and two workers); calls that are not the template's (another layout, a weight that is
-not finite) take the dispatch, with its bits."""
+and 2-D, strides, dilation, one and two workers, arrays of another layout copied first); calls that are not the
+template's (another dtype or shape, a weight that is not finite) take the dispatch, with its bits."""
 
 from __future__ import annotations
 
@@ -70,10 +70,11 @@ def test_repeated_calls_skip_the_dispatch_with_the_public_calls_bits(case, dispa
             grads = lanes.backward(conf, dy + i, xi, w, [g] if m[2] else None, m, conf.kwargs)
             assert [None if a is None else a.tobytes() for a in grads] == \
                    [None if a is None else a.tobytes() for a in wants]
-    assert dispatched == []
-    x2 = np.asfortranarray(x)                             # another layout: the dispatch, its bits
+    x2 = np.asfortranarray(x)                             # another layout: copied to C order first, as the dispatch
     assert lanes.fprop(conf, x2, w, b, conf.kwargs).tobytes() == want_f[0][1].tobytes()
-    assert dispatched == ["fprop"]
+    grads = lanes.backward(conf, np.asfortranarray(dy), x2, w, None, masks[0], conf.kwargs)
+    assert [a.tobytes() for a in grads[:2]] == [a.tobytes() for a in want_b[0][0][:2]]
+    assert dispatched == []
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -94,7 +95,7 @@ def test_each_worker_count_keeps_its_own_template_with_the_same_bits(workers):
     np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-5)
 
 
-def test_a_weight_that_is_not_finite_or_an_array_of_another_layout_is_not_the_templates():
+def test_a_weight_that_is_not_finite_or_an_array_of_another_dtype_is_not_the_templates():
     xs, ws, s, pad, dil = CASES[0]
     x, w, b = _data(xs, ws)
     p = make_params(xs, ws, stride=s, padding=pad, dilation=dil, groups=xs[1])
@@ -102,10 +103,13 @@ def test_a_weight_that_is_not_finite_or_an_array_of_another_layout_is_not_the_te
     bad = w.copy()
     bad[3, 0, 0, 0] = np.inf                              # the plane loops take it (a padding term is inf * 0)
     assert fprop(x, bad, None, 2) is None
-    assert fprop(np.asfortranarray(x), w, None, 2) is None
     assert fprop(x.astype(np.float64), w, None, 2) is None
+    assert fprop(x.astype(">f4"), w, None, 2) is None                  # byte-swapped: the dispatch converts it
     dy = np.zeros(p.output_shape, np.float32)
-    assert backward(dy[:, :, ::-1], x, w, True, True, 2) is None
+    assert backward(dy[:1], x, w, True, True, 2) is None                # another shape
+    got = backward(dy[:, :, ::-1], x, w, True, True, 2)                 # a reversed view: copied, then the template
+    want = depthwise_cv.backward(np.ascontiguousarray(dy[:, :, ::-1]), x, w, p, True, True, 2)
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
     with paths.force("depthwise"):                      # the public call with the bad weight: the exact path's NaNs
         y = xconv.conv_fprop(x, bad, stride=s, padding=pad, groups=xs[1], backend="numpy")
     exact = xconv.conv_fprop(x.astype(np.float64), bad.astype(np.float64), stride=s, padding=pad, groups=xs[1],

@@ -19,7 +19,8 @@ the path keeps busy, :data:`CORES` assumed):
 - ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
   per second, Q the output positions per sample (the loops vectorize and block along a sample's
   positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
-  grids more: a larger Q0), times ``Rates.loop_big_weights`` when one group's weights outgrow a core's L2; for dx
+  grids more: a larger Q0), times up to ``Rates.loop_big_weights`` when one group's weights outgrow a core's L2
+  (:func:`big_weights`); for dx
   and the forward only the multiply-adds the loops run (``dense_plan.dx_tap_share``: taps that read only padding rows
   are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build) over the output positions, the
   tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
@@ -98,7 +99,7 @@ class Rates:
     - ``loop_macs``: LOOP_MACS, the dense loops' multiply-adds per second and core on long rows;
     - ``loop_weights``, ``loop_big_weights``: the dense loops' time is multiplied by ``loop_big_weights`` when one
       group's weights hold ``loop_weights`` elements or more (past a core's L2 every block of positions streams them
-      again);
+      again), or by less on a ramp (``loop_weights_ramp``: :func:`big_weights`);
     - ``loop_long_row``: output rows at least this long keep a block of output channels' weights in cache along the
       row: no ``loop_big_weights`` for the strided forward (None: never);
     - ``stem_macs``: STEM_MACS, the stem loops' multiply-adds per second and core (times Co / (Co + STEM_K0));

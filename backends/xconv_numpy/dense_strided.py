@@ -32,7 +32,7 @@ from .jobs import Jobs
 from .native import address
 from .workers import even_ranges
 
-#: Jobs per worker: the phase copies and the sums each split in this many ranges per worker.
+#: Jobs per worker of the phase copies (the sums: dense_weights.ROW_TASKS_PER_WORKER).
 TASKS_PER_WORKER = 2
 
 

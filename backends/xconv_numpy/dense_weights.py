@@ -15,8 +15,8 @@ from .jobs import Jobs
 from .native import address
 from .workers import even_ranges
 
-#: Tasks per worker and kind (the dense loops' dx rows and dw blocks, these copies) in each list: more balance the
-#: workers, fewer cost less.
+#: Tasks per worker and kind (the dense loops' dw blocks, these copies; the dx rows: ROW_TASKS_PER_WORKER) in each
+#: list: more balance the workers, fewer cost less.
 TASKS_PER_WORKER = 2
 #: Tasks per worker of the dx loops' rows (the backward's input gradient, the forward at any stride): finer than the
 #: rest, as the workers' speeds differ (a shared core: in one two-thread forward one thread's tasks ran 1.4x the

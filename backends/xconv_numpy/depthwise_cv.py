@@ -147,14 +147,20 @@ def _items(t: _Tables, N: int, workers: int):
     return even_ranges(n, 1 if workers == 1 else min(n, 4 * workers))
 
 
-def gather_jobs(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> Jobs:
-    """The job list of dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx) with tap-major weights wt:
-    argument 0 src, 4 dst, 7 wt (the rest: the tables of ``t``, kept alive by the caller)."""
+def _gather_args(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out) -> tuple:
+    """xconv_dwcv_gather's arguments before its item range: src at 0, dst at 4, wt at 7 (the rest: the tables of
+    ``t``, kept alive by the caller)."""
     (Hi, Wi), (Ho, Wo) = shape_in, shape_out
-    args = (address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]), address(rows[1]),
+    return (address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW, address(rows[0]), address(rows[1]),
             address(cols[0]), address(cols[1]), address(reg), step)
+
+
+def gather_jobs(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> Jobs:
+    """The job list of dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx) with tap-major weights wt
+    (arguments: :func:`_gather_args`)."""
     jobs = Jobs()
-    jobs.split("dwcv_gather", args, 15, _items(t, src.shape[0], workers))
+    jobs.split("dwcv_gather", _gather_args(src, dst, wt, t, rows, cols, reg, step, shape_in, shape_out), 15,
+               _items(t, src.shape[0], workers))
     return jobs
 
 
@@ -165,24 +171,26 @@ def gather_scratch(t: _Tables, shape_in, shape_out) -> int:
 
 def _gather(src, dst, wt, t: _Tables, rows, cols, reg, step, shape_in, shape_out, workers) -> int:
     """dst = the gather sums of src (forward: x -> y; dgrad: dy -> dx); returns the scratch bytes. One worker: one C
-    call (no job list)."""
+    call (no job list) over every item, as the one job of a one-worker list runs them."""
     size = gather_scratch(t, shape_in, shape_out)
     if workers == 1:
-        (Hi, Wi), (Ho, Wo) = shape_in, shape_out
         scratch = np.empty(size, np.float32)
-        native.library().xconv_dwcv_gather(address(src), t.C, Hi, Wi, address(dst), Ho, Wo, address(wt), t.KW,
-                                           address(rows[0]), address(rows[1]), address(cols[0]), address(cols[1]),
-                                           address(reg), step, 0, src.shape[0] * (t.C // 16), address(scratch))
+        native.library().xconv_dwcv_gather(*_gather_args(src, dst, wt, t, rows, cols, reg, step, shape_in, shape_out),
+                                           0, src.shape[0] * (t.C // 16), address(scratch))
         return scratch.nbytes
     return gather_jobs(src, dst, wt, t, rows, cols, reg, step, shape_in, shape_out, workers).run(workers, size)
 
 
-def wgrad_jobs(xs, dys, dwp, t: _Tables, N: int, workers: int) -> Jobs:
-    """The job list of the per-sample weight-gradient partials dwp (N, C, K): argument 0 x, 1 dy, 14 dwp."""
-    args = (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo), address(t.alo),
+def _wgrad_args(xs, dys, dwp, t: _Tables) -> tuple:
+    """xconv_dwcv_wgrad's arguments before its item range: x at 0, dy at 1, dwp at 14."""
+    return (address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW, address(t.geo), address(t.alo),
             address(t.ahi), address(t.blo), address(t.bhi), address(dwp))
+
+
+def wgrad_jobs(xs, dys, dwp, t: _Tables, N: int, workers: int) -> Jobs:
+    """The job list of the per-sample weight-gradient partials dwp (N, C, K) (arguments: :func:`_wgrad_args`)."""
     jobs = Jobs()
-    jobs.split("dwcv_wgrad", args, 15, _items(t, N, workers))
+    jobs.split("dwcv_wgrad", _wgrad_args(xs, dys, dwp, t), 15, _items(t, N, workers))
     return jobs
 
 
@@ -228,9 +236,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
         size = wgrad_scratch(t)
         if workers == 1:
             ws = np.empty(size, np.float32)
-            native.library().xconv_dwcv_wgrad(address(xs), address(dys), t.C, t.H, t.W, t.Ho, t.Wo, t.KH, t.KW,
-                                              address(t.geo), address(t.alo), address(t.ahi), address(t.blo),
-                                              address(t.bhi), address(dwp), 0, N * (t.C // 16), address(ws))
+            native.library().xconv_dwcv_wgrad(*_wgrad_args(xs, dys, dwp, t), 0, N * (t.C // 16), address(ws))
             used = ws.nbytes
         else:
             used = wgrad_jobs(xs, dys, dwp, t, N, workers).run(workers, size)
