@@ -34,17 +34,12 @@ def _c_order(a: np.ndarray, shape):
     return a if a.flags.c_contiguous and a.flags.aligned else np.ascontiguousarray(a)
 
 
-def _takes(p: ConvParams) -> bool:
-    """Whether the dispatch runs ``p`` on the loops across channels (float32 only): as :func:`.depthwise.fprop` and
-    :func:`.depthwise.backward` (without db) decide, the forward's weights aside (checked per call)."""
-    return depthwise_cv.serves(p)
-
-
 @per_params
 def fprop_runner(p: ConvParams):
     """``run(x, w, bias, workers) -> y`` for the depthwise forward of ``p`` on the loops across channels, or None
-    where they do not serve ``p`` (None instead of y: see the module docstring)."""
-    if not _takes(p):
+    where they do not serve ``p`` (:func:`.depthwise_cv.serves`, as :func:`.depthwise.fprop` decides; the weights are
+    checked per call) (None instead of y: see the module docstring)."""
+    if not depthwise_cv.serves(p):
         return None
     t = depthwise_cv.tables(p)
     N, shape_x, shape_w = p.input_shape[0], tuple(p.input_shape), tuple(p.weight_shape)
@@ -75,7 +70,7 @@ def backward_runner(p: ConvParams):
     """``run(dy, x, w, need_dx, need_dw, workers) -> (dx, dw)`` (None where not needed) for the depthwise backward of
     ``p`` without db on the loops across channels, or None where they do not serve ``p``; None instead of the results
     where a call is not the template's."""
-    if not _takes(p):
+    if not depthwise_cv.serves(p):
         return None
     t = depthwise_cv.tables(p)
     N, shape_x, shape_dy, shape_w = p.input_shape[0], tuple(p.input_shape), tuple(p.output_shape), \

@@ -67,7 +67,7 @@ def _pinned(products, p: ConvParams, op: str):
 
 def _plain_jobs(run, p: ConvParams, op: str):
     """``run(*arrays, workers)`` on the workers :func:`.fast._share` gives a path of C jobs that calls no BLAS (the
-    depthwise loops: not pinned, as the dispatch runs them); None while a trace is open."""
+    dense and depthwise loops: not pinned, as the dispatch runs them); None while a trace is open."""
     def quick(*arrays):
         if tracing.active():
             return None
@@ -94,11 +94,10 @@ def _quick_fprop(path, p: ConvParams):
     if loops is None:
         return None
     nbytes, nd = io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), p.nd
+    dual_forward = _plain_jobs(lambda x, w, workers: loops(x, None, w, workers, _budget(nbytes, q)), p, "fprop")
 
     def quick(x, w, b):
-        if tracing.active():
-            return None
-        out = loops(x, None, w, _share(p, blas_workers(), "fprop", True), _budget(nbytes, q))
+        out = dual_forward(x, w)
         if out is None:
             return None
         y = out[0]
@@ -115,22 +114,13 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         return None
     path, _, _, gx, gw, _ = runs[0]
     if path.name == "pointwise" and _sgemm_jobs(p):
-        products = _pinned(pointwise_planned.backward_runner(p), p, "backward")
-
-        def grads(dy, x, w):
-            return products(dy, x, w, gx, gw)
+        products = pointwise_planned.backward_runner(p)
+        grads = _pinned(lambda dy, x, w, workers: products(dy, x, w, gx, gw, workers), p, "backward")
     elif path.name == "depthwise" and (loops := depthwise_quick.backward_runner(p)) is not None:
-        grads_of = _plain_jobs(loops, p, "backward")
-
-        def grads(dy, x, w):
-            return grads_of(dy, x, w, gx, gw)
+        grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers), p, "backward")
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
         nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
-
-        def grads(dy, x, w):
-            if tracing.active():
-                return None
-            return loops(dy, x, w, _share(p, blas_workers(), "backward", True), _budget(nbytes, p))
+        grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, workers, _budget(nbytes, p)), p, "backward")
     else:
         return None
 
