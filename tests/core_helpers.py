@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -57,6 +58,20 @@ def assert_same_non_finite(got, want, rtol: float, atol: float = 1e-4) -> None:
         np.testing.assert_array_equal(np.isneginf(g), np.isneginf(e))
         fin = np.isfinite(e)
         np.testing.assert_allclose(g[fin], e[fin], rtol=rtol, atol=atol)
+
+
+def traced_memory(fn):
+    """(fn(), bytes held after it minus before, its peak minus before), as tracemalloc sees them (started for the
+    call alone: numpy reports its allocations there)."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        result = fn()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, current - base, peak - base
 
 
 def load_avx2_build(monkeypatch):

@@ -142,8 +142,7 @@ def test_colgemm_scratch_stays_within_the_calls_bytes_where_sgemm_refuses(xs, ws
     """A product sgemm does not take (a dimension of 1: one output channel, one input channel of a 1x1) runs on the
     NumPy route; the columns taken for the jobs are let go first, so the call's extra memory stays near its operands'
     bytes (it had held both columns: 2.1x)."""
-    import tracemalloc
-
+    from core_helpers import traced_memory
     from xconv_numpy import fast
     x, w, dy = _arrays(6, xs, ws, {})
     if mask is None:
@@ -156,16 +155,9 @@ def test_colgemm_scratch_stays_within_the_calls_bytes_where_sgemm_refuses(xs, ws
     with paths.force("colgemm"), xconv.trace() as t:
         call()
         fast.release_memory()
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            results = call()
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        results, _, peak = traced_memory(call)
     assert all(r.path.startswith("colgemm") for r in t.records), [r.path for r in t.records]
-    extra = peak - base - sum(a.nbytes for a in results if a is not None)
+    extra = peak - sum(a.nbytes for a in results if a is not None)
     assert extra < 1.3 * (x.nbytes + w.nbytes + dy.nbytes), extra
 
 

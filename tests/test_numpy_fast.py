@@ -14,7 +14,6 @@ import math
 import os
 import subprocess
 import sys
-import tracemalloc
 import warnings
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import xconv
 from xconv.dtypes import DTYPES, UNIT_ROUNDOFF
 
 xconv_numpy = pytest.importorskip("xconv_numpy")
+from core_helpers import traced_memory  # noqa: E402
 from xconv_numpy import fast, paths  # noqa: E402
 from xconv_numpy.grid import scratch  # noqa: E402
 
@@ -385,15 +385,8 @@ def test_extra_memory_bounded(dtype, case):
     # one-time costs (importing Numba, loading compiled loops) are not the call's: warm up on one sample
     xconv.convolution_backward(dy[:1], x[:1], w, backend="numpy", **kw)
     fast.release_memory()  # scratch kept from earlier calls would hide this call's allocations
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        result = xconv.convolution_backward(dy, x, w, backend="numpy", **kw)
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    result, held, peak = traced_memory(lambda: xconv.convolution_backward(dy, x, w, backend="numpy", **kw))
     kept = sum(r.nbytes for r in result)
-    assert current - base >= kept  # tracemalloc saw the results: numpy reports its allocations
-    extra = peak - base - kept
+    assert held >= kept  # tracemalloc saw the results: numpy reports its allocations
+    extra = peak - kept
     assert extra < 2 * io, f"extra {extra} bytes >= 2 x {io}"
