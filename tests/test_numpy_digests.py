@@ -15,7 +15,9 @@ x's columns, not dy's, for their input gradient on the small path when its compi
 (``small.elements``: small-cols computes dx as W^T @ dy in x's columns' shape), so 19 entries of 7 strided
 configurations moved to small-cols (corpus/large/2d-T-s2-f32, 3d-16-T-bf16, 3d-T-f32; random 98, 109, 161, 233):
 their gradients, the weight-gradient-only entries too (an output's path follows the full call's size rule), and
-random 233's transposed forward (the dx of its direct call). After an intended change, regenerate with
+random 233's transposed forward (the dx of its direct call). Then colgemm and small-cols keep a NaN or an infinity
+(their terms are the definition's: ``nonfinite="keeps"``, tests/test_numpy_finite.py) instead of detouring to the
+columns path: 40 entries of 8 random configurations with a non-finite input changed, no other. After an intended change, regenerate with
 ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
 entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
 """

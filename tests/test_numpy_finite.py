@@ -104,17 +104,70 @@ def test_a_non_finite_weight_sends_the_dense_forward_to_its_detour():
 
 
 @pytest.mark.skipif(not small.compiled_available(), reason="the compiled column loops are not built here")
-def test_a_non_finite_weight_sends_a_colgemm_input_gradient_to_its_detour():
-    """colgemm's backward with an infinite weight: dx on the columns path, dW (which reads dy and x) on colgemm."""
+def test_colgemm_keeps_an_infinite_weight_as_the_definition_does():
+    """colgemm's backward with an infinite weight runs on colgemm (no detour, no pass over w): its columns hold x_pad's
+    windows, padding zeros included, as the definition's terms, and dx adds back only the columns' terms that land
+    inside x, so dx and dW have the definition's infs and NaNs (float64 exact path)."""
     x, w, dy = _inf_weight_case()
     with paths.force("colgemm"), xconv.trace() as t:
         dx, dw, _ = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False), backend="numpy")
-    assert "grad_input: non-finite detour" in t.records[-1].path, t.records[-1].path
+    assert t.records[-1].path == "colgemm: colgemm columns [grad_input, grad_weight: forced]", t.records[-1].path
     want = xconv.convolution_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64), padding=1,
                                       output_mask=(True, True, False), backend="numpy-exact")
     _same_nonfinite(dx, want[0])
+    assert not np.isfinite(dx).all()
     assert np.isfinite(dw).all()
     np.testing.assert_allclose(dw, want[1], rtol=2e-5, atol=2e-5 * np.abs(want[1]).max())
+
+
+def _random_nonfinite_calls(n: int, seed: int):
+    """``n`` random direct calls (1-, 2- and 3-D, groups, strides, dilations, paddings), each with an inf, -inf or NaN
+    in dy, x or w (at a random element, and every other call also at the first: a corner that reads padding)."""
+    rng = np.random.default_rng(seed)
+    made = 0
+    while made < n:
+        nd, g = int(rng.integers(1, 4)), int(rng.choice([1, 2]))
+        C, Co, N = g * int(rng.integers(1, 6)), g * int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        k, s, d, pad = ([int(rng.integers(lo, hi)) for _ in range(nd)] for lo, hi in ((1, 4), (1, 3), (1, 3), (0, 3)))
+        size = [int(rng.integers(4, 8)) for _ in range(nd)]
+        out = [(size[i] + 2 * pad[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(nd)]
+        if min(out) < 1:
+            continue
+        x = rng.standard_normal((N, C, *size)).astype(np.float32)
+        w = rng.standard_normal((Co, C // g, *k)).astype(np.float32)
+        dy = rng.standard_normal((N, Co, *out)).astype(np.float32)
+        a = (dy, x, w)[made % 3]
+        value = (np.inf, -np.inf, np.nan)[(made // 3) % 3]
+        a.reshape(-1)[int(rng.integers(a.size))] = value
+        if made % 2:
+            a.reshape(-1)[0] = value
+        yield made, dy, x, w, dict(stride=s, padding=pad, dilation=d, groups=g)
+        made += 1
+
+
+@pytest.mark.skipif(not small.compiled_available(), reason="the compiled column loops are not built here")
+@pytest.mark.parametrize("path", ["colgemm", "small-cols"])
+def test_the_column_paths_keep_non_finite_values_as_the_definition(path):
+    """The C column paths run calls with a NaN or an infinity themselves (``nonfinite="keeps"``): every forward, dx and
+    dW output they compute has the infs (with their signs) and NaNs of the float64 exact path, and its finite values
+    agree with it. (Their columns are the definition's windows of x_pad, padding zeros as terms; dx is W^T @ dy added
+    back only where a column lands inside x.)"""
+    assert paths.PATHS[path].nonfinite == "keeps"
+    ran = 0
+    for i, dy, x, w, kw in _random_nonfinite_calls(60, seed=11):
+        with paths.force(path), xconv.trace() as t:
+            got = xconv.convolution_backward(dy, x, w, output_mask=(True, True, False), backend="numpy", **kw)[:2]
+            got += (xconv.conv_fprop(x, w, backend="numpy", **kw),)
+        ran += sum(r.path.startswith(path + ":") for r in t.records)
+        f64 = [a.astype(np.float64) for a in (dy, x, w)]
+        want = xconv.convolution_backward(*f64, output_mask=(True, True, False), backend="numpy-exact", **kw)[:2]
+        want += (xconv.conv_fprop(f64[1], f64[2], backend="numpy-exact", **kw),)
+        for name, g_, w_ in zip(("dx", "dw", "y"), got, want):
+            _same_nonfinite(g_, w_)
+            np.testing.assert_array_equal(np.sign(g_[np.isinf(g_)]), np.sign(w_[np.isinf(w_)]), err_msg=f"{i} {name}")
+            ok = np.isfinite(w_)
+            np.testing.assert_allclose(g_[ok], w_[ok], rtol=1e-3, atol=1e-3, err_msg=f"call {i} {name} {kw}")
+    assert ran >= 40, f"only {ran} of 60 calls ran on {path}"
 
 
 @pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])

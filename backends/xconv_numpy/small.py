@@ -16,9 +16,11 @@ paths of the table (:mod:`.paths`) compute small calls; :func:`paths.choose` pic
   from index tables per configuration.
 
 Each sum has the compute dtype (float32, float64 for float64) and a fixed order for given shapes and build,
-so results are bitwise reproducible. Padding zeros are multiplied (0 * inf is NaN), so calls with non-finite
-inputs run in :mod:`.columns` instead (as for the grid): ``small-c`` checks what it reads on the way and says
-so; for the others the backend checks first. :func:`serves` takes calls whose im2col matrices would be small
+so results are bitwise reproducible. The grids multiply zeros the definition never multiplies (0 * inf is NaN), so
+calls with non-finite inputs run in :mod:`.columns` instead: ``small-c`` checks what it reads on the way and says
+so; for ``small-grid`` and ``small-gather`` the backend checks first. ``small-cols`` keeps them: its columns are the
+definition's windows of x_pad (padding zeros are terms there too) and its dx adds back only the terms that land
+inside x. :func:`serves` takes calls whose im2col matrices would be small
 (:data:`MAX_ELEMENTS`).
 """
 
