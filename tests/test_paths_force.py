@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import xconv
+from xconv.params import make_params
 from xconv_numpy import paths, tuning
 
 
@@ -106,3 +107,44 @@ def test_calls_below_parallel_min_work_run_alone_with_the_same_bits(forced, xs, 
             runs.append((xconv.conv_fprop(x, w, **kw), *xconv.convolution_backward(dy, x, w, **kw)))
     for a, b in zip(*runs):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_lane_runner_declines_exactly_where_this_threads_forcing_state_differs():
+    """A lane's runner (backend.lane) holds the forcing state it was made under and declines (NotImplemented: the lane
+    then calls the primitive, which chooses again) wherever this thread's state differs; a block open in another
+    thread changes nothing here, and :func:`paths.unforced` reads the count of open blocks, not a stale one."""
+    import threading
+
+    from xconv_numpy import lane_runner
+
+    p = make_params((2, 16, 6, 6), (16, 16, 3, 3), padding=1)
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype(np.float32) for s in ((2, 16, 6, 6), (16, 16, 3, 3)))
+    plain = lane_runner.runner(p, "fprop")
+    assert paths._open_blocks[0] == 0 and paths.unforced()
+    assert plain(x, w, None) is not NotImplemented
+    with paths.force("columns"):
+        assert not paths.unforced()
+        assert plain(x, w, None) is NotImplemented
+        forced = lane_runner.runner(p, "fprop")
+        assert forced(x, w, None) is not NotImplemented
+    assert paths._open_blocks[0] == 0 and forced(x, w, None) is NotImplemented
+    with paths.without_cost_model():
+        assert plain(x, w, None) is NotImplemented
+    inside, leave = threading.Event(), threading.Event()
+
+    def other():
+        with paths.force("columns"):
+            inside.set()
+            leave.wait(10)
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        assert inside.wait(10)
+        assert paths._open_blocks[0] == 1 and paths.unforced()      # the other thread's block, not this thread's
+        assert plain(x, w, None) is not NotImplemented
+        assert forced(x, w, None) is NotImplemented
+    finally:
+        leave.set()
+        t.join()
+    assert paths._open_blocks[0] == 0

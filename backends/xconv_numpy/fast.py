@@ -89,9 +89,15 @@ def _share(p: ConvParams, workers: int, op: str, as_jobs: bool = False) -> int:
     A path that runs as C jobs (``as_jobs``: :mod:`.jobs`) on torch's OpenMP team has the knob ``team_min_work`` (2^18)
     instead (measured, torch's team hot as in a model step: a 0.3M-multiply-add depthwise forward 112 us on one
     thread, 99 on two). No path's bits depend on its worker count."""
-    work = cost.macs(p) * (1 if op == "fprop" else 2)
+    return share_of(cost.macs(p) * (1 if op == "fprop" else 2), workers, as_jobs)
+
+
+def share_of(work: int, workers: int, as_jobs: bool) -> int:
+    """:func:`_share` for a call of ``work`` multiply-adds (a lane's runner counts them once)."""
+    if workers <= 1:
+        return workers
     least = tuning.get("team_min_work") if as_jobs and omp_team.available() else tuning.get("parallel_min_work")
-    return workers if workers <= 1 or work >= least else 1
+    return workers if work >= least else 1
 
 
 def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):

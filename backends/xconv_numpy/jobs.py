@@ -130,9 +130,10 @@ def _execute(table: np.ndarray, threads: int, scratch_floats: int) -> int:
         return 0
     lib = native.library()
     threads = max(1, min(threads, n))
-    scratch = np.empty(max(1, threads * scratch_floats), np.float32)
     state = np.zeros(STATE, np.int64)
-    state[6], state[7] = native.address(scratch), scratch_floats
+    if scratch_floats:                          # else no scratch: a job that takes some is never run with none
+        scratch = np.empty(threads * scratch_floats, np.float32)
+        state[6], state[7] = native.address(scratch), scratch_floats
     at, st = native.address(table), native.address(state)
     if threads == 1:
         lib.xconv_jobs_work(at, n, st)

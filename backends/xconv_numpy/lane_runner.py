@@ -14,9 +14,9 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import bias, colgemm, colgemm_quick, dense, dense_quick, depthwise_quick, jobs, paths
+from . import bias, colgemm, colgemm_quick, cost, dense, dense_quick, depthwise_quick, jobs, paths
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
-from .fast import _backward_on, _fprop_on, _share
+from .fast import _backward_on, _fprop_on, share_of
 from .grid import pointwise_planned
 from .grid.chunks import budget as _budget
 from .grid.geometry import geom, io_bytes
@@ -29,6 +29,7 @@ def runner(p: ConvParams, op: str, mask=None):
     (:func:`paths.force`) differ from now. The choice reads nothing else that a lane does not check (the settings) or
     hold (the build); the paths read the tuning knobs when they run."""
     forced = paths._state()
+    default = forced == ((), ())
     if op == "fprop":
         run, chosen = _fprop_on, paths.choose_all(p, "fprop", (True,))["output"]       # (path, rule)
         quick = _quick_fprop(chosen[0], p)
@@ -37,15 +38,24 @@ def runner(p: ConvParams, op: str, mask=None):
         quick = _quick_backward(*chosen, p)
 
     def run_lane(*arrays):
-        if paths._state() != forced:
+        if not (default and paths.unforced()) and paths._state() != forced:
             return NotImplemented
+        if quick is not None:                        # its NumPy arithmetic under errstate: see _quiet
+            results = quick(*arrays)
+            if results is not None:
+                return results
         with np.errstate(all="ignore"):
-            if quick is not None:
-                results = quick(*arrays)
-                if results is not None:
-                    return results
             return run(*chosen, *arrays, p)
     return run_lane
+
+
+def _quiet(fn):
+    """``fn`` with NumPy's floating-point warnings off, as the primitives run (for a quick path's NumPy arithmetic: a
+    path of C jobs alone needs no errstate, as NumPy clears the flags before its own loops)."""
+    def quiet(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+    return quiet
 
 
 def _sgemm_jobs(p: ConvParams) -> bool:
@@ -57,22 +67,32 @@ def _sgemm_jobs(p: ConvParams) -> bool:
 def _pinned(products, p: ConvParams, op: str):
     """``products(*arrays, workers)`` with BLAS pinned to one thread and the workers :func:`.fast._share` gives, as
     the dispatch runs the pointwise path; None while a trace is open (the dispatch records the call)."""
+    work = _work(p, op)
+
     def quick(*arrays):
         if tracing.active():
             return None
-        with pinned_blas_workers() as workers:
-            return products(*arrays, _share(p, workers, op, True))
+        with pinned_blas_workers() as workers, np.errstate(all="ignore"):
+            return products(*arrays, share_of(work, workers, True))
     return quick
 
 
 def _plain_jobs(run, p: ConvParams, op: str):
     """``run(*arrays, workers)`` on the workers :func:`.fast._share` gives a path of C jobs that calls no BLAS (the
-    dense and depthwise loops: not pinned, as the dispatch runs them); None while a trace is open."""
+    dense and depthwise loops: not pinned, as the dispatch runs them); None while a trace is open. Not under errstate:
+    a ``run`` that does NumPy arithmetic (the depthwise sums, a bias) comes wrapped in :func:`_quiet`."""
+    work = _work(p, op)
+
     def quick(*arrays):
         if tracing.active():
             return None
-        return run(*arrays, _share(p, blas_workers(), op, True))
+        return run(*arrays, share_of(work, blas_workers(), True))
     return quick
+
+
+def _work(p: ConvParams, op: str) -> int:
+    """The multiply-adds :func:`.fast._share` weighs for a call of ``p`` (the forward's, or dx's and dw's together)."""
+    return cost.macs(p) * (1 if op == "fprop" else 2)
 
 
 def _quick_fprop(path, p: ConvParams):
@@ -86,7 +106,7 @@ def _quick_fprop(path, p: ConvParams):
         return None if run is colgemm_quick._never else _pinned(run, p, "fprop")
     if path.name == "depthwise":
         run = depthwise_quick.fprop_runner(p)
-        return None if run is None else _plain_jobs(run, p, "fprop")
+        return None if run is None else _plain_jobs(_quiet(run), p, "fprop")
     if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
         return None
     q = dense.dual(p)
@@ -102,7 +122,8 @@ def _quick_fprop(path, p: ConvParams):
             return None
         y = out[0]
         if b is not None:                            # as dense.fprop adds it
-            y += np.asarray(b, np.float32).reshape((1, -1) + (1,) * nd)
+            with np.errstate(all="ignore"):
+                y += np.asarray(b, np.float32).reshape((1, -1) + (1,) * nd)
         return y
     return quick
 
@@ -117,7 +138,7 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         products = pointwise_planned.backward_runner(p)
         grads = _pinned(lambda dy, x, w, workers: products(dy, x, w, gx, gw, workers), p, "backward")
     elif path.name == "depthwise" and (loops := depthwise_quick.backward_runner(p)) is not None:
-        grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers), p, "backward")
+        grads = _plain_jobs(_quiet(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers)), p, "backward")
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
         nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
         grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, workers, _budget(nbytes, p)), p, "backward")
@@ -128,5 +149,8 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         done = grads(dy, x, w)
         if done is None:
             return None
-        return done[0], done[1], (None if bias_path is None else bias.bias_sum(dy, p))
+        return done[0], done[1], (None if bias_path is None else bias_sum(dy, p))
     return quick
+
+
+bias_sum = _quiet(bias.bias_sum)

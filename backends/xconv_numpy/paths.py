@@ -273,6 +273,33 @@ def _state():
     return getattr(_forced, "value", ((), ()))
 
 
+#: Forcing blocks (:func:`force`, :func:`without_cost_model`) open in any thread: while none is, every thread's
+#: :func:`_state` is the default, which a lane's runner then knows without reading the thread's state.
+_open_blocks = [0]
+_blocks_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _forcing(state):
+    """This thread's forcing state is ``state`` within the block (counted in :data:`_open_blocks`)."""
+    before = _state()
+    with _blocks_lock:
+        _open_blocks[0] += 1
+    _forced.value = state
+    try:
+        yield
+    finally:
+        _forced.value = before
+        with _blocks_lock:
+            _open_blocks[0] -= 1
+
+
+def unforced() -> bool:
+    """Whether this thread's forcing state is the default (no :func:`force` block open: cheap where none is open in
+    any thread)."""
+    return _open_blocks[0] == 0 or _state() == ((), ())
+
+
 #: What a forced path can compute, ``(p, op)`` (where it is not forced it serves by its rule above; a forced path
 #: is also only tried for the ops and outputs its rules name). grad_bias has no choice: "bias-sum" cannot be forced.
 _COMPUTES = {
@@ -307,12 +334,9 @@ def force(*names: str, off=()):
         raise ValueError(f"unknown path(s) {unknown}; paths that can be forced: {sorted(_COMPUTES)}; groups: "
                          f"{sorted(GROUPS)} (grad_bias always runs bias-sum)")
     before = _state()
-    _forced.value = (names + tuple(n for n in before[0] if n not in names),
-                     before[1] + tuple(n for n in off if n not in before[1]))
-    try:
+    with _forcing((names + tuple(n for n in before[0] if n not in names),
+                   before[1] + tuple(n for n in off if n not in before[1]))):
         yield
-    finally:
-        _forced.value = before
 
 
 #: In the ``off`` list of the forcing state: the cost-model rules are skipped (:func:`without_cost_model`).
@@ -324,12 +348,8 @@ def without_cost_model():
     """Within the block (this thread), the table without its cost-model rules: the rules below them choose, as
     before the cost model (the bitwise before/after test of the table's refactoring runs so)."""
     names, off = _state()
-    before = _state()
-    _forced.value = (names, off + (COST_MODEL_OFF,))
-    try:
+    with _forcing((names, off + (COST_MODEL_OFF,))):
         yield
-    finally:
-        _forced.value = before
 
 
 #: Names for several paths at once in :func:`force`.

@@ -12,6 +12,7 @@ from xconv import tracing
 from xconv.workspace import check_request
 
 from ..blas import MAX_WORKERS
+from ..native import address
 from ..workers import run
 from .geometry import Geom, blocks
 
@@ -98,7 +99,7 @@ class Lease:
         self.sizes.append(n + 64)                        # with the workspaces it has)
         raw = ARENA.take(n + 64)
         self.bufs.append(raw)
-        a = -raw.ctypes.data % 64
+        a = -address(raw) % 64
         return raw[a:a + n].view(dtype).reshape(shape)
 
     def release(self, a: np.ndarray) -> None:
