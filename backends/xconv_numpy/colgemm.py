@@ -426,20 +426,31 @@ def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int, d
     run, where the jobs do not serve."""
     if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return None
+    if dx is None:
+        dx = np.empty(p.input_shape, cdt)
+    made = dx_jobs(wt, dyc, dcols, dx, p, f, workers)
+    if made is None:
+        return None
+    parts, threads, _geo = made
+    jobs.Jobs.concatenated(parts).run(threads)
+    return dx
+
+
+def dx_jobs(wt, dyc, dcols, dx, p: ConvParams, f, workers: int):
+    """The job lists of :func:`_products_then_col2im` into ``dx`` ([the products' blocks, then col2im by channel
+    ranges once they are done], run as one list), the threads to run them on and the col2im geometry they read (keep
+    it alive while they run); None where sgemm would not take a block."""
     calls = jobs.sgemm_calls(_block_views(wt, dyc, dcols))
     if calls is None:
         return None
-    workers = min(workers, len(calls))
-    if dx is None:
-        dx = np.empty(p.input_shape, cdt)
+    threads = min(workers, len(calls))
     geo = small_c.col2im_geometry(p)
-    ranges = _channel_ranges(f.C, workers)
-    run = jobs.Jobs()
-    run.rows("sgemm", calls, signal=1)
-    run.split("col2im", (native.address(dcols), native.address(dx), geo.ctypes.data), 3, ranges,
-              wait=(1, len(calls)))
-    run.run(workers)
-    return dx
+    ranges = _channel_ranges(f.C, threads)
+    products, adds = jobs.Jobs(), jobs.Jobs()
+    products.rows("sgemm", calls, signal=1)
+    adds.split("col2im", (native.address(dcols), native.address(dx), geo.ctypes.data), 3, ranges,
+               wait=(1, len(calls)))
+    return [products, adds], threads, geo
 
 
 def cols_bytes(p: ConvParams, need_dx: bool, need_dw: bool, fprop_call: bool = False) -> int:

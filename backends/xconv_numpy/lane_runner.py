@@ -2,7 +2,7 @@
 
 :func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
 templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
-:mod:`.grid.pointwise_planned`; colgemm's one-chunk forwards: :mod:`.colgemm_quick`; the depthwise loops across
+:mod:`.grid.pointwise_planned`; colgemm's one-chunk calls: :mod:`.colgemm_quick`; the depthwise loops across
 channels: :mod:`.depthwise_quick`), it runs them straight, what depends on the configuration looked up once, and falls
 back to the dispatch for any call that is not the template's (the same jobs either way, so the same bits).
 """
@@ -137,6 +137,8 @@ def _quick_backward(runs, bias_path, p: ConvParams):
     if path.name == "pointwise" and _sgemm_jobs(p):
         products = pointwise_planned.backward_runner(p)
         grads = _pinned(lambda dy, x, w, workers: products(dy, x, w, gx, gw, workers), p, "backward")
+    elif path.name == "colgemm" and (loops := colgemm_quick.backward_runner(p)) is not colgemm_quick._never_backward:
+        grads = _pinned(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers), p, "backward")
     elif path.name == "depthwise" and (loops := depthwise_quick.backward_runner(p)) is not None:
         grads = _plain_jobs(_quiet(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers)), p, "backward")
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
