@@ -328,7 +328,9 @@ def test_a_kept_template_copies_the_weights_and_the_weight_gradient_in_its_one_r
     w = rng.standard_normal((cout, cin // groups, 3, 3)).astype(np.float32)
     kw = dict(padding=1, groups=groups)
     dy = rng.standard_normal(xconv.output_shape(x.shape, w.shape, **kw)).astype(np.float32)
-    regions = count_calls(monkeypatch, jobs, "_execute")
+    regions = count_calls(monkeypatch, jobs, "_execute")        # a region: a job list's (Jobs.run) or a template's
+    templates = count_calls(monkeypatch, jobs, "_execute_template")
+    regions = _Joined(regions, templates)
     wf = np.asfortranarray(w)
     with paths.force("dense"):
         for round_ in range(2):                      # the template's first call, then a kept one
@@ -496,9 +498,11 @@ def test_the_weight_copies_run_on_the_workers_they_are_given(monkeypatch):
     from xconv_numpy import jobs
 
     seen = []
-    real = jobs._execute
+    real, real_template = jobs._execute, jobs._execute_template
     monkeypatch.setattr(jobs, "_execute", lambda table, threads, scratch: seen.append(threads) or real(table, threads,
                                                                                                       scratch))
+    monkeypatch.setattr(jobs, "_execute_template", lambda template, bases, threads, scratch: seen.append(threads)
+                        or real_template(template, bases, threads, scratch))
     w = np.random.default_rng(1).standard_normal((32, 64, 2, 2)).astype(np.float32)
     for padded in (False, True):
         for flip in (False, True):
@@ -530,3 +534,13 @@ def test_a_workspace_limit_counts_what_it_counted_before(op, x_shape):
     assert t.records[0].path.startswith("dense") and t.records[0].workspace_bytes <= 1 << 20
     for a, b in zip(np.atleast_1d(got) if op == "fprop" else got, np.atleast_1d(want) if op == "fprop" else want):
         assert (a is None) == (b is None) and (a is None or a.tobytes() == b.tobytes())
+
+
+class _Joined:
+    """The calls of two count_calls lists, counted together (len)."""
+
+    def __init__(self, *lists):
+        self.lists = lists
+
+    def __len__(self):
+        return sum(map(len, self.lists))

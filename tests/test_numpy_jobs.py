@@ -111,3 +111,65 @@ def test_channel_vector_loops_put_nan_and_inf_where_the_exact_path_does(where, v
         assert np.array_equal(np.isnan(g), np.isnan(e)) and np.array_equal(np.isinf(g), np.isinf(e))
         finite = np.isfinite(e)
         np.testing.assert_allclose(g[finite], e[finite], rtol=1e-4, atol=1e-4)
+
+
+def _copy_template(n_rows: int, row: int):
+    """A template of taps_last copy jobs (dense_weights._taps_last_rows: whole blocks of 16 positions) moving a (4, n_rows, row) float32 array's taps
+    last, with its source and destination as bases 0 and 1, and the arrays it was made on."""
+    rng = np.random.default_rng(3)
+    src = rng.standard_normal((1, 4, n_rows, row)).astype(np.float32)
+    dst = np.empty((1, n_rows, row, 4), np.float32)
+    rows, _ = dense._taps_last_rows(src, dst, 2)
+    made = jobs.Jobs()
+    made.rows("taps_last", rows)
+    return made.template({0: 0, 3: 1}, (native.address(src), native.address(dst))), src, dst
+
+
+@pytest.mark.skipif(jobs._template_run() is None, reason="no compiled loops here")
+def test_a_template_runs_in_one_c_call_with_the_python_routes_bits(monkeypatch):
+    """Template.run's C route (csrc/template_run.c: the table copied and filled from the arrays' buffers, the jobs
+    run) writes what the Python route writes, on 1 and 2 threads, with the bases given as arrays, ints or None
+    (an unused base), for new arrays at new addresses each call; with no team usable here for two threads it
+    declines (-2) and the Python workers run the same jobs."""
+    template, src, dst = _copy_template(24, 40)
+    want = np.ascontiguousarray(src.transpose(0, 2, 3, 1))
+    for threads in (1, 2):
+        for as_ints in (False, True):
+            s2 = src + np.float32(threads)                # new arrays: the template's offsets from new bases
+            d2 = np.full_like(dst, np.nan)
+            bases = (native.address(s2), native.address(d2)) if as_ints else (s2, d2)
+            template.run(bases, threads)
+            np.testing.assert_array_equal(d2, want + np.float32(threads))
+    monkeypatch.setattr(omp_team, "team_functions", lambda: (None, None))
+    fn = jobs._template_run()
+    d3 = np.full_like(dst, np.nan)
+    assert fn(template.table, template.flat, template.flat_base, (src, d3), 2, 0, None, None) == -2
+    assert np.isnan(d3).all()                                 # declined: nothing ran
+    template.run((src, d3), 2)                                # the Python workers
+    np.testing.assert_array_equal(d3, want)
+    monkeypatch.setattr(jobs, "_template_run", lambda: None)   # the Python route alone, the same bits
+    d4 = np.full_like(dst, np.nan)
+    template.run((src, d4), 2)
+    np.testing.assert_array_equal(d4, want)
+
+
+@pytest.mark.skipif(jobs._template_run() is None, reason="no compiled loops here")
+def test_a_template_refuses_bases_it_cannot_read_before_running_anything():
+    """A base that is neither an array (a buffer), an int nor None, or too many bases, or a table of another size:
+    a Python exception, nothing run, nothing leaked (the C call releases every buffer it took)."""
+    template, src, dst = _copy_template(5, 16)
+    out = np.full_like(dst, np.nan)
+    with pytest.raises(TypeError):
+        template.run((src, "not an array"), 1)
+    with pytest.raises(TypeError, match="at most 63"):
+        template.run((src, out) + (None,) * 62, 1)
+    fn = jobs._template_run()
+    with pytest.raises(ValueError, match="item size"):
+        fn(template.table[:, :5].copy(), template.flat, template.flat_base, (src, out), 1, 0, None, None)
+    with pytest.raises(IndexError, match="out of the table"):
+        fn(template.table, template.flat + 10 ** 6, template.flat_base, (src, out), 1, 0, None, None)
+    with pytest.raises(ValueError, match="differ in length"):
+        fn(template.table, template.flat, template.flat_base[:-1].copy(), (src, out), 1, 0, None, None)
+    assert np.isnan(out).all()
+    template.run((src, out), 1)
+    np.testing.assert_array_equal(out, src.transpose(0, 2, 3, 1))

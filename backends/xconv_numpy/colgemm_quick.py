@@ -54,16 +54,17 @@ def fprop_runner(p: ConvParams):
             bufs = colgemm._Buffers(lease)
             y = np.empty(p.output_shape, _F32) if direct else bufs.get("y", (f.g, f.Cog, f.N * f.Q), _F32)
             cols = bufs.get("cols", (f.C * f.K, f.N * f.Q), _F32)
-            addresses = (native.address(wm), native.address(cols), native.address(y), native.address(x))
+            bases = (wm, cols, y, x)
             entry = kept.get(workers, False)
             if entry is False:
+                addresses = tuple(map(native.address, bases))
                 entry = kept[workers] = _template(x, p, f, direct, wm, cols, y, workers, addresses)
             if entry is None:
                 return None
             template, threads, _geometry = entry
             if one_tap:                             # the columns are x's channel-major copy (colgemm's own step)
                 small.channel_major_into(x, cols.reshape(f.C, f.N, f.Q))
-            template.run(addresses, threads)
+            template.run(bases, threads)
             return colgemm.finish_forward(y, bias, p, f, direct)
     return run
 
@@ -110,9 +111,9 @@ def backward_runner(p: ConvParams):
             dwm = np.empty((f.g, f.Cog, f.Cg * f.K), _F32) if need_dw else None
             cols = bufs.get("cols", (f.C * f.K, f.N * f.Q), _F32)
             dx = np.empty(p.input_shape, _F32) if need_dx else None
-            addresses = tuple(0 if a is None else native.address(a) for a in (
-                x if need_dw else None, cols, dyc, dwm, w if need_dx else None, dx))
+            bases = (x if need_dw else None, cols, dyc, dwm, w if need_dx else None, dx)
             if entry is False:
+                addresses = tuple(0 if a is None else native.address(a) for a in bases)
                 entry = kept[key] = _backward_templates(x, w, p, f, dyc, dwm, cols, dx, workers, addresses)
                 if entry is None:
                     return None
@@ -120,9 +121,9 @@ def backward_runner(p: ConvParams):
             if dw_part is not None:
                 if one_tap:                         # the columns are x's channel-major copy (colgemm's own step)
                     small.channel_major_into(x, cols.reshape(f.C, f.N, f.Q))
-                dw_part[0].run(addresses, dw_part[1])
+                dw_part[0].run(bases, dw_part[1])
             if dx_part is not None:
-                dx_part[0].run(addresses, dx_part[1])
+                dx_part[0].run(bases, dx_part[1])
         return dx, (None if dwm is None else dwm.reshape(p.weight_shape))
     return run
 

@@ -296,8 +296,9 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
     :func:`_taps_last`'s jobs last (they wait for the dw jobs: phase 1). One region of the team, not three."""
     dx, dxb, dw_part, db_parts = outs
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
-    kept, key, addresses = _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers, w_copy, dw)
+    kept, key, bases = _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers, w_copy, dw)
     if kept is None:
+        addresses = tuple(0 if a is None else address(a) for a in bases)
         src, out, flag = range(len(addresses) - 3, len(addresses))    # the numbers of w_src's, dw's and odd's
         first, table = [], None
         if w_copy is not None:                  # the copy's rows: w at argument 0, its copy at 11, odd at 13
@@ -311,7 +312,7 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
             parts.append((Jobs(), {0: _DW, 3: out}))
             parts[-1][0].rows("taps_last", rows, wait=(1, n_dw))
         kept = f.templates[key] = (Template.joined(parts, addresses), table)       # the table kept alive with it
-    kept[0].run(addresses, workers)
+    kept[0].run(bases, workers)
 
 
 def _copies_weights(f, w, flip: bool) -> bool:
@@ -321,14 +322,12 @@ def _copies_weights(f, w, flip: bool) -> bool:
 
 
 def _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None) -> tuple:
-    """(the template kept on plan ``f`` for this call or None, its key, the call's base addresses by number) of
-    :func:`_run_planned` (its arguments)."""
+    """(the template kept on plan ``f`` for this call or None, its key, the call's bases by number: the arrays, None
+    for none, whose addresses the template adds) of :func:`_run_planned` (its arguments)."""
     dx, dxb, dw_part, db_parts = outs
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
-    addresses = tuple(0 if a is None else address(a)
-                      for a in (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw, odd))
     key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None)
-    return f.templates.get(key), key, addresses
+    return f.templates.get(key), key, (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw, odd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,11 +48,11 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
             dw_part = lease.empty((g, K, Cog, Cg), _F32) if need_dw else None
             w_copy = (w, np.empty((g, K, Cog, padded_row(Cg)), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \
                 if need_dx else None
-            kept, _, addresses = dense._kept_template(f, dy, x, dyG, xG, (dx, dx, dw_part, None),
-                                                      [w_copy[1]] if need_dx else [], workers, w_copy, dw)
+            kept, _, bases = dense._kept_template(f, dy, x, dyG, xG, (dx, dx, dw_part, None),
+                                                  [w_copy[1]] if need_dx else [], workers, w_copy, dw)
             if kept is None:
                 return None
-            kept[0].run(addresses, workers)
+            kept[0].run(bases, workers)
         if need_dx and w_copy[3][0]:                    # w not finite: dense.backward decides again
             return None
         return dx, (None if dw is None else dw.reshape(p.weight_shape))

@@ -103,10 +103,10 @@ _COPY_ARGS = {"x_to_grid": (0, 11), "taps_last": (0, 3)}
 def _copy(key, workers: int, rows, src, dst, *args) -> None:
     """Run the copy jobs ``rows(src, dst, *args)`` = (rows, table they read) on up to ``workers`` threads from their
     template, made on the first call of ``key`` with these workers."""
-    addresses = (address(src), address(dst))
     key = key + (workers,)
     kept = _COPIES.get(key)
     if kept is None:
+        addresses = (address(src), address(dst))
         jobs = Jobs()
         table, positions = rows(src, dst, *args)
         jobs.rows(key[0], table)
@@ -114,7 +114,7 @@ def _copy(key, workers: int, rows, src, dst, *args) -> None:
             _COPIES.clear()
         a, b = _COPY_ARGS[key[0]]
         kept = _COPIES[key] = (jobs.template({a: 0, b: 1}, addresses), positions)
-    kept[0].run(addresses, workers)
+    kept[0].run((src, dst), workers)
 
 
 def _taps_last(total: np.ndarray, workers: int) -> np.ndarray:

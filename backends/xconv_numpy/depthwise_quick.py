@@ -53,12 +53,12 @@ def fprop_runner(p: ConvParams):
             return None
         y = np.empty((N, t.C, t.Ho, t.Wo), np.float32)
         wt = depthwise_cv.weights(w, t)
-        addresses = (address(x), address(y), address(wt))
+        bases = (x, y, wt)
         template = kept.get(workers)
         if template is None:
             jobs = depthwise_cv.gather_jobs(x, y, wt, t, t.f_rows, t.f_cols, t.f_reg, step, grid_in, grid_out, workers)
-            template = kept[workers] = jobs.template({0: 0, 4: 1, 7: 2}, addresses)
-        template.run(addresses, workers, size)
+            template = kept[workers] = jobs.template({0: 0, 4: 1, 7: 2}, tuple(map(address, bases)))
+        template.run(bases, workers, size)
         if bias is not None:                             # as depthwise_cv.fprop adds it
             y += np.asarray(bias, np.float32).reshape((1, -1, 1, 1))
         return y.reshape(p.output_shape)
@@ -87,22 +87,22 @@ def backward_runner(p: ConvParams):
         if need_dx:
             dx = np.empty((N, t.C, t.H, t.W), np.float32)
             wt = depthwise_cv.weights(w, t)
-            addresses = (address(dy), address(dx), address(wt))
+            bases = (dy, dx, wt)
             template = kept.get(("dx", workers))
             if template is None:
                 jobs = depthwise_cv.gather_jobs(dy, dx, wt, t, t.d_rows, t.d_cols, t.d_reg, 1, grid_in, grid_out,
                                                 workers)
-                template = kept["dx", workers] = jobs.template({0: 0, 4: 1, 7: 2}, addresses)
-            template.run(addresses, workers, dx_size)
+                template = kept["dx", workers] = jobs.template({0: 0, 4: 1, 7: 2}, tuple(map(address, bases)))
+            template.run(bases, workers, dx_size)
             dx = dx.reshape(shape_x)
         if need_dw:
             dwp = np.empty((N, t.C, t.K), np.float32)
-            addresses = (address(x), address(dy), address(dwp))
+            bases = (x, dy, dwp)
             template = kept.get(("dw", workers))
             if template is None:
                 jobs = depthwise_cv.wgrad_jobs(x, dy, dwp, t, N, workers)
-                template = kept["dw", workers] = jobs.template({0: 0, 1: 1, 14: 2}, addresses)
-            template.run(addresses, workers, dw_size)
+                template = kept["dw", workers] = jobs.template({0: 0, 1: 1, 14: 2}, tuple(map(address, bases)))
+            template.run(bases, workers, dw_size)
             dw = dwp.sum(axis=0).reshape(shape_w)           # per-sample partials in sample order, as depthwise_cv
         return dx, dw
     return run

@@ -12,6 +12,7 @@ thread runs it: results never depend on the number of threads. A region costs a 
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 
 import numpy as np
@@ -116,14 +117,51 @@ class Template:
             base_of.append(np.repeat([[bases.get(arg, len(addresses)) for arg in args]], len(table), axis=0))
         return cls(np.concatenate(tables), tuple(4 + a for a in args), np.concatenate(base_of).astype(np.intp))
 
-    def run(self, addresses, threads: int, scratch_floats: int = 0) -> int:
-        """Run the jobs with base ``addresses`` (by number) on up to ``threads`` threads, as :meth:`Jobs.run`."""
-        table = self.table.copy()
-        table.ravel()[self.flat] += np.array(tuple(addresses) + (0,), np.int64)[self.flat_base]
-        return _execute(table, threads, scratch_floats)
+    def run(self, bases, threads: int, scratch_floats: int = 0) -> int:
+        """Run the jobs with ``bases`` (by number: the arrays whose first elements' addresses they add, or the
+        addresses as ints; None: 0) on up to ``threads`` threads, as :meth:`Jobs.run`: in one C call
+        (csrc/template_run.c) where the library has it, else filled here and run by :func:`_execute`."""
+        return _execute_template(self, tuple(bases), threads, scratch_floats)
+
+
+def _execute_template(template: Template, bases: tuple, threads: int, scratch_floats: int) -> int:
+    """One region of ``template``'s jobs on ``bases`` (see :meth:`Template.run`); the scratch bytes used."""
+    fn = _template_run()
+    if fn is not None:
+        used = fn(template.table, template.flat, template.flat_base, bases, threads, scratch_floats,
+                  *omp_team.team_functions())
+        if used != -2:                                  # -2: more than one thread and no team here (nothing ran)
+            return used
+    addresses = tuple(0 if a is None else a if type(a) is int else native.address(a) for a in bases)
+    table = template.table.copy()
+    table.ravel()[template.flat] += np.array(addresses + (0,), np.int64)[template.flat_base]
+    return _run_table(table, threads, scratch_floats)
+
+
+#: The loaded library's xconv_template_run as a ctypes.PyDLL function (the GIL held on entry), per library.
+_TEMPLATE_RUN: dict = {}
+
+
+def _template_run():
+    """xconv_template_run of the loaded build (Template.run's one C call), or None (no compiled loops)."""
+    lib = native.library()
+    if lib is None:
+        return None
+    fn = _TEMPLATE_RUN.get(lib._name)
+    if fn is None:
+        fn = ctypes.PyDLL(lib._name).xconv_template_run
+        fn.argtypes = [ctypes.py_object] * 4 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int64
+        _TEMPLATE_RUN[lib._name] = fn
+    return fn
 
 
 def _execute(table: np.ndarray, threads: int, scratch_floats: int) -> int:
+    """One region of :meth:`Jobs.run`: :func:`_run_table`."""
+    return _run_table(table, threads, scratch_floats)
+
+
+def _run_table(table: np.ndarray, threads: int, scratch_floats: int) -> int:
     """Run the jobs of ``table`` (rows of LEN) on up to ``threads`` threads; the scratch bytes used."""
     n = len(table)
     if n == 0:

@@ -27,7 +27,7 @@ from xconv import forking, settings
 
 _BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
-_state: dict = {"pid": None, "lib": None, "address": None}
+_state: dict = {"pid": None, "lib": None, "address": None, "in_parallel": None}
 _kept = threading.local()
 _ensure = ctypes.pythonapi.PyGILState_Ensure
 _ensure.restype = ctypes.c_int
@@ -68,7 +68,8 @@ def _library():
         if _state["pid"] is None:
             lib = _load()
             _state.update(pid=pid, lib=lib,       # GOMP_parallel's address kept with it (one library per process)
-                          address=None if lib is None else ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value)
+                          address=None if lib is None else ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value,
+                          in_parallel=None if lib is None else ctypes.cast(lib.omp_in_parallel, ctypes.c_void_p).value)
         elif _state["pid"] != pid:
             return None                                 # a forked child: libgomp's pool did not survive the fork
         return _state["lib"]
@@ -95,6 +96,15 @@ def gomp_parallel_address() -> int | None:
     if lib is None or lib.omp_in_parallel():
         return None
     return _state["address"]
+
+
+def team_functions() -> tuple:
+    """(GOMP_parallel's address, omp_in_parallel's) of torch's libgomp for C code that checks whether it may start a
+    region itself (csrc/template_run.c), or (None, None) where :func:`parallel` would never run on the team."""
+    lib = _library()
+    if lib is None:
+        return None, None
+    return _state["address"], _state["in_parallel"]
 
 
 def available() -> bool:

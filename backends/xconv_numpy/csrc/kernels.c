@@ -5,6 +5,8 @@
  *
  * One template idiom throughout (template.h): a template header instantiated by #define-ing its parameters and
  * including it (element types T/SUF, block shapes NR/NV); XCONV_CAT the only token paste. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>            /* first, as Python asks: template_run.c reads the call's arrays' buffers */
 #include "layout.h"
 #include "direct_conv.c"
 #include "depthwise_cv.c"
@@ -15,6 +17,7 @@
 #include "stem.c"
 #include "finite.c"
 #include "jobs.c"
+#include "template_run.c"
 
 #ifndef XCONV_ISA
 #define XCONV_ISA "baseline"

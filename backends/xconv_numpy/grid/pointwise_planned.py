@@ -78,15 +78,16 @@ def fprop_runner(p):
             return None
         y = np.empty(out_shape, np.float32)
         key = ("y", workers)
-        addresses = (native.address(w), native.address(x), native.address(y))
+        bases = (w, x, y)
         template = templates.get(key, False)
         if template is False:
             made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)),
                                          x.reshape(N, g, Cg, P), y.reshape(N, g, Cog, P), workers)
-            template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, addresses)
+            template = templates[key] = None if made is None else made.template(
+                {6: 0, 8: 1, 10: 2}, tuple(map(native.address, bases)))
         if template is None:
             return None
-        template.run(addresses, workers)
+        template.run(bases, workers)
         if bias is not None:
             y.reshape(N, g, Cog, P)[...] += np.asarray(bias, np.float32).reshape(1, g, Cog, 1)
         return y
@@ -117,15 +118,16 @@ def backward_runner(p):
         dx = np.empty(p.input_shape, np.float32) if need_dx else None
         wt = np.ascontiguousarray(w.reshape(g, Cog, Cg).transpose(0, 2, 1)) if need_dx else None     # (g, Cg, Cog)
         per = np.empty((N, g) + ((Cog, Cg) if dy_rows else (Cg, Cog)), np.float32) if need_dw else None
-        addresses = tuple(0 if a is None else native.address(a) for a in (wt, dy, x, dx, per))
+        bases = (wt, dy, x, dx, per)
         key = ("backward", workers, need_dx, need_dw)
         template = templates.get(key, False)
         if template is False:
             template = templates[key] = _backward_template(geo, dy.reshape(N, g, Cog, P), x, wt, dx, per, dy_rows,
-                                                           workers, addresses)
+                                                           workers, tuple(0 if a is None else native.address(a)
+                                                                          for a in bases))
         if template is None:
             return None
-        template.run(addresses, workers)
+        template.run(bases, workers)
         tracing.workspace((wt.nbytes if need_dx else 0) + (per.nbytes if need_dw else 0))
         dw = None
         if need_dw:
