@@ -33,7 +33,7 @@ import numpy as np
 import xconv
 
 from . import api, guard, legalize, limits, plan_cache, registry, settings, tracing
-from .backend import availability_of
+from .backend import Backend, availability_of
 
 #: Lanes kept (a model holds one per distinct layer configuration and mask); past it the oldest opened is dropped.
 MAX_LANES = 4096
@@ -45,20 +45,23 @@ _NO = object()                  # an array signature no lane is opened for
 
 
 class _Lane:
-    __slots__ = ("env", "unchecked", "generation", "backend", "params", "runner")
+    __slots__ = ("env", "unchecked", "generation", "backend", "params", "runner", "caps", "always")
 
     def __init__(self, env, generation, backend, params, runner=None):
         self.env, self.generation, self.backend, self.params = env, generation, backend, params
         self.unchecked = limits.UNCHECKED_BYTES          # the memory guard's threshold the plan was judged by
         self.runner = runner                             # the backend's (Backend.lane), or None
+        self.caps = getattr(backend, "capabilities", None)               # what the opening call was checked against
+        self.always = getattr(type(backend), "availability", None) is Backend.availability   # the base's: True
 
     def usable(self) -> bool:
         b = self.backend
         if (tracing.active() or registry.generation() != self.generation
                 or settings._raw() != self.env or limits.UNCHECKED_BYTES != self.unchecked
-                or not availability_of(b)[0]):
+                or not (self.always or availability_of(b)[0])):
             return False
-        legalize.check_supported(b, self.params)        # what it declares it runs may change: refused by name
+        if b.capabilities is not self.caps:              # what it declares it runs may change: refused by name
+            legalize.check_supported(b, self.params)    # (a Capabilities is frozen: the same object, the same check)
         return True
 
 

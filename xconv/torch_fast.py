@@ -28,7 +28,6 @@ from . import interop, lanes, registry, settings, torch_ops
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: dtypes whose CPU tensors ``Tensor.numpy()`` views (bfloat16 crosses through DLPack as its bit pattern instead)
 _NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64))
-_STRIDED = torch.strided
 _is_compiling = torch.compiler.is_compiling
 _function_mode = torch._C._is_torch_function_mode_enabled
 _functorch = torch._C._are_functorch_transforms_active
@@ -110,10 +109,13 @@ def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
     for t in tensors:
         if t is None:
             views.append(None)
-        elif t.dtype not in _NUMPY_DTYPES or t.layout is not _STRIDED or t.is_conj() or t.is_neg():
+        elif t.dtype not in _NUMPY_DTYPES:
             return None
         else:
-            views.append(t.detach().numpy())
+            try:                    # refuses what interop resolves: a negative bit, a layout other than strided
+                views.append(t.detach().numpy())
+            except (RuntimeError, TypeError):
+                return None
     return views
 
 
