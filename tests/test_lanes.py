@@ -249,6 +249,20 @@ def test_an_unavailable_backend_is_refused_by_the_public_call(public_calls):
             lanes.fprop(conf, x, w, None, conf.kwargs)
 
 
+def test_an_availability_replaced_on_the_backend_object_is_asked_again(public_calls, monkeypatch):
+    """A backend that keeps the base class's availability (always available) is not asked on a lane's calls, but one
+    whose availability is then replaced on the object itself (a maintenance switch, a test's patch) is: its lane
+    refuses, and the public call raises as it would for any call."""
+    from xconv import registry
+
+    conf, x, w = _opened(public_calls)
+    backend = registry.get_backend("numpy")
+    monkeypatch.setattr(backend, "availability", lambda: (False, "switched off for maintenance"), raising=False)
+    with pytest.raises(XconvError, match="switched off for maintenance"):
+        lanes.fprop(conf, x, w, None, conf.kwargs)
+    assert public_calls == ["conv_fprop", "conv_fprop"]
+
+
 def test_a_module_the_public_call_refuses_does_not_borrow_an_equal_valid_modules_lane():
     """groups=True and a float stride equal the valid values (and hash alike), but the public call refuses them: a
     Conf holding them is not exact, takes no lane, and its module is refused on every call, whatever ran before."""

@@ -155,14 +155,18 @@ def test_a_template_runs_in_one_c_call_with_the_python_routes_bits(monkeypatch):
 
 @pytest.mark.skipif(jobs._template_run() is None, reason="no compiled loops here")
 def test_a_template_refuses_bases_it_cannot_read_before_running_anything():
-    """A base that is neither an array (a buffer), an int nor None, or too many bases, or a table of another size:
-    a Python exception, nothing run, nothing leaked (the C call releases every buffer it took)."""
+    """A base that is neither an array (a buffer of one dimension or more), an int nor None (a NumPy integer scalar
+    offers a 0-d buffer of its own object: refused, not taken as an address), or a table of another size: a Python
+    exception, nothing run, nothing leaked (the C call releases every buffer it took). Any number of bases is taken
+    (the dense backward at 64 stride phases hands over 74)."""
     template, src, dst = _copy_template(5, 16)
     out = np.full_like(dst, np.nan)
     with pytest.raises(TypeError):
         template.run((src, "not an array"), 1)
-    with pytest.raises(TypeError, match="at most 63"):
-        template.run((src, out) + (None,) * 62, 1)
+    with pytest.raises(TypeError, match="not a 0-d"):
+        template.run((src, np.int64(native.address(out))), 1)
+    with pytest.raises(TypeError, match="not a 0-d"):
+        template.run((np.array(1.0, np.float32), out), 1)
     fn = jobs._template_run()
     with pytest.raises(ValueError, match="item size"):
         fn(template.table[:, :5].copy(), template.flat, template.flat_base, (src, out), 1, 0, None, None)
@@ -171,5 +175,22 @@ def test_a_template_refuses_bases_it_cannot_read_before_running_anything():
     with pytest.raises(ValueError, match="differ in length"):
         fn(template.table, template.flat, template.flat_base[:-1].copy(), (src, out), 1, 0, None, None)
     assert np.isnan(out).all()
-    template.run((src, out), 1)
+    template.run((src, out) + (None,) * 100, 1)       # bases past the template's are read and not used
     np.testing.assert_array_equal(out, src.transpose(0, 2, 3, 1))
+
+
+@pytest.mark.skipif(native.library() is None or not dense.available(), reason="the dense loops are not built here")
+def test_a_dense_call_of_many_stride_phases_runs_its_template(monkeypatch):
+    """The dense backward hands its template 10 bases and one weight copy per stride phase: at stride 8x8 (64 phases,
+    the most dense.computes takes) 74 bases, with the bits of the Python route."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 32, 32, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 8, 8)).astype(np.float32)
+    dy = rng.standard_normal(xconv.output_shape(x.shape, w.shape, stride=8)).astype(np.float32)
+    with paths.force("dense"), xconv.trace() as t:
+        got = xconv.convolution_backward(dy, x, w, stride=8, output_mask=(True, True, False), backend="numpy")
+    assert t.records[-1].path.startswith("dense"), t.records[-1].path
+    monkeypatch.setattr(jobs, "_template_run", lambda: None)          # the Python route
+    with paths.force("dense"):
+        want = xconv.convolution_backward(dy, x, w, stride=8, output_mask=(True, True, False), backend="numpy")
+    assert [a.tobytes() for a in got[:2]] == [a.tobytes() for a in want[:2]]

@@ -45,24 +45,32 @@ _NO = object()                  # an array signature no lane is opened for
 
 
 class _Lane:
-    __slots__ = ("env", "unchecked", "generation", "backend", "params", "runner", "caps", "always")
+    __slots__ = ("env", "unchecked", "generation", "backend", "params", "runner", "caps")
 
     def __init__(self, env, generation, backend, params, runner=None):
         self.env, self.generation, self.backend, self.params = env, generation, backend, params
         self.unchecked = limits.UNCHECKED_BYTES          # the memory guard's threshold the plan was judged by
         self.runner = runner                             # the backend's (Backend.lane), or None
         self.caps = getattr(backend, "capabilities", None)               # what the opening call was checked against
-        self.always = getattr(type(backend), "availability", None) is Backend.availability   # the base's: True
 
     def usable(self) -> bool:
         b = self.backend
         if (tracing.active() or registry.generation() != self.generation
                 or settings._raw() != self.env or limits.UNCHECKED_BYTES != self.unchecked
-                or not (self.always or availability_of(b)[0])):
+                or not (_always_available(b) or availability_of(b)[0])):
             return False
         if b.capabilities is not self.caps:              # what it declares it runs may change: refused by name
             legalize.check_supported(b, self.params)    # (a Capabilities is frozen: the same object, the same check)
         return True
+
+
+def _always_available(b) -> bool:
+    """Whether ``b.availability`` is the base class's (always available), read anew each call: a backend or a test may
+    replace it on the object or its class at any time."""
+    return getattr(getattr(b, "availability", None), "__func__", None) is _BASE_AVAILABILITY
+
+
+_BASE_AVAILABILITY = Backend.availability
 
 
 def _signature(a):

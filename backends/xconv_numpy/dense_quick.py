@@ -33,14 +33,13 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
     if p.workspace_limit is not None or p.dtype != "float32" or not (need_dx or need_dw):
         return None
     N = p.input_shape[0]
-    plans: dict = {}                                    # budget -> plan(p, True, True, budget): no hash of p a call
+    last = [None, None]                                 # (budget, plan(p, True, True, budget)): no hash of p a call
 
     def run(dy, x, w, workers: int, budget: int):
-        f = plans.get(budget)
-        if f is None:
-            if len(plans) > 8:                          # budgets come from the tuning knobs: a handful at most
-                plans.clear()
-            f = plans[budget] = plan(p, True, True, budget)
+        f = last[1]
+        if last[0] != budget:
+            f = plan(p, True, True, budget)
+            last[:] = budget, f
         if f.nb < N or not _readable(dy) or (need_dw and not _readable(x)) or (
                 need_dx and not dense._copies_weights(f, w, flip)):
             return None

@@ -249,7 +249,8 @@ def cols_fprop(x, w, bias, p: ConvParams):
 
 
 def cols_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool):
-    """(dx, dw), any stride (``small-cols``), None where not needed (inputs finite)."""
+    """(dx, dw), any stride (``small-cols``), None where not needed; a NaN or an infinity gives the definition's NaNs
+    and infs (its columns' terms are the definition's)."""
     return _backward_compiled(dy, x, w, p, plan(p), accumulation_dtype(p.dtype), need_dx, need_dw)
 
 

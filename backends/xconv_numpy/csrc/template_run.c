@@ -5,13 +5,12 @@
  * with the caches cold: the base addresses, the table's copy and fill, the state and scratch arrays).
  *
  * Called through ctypes.PyDLL (the GIL held on entry: the buffer protocol needs it). Returns the scratch bytes used,
- * -1 with a Python exception set (a base that is neither None, an int nor a buffer; a table of another size), or -2
+ * -1 with a Python exception set (a base that is neither None, an int nor a buffer of one dimension or more; a table
+ * of another size), or -2
  * when more than one thread is asked and no OpenMP team is usable from here (no GOMP_parallel given, or this thread
  * already in a parallel region): nothing was run, the caller runs the list on its Python workers. */
 #include <stdlib.h>
 #include <string.h>
-
-#define XT_MAX_BASES 64
 
 typedef int (*xt_in_parallel)(void);
 
@@ -25,20 +24,27 @@ static int xt_ints(PyObject *o, Py_buffer *v, Py_ssize_t itemsize) {
     return 0;
 }
 
-/* bases[k] = the address of item k of `items` (None: 0; an int; else the first element of its buffer) */
+/* bases[k] = the address of item k of `items` (None: 0; an int; else the first element of its buffer, which must have
+ * one dimension or more: a NumPy integer scalar offers a 0-d buffer of its own object, never an array's address) */
 static int xt_bases(PyObject *items, int64_t *bases, Py_ssize_t n) {
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *o = PyTuple_GET_ITEM(items, k);
         if (o == Py_None) {
             bases[k] = 0;
-        } else if (PyLong_CheckExact(o)) {
+        } else if (PyLong_Check(o)) {
             bases[k] = (int64_t)PyLong_AsLongLong(o);
             if (bases[k] == -1 && PyErr_Occurred()) return -1;
         } else {
             Py_buffer v;
             if (PyObject_GetBuffer(o, &v, PyBUF_STRIDED_RO) < 0) return -1;
+            const int ndim = v.ndim;
             bases[k] = (int64_t)(intptr_t)v.buf;
             PyBuffer_Release(&v);
+            if (ndim < 1) {
+                PyErr_Format(PyExc_TypeError, "template base %zd: an array of one dimension or more, an int or None, "
+                             "not a 0-d %s", k, Py_TYPE(o)->tp_name);
+                return -1;
+            }
         }
     }
     bases[n] = 0;                                   /* the number past the items: no base (Template's convention) */
@@ -47,22 +53,30 @@ static int xt_bases(PyObject *items, int64_t *bases, Py_ssize_t n) {
 
 int64_t xconv_template_run(PyObject *table, PyObject *flat, PyObject *flat_base, PyObject *items, int64_t threads,
                            int64_t scratch_floats, void *gomp_parallel, void *in_parallel) {
-    if (!PyTuple_Check(items) || PyTuple_GET_SIZE(items) >= XT_MAX_BASES) {
-        PyErr_SetString(PyExc_TypeError, "template bases: a tuple of at most 63 arrays, ints or None");
+    if (!PyTuple_Check(items)) {
+        PyErr_SetString(PyExc_TypeError, "template bases: a tuple of arrays, ints or None");
         return -1;
     }
-    int64_t bases[XT_MAX_BASES];
     const Py_ssize_t nb = PyTuple_GET_SIZE(items);
-    if (xt_bases(items, bases, nb) < 0) return -1;
+    int64_t *bases = PyMem_Malloc((size_t)(nb + 1) * sizeof(int64_t));
+    if (bases == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     Py_buffer tb, fb, bb;
-    if (xt_ints(table, &tb, (Py_ssize_t)(XJ_LEN * sizeof(int64_t))) < 0) return -1;
+    if (xt_bases(items, bases, nb) < 0 || xt_ints(table, &tb, (Py_ssize_t)(XJ_LEN * sizeof(int64_t))) < 0) {
+        PyMem_Free(bases);
+        return -1;
+    }
     if (xt_ints(flat, &fb, (Py_ssize_t)sizeof(intptr_t)) < 0) {
         PyBuffer_Release(&tb);
+        PyMem_Free(bases);
         return -1;
     }
     if (xt_ints(flat_base, &bb, (Py_ssize_t)sizeof(intptr_t)) < 0) {
         PyBuffer_Release(&tb);
         PyBuffer_Release(&fb);
+        PyMem_Free(bases);
         return -1;
     }
     int64_t result = 0;
@@ -112,6 +126,7 @@ int64_t xconv_template_run(PyObject *table, PyObject *flat, PyObject *flat_base,
 done:
     free(jobs);
     free(scratch);
+    PyMem_Free(bases);
     PyBuffer_Release(&tb);
     PyBuffer_Release(&fb);
     PyBuffer_Release(&bb);
