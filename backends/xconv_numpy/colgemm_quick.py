@@ -20,7 +20,7 @@ import numpy as np
 
 from xconv import ConvParams
 
-from . import colgemm, jobs, native, small
+from . import colgemm, jobs, small
 from .grid.scratch import Lease
 from .plans import per_params
 
@@ -57,8 +57,7 @@ def fprop_runner(p: ConvParams):
             bases = (wm, cols, y, x)
             entry = kept.get(workers, False)
             if entry is False:
-                addresses = tuple(map(native.address, bases))
-                entry = kept[workers] = _template(x, p, f, direct, wm, cols, y, workers, addresses)
+                entry = kept[workers] = _template(x, p, f, direct, wm, cols, y, workers, bases)
             if entry is None:
                 return None
             template, threads, _geometry = entry
@@ -69,7 +68,7 @@ def fprop_runner(p: ConvParams):
     return run
 
 
-def _template(x, p: ConvParams, f, direct: bool, wm, cols, y, workers: int, addresses):
+def _template(x, p: ConvParams, f, direct: bool, wm, cols, y, workers: int, bases):
     """(the jobs of this call as a template, their threads, x's geometry they read), or None where sgemm would not
     take a block: the blocks and job lists :func:`.colgemm._fprop` builds (bases: 0 the weights, 1 the columns, 2 the
     result, 3 x; x's geometry kept at its address)."""
@@ -80,7 +79,7 @@ def _template(x, p: ConvParams, f, direct: bool, wm, cols, y, workers: int, addr
     (copies, products), threads, alive = colgemm.column_jobs(x, p, f, _F32, cols, calls, workers)
     # alive: (x itself, run() takes only aligned float32 x, and its geometry), or () for a one-tap call
     parts = ([] if copies is None else [(copies, {0: 3, 1: 1})]) + [(products, {6: 0, 8: 1, 10: 2})]
-    return jobs.Template.joined(parts, addresses), threads, alive[1:]
+    return jobs.Template.joined(parts, bases), threads, alive[1:]
 
 
 def _never_backward(dy, x, w, need_dx, need_dw, workers):
@@ -113,8 +112,7 @@ def backward_runner(p: ConvParams):
             dx = np.empty(p.input_shape, _F32) if need_dx else None
             bases = (x if need_dw else None, cols, dyc, dwm, w if need_dx else None, dx)
             if entry is False:
-                addresses = tuple(0 if a is None else native.address(a) for a in bases)
-                entry = kept[key] = _backward_templates(x, w, p, f, dyc, dwm, cols, dx, workers, addresses)
+                entry = kept[key] = _backward_templates(x, w, p, f, dyc, dwm, cols, dx, workers, bases)
                 if entry is None:
                     return None
             dw_part, dx_part, _alive = entry
@@ -128,7 +126,7 @@ def backward_runner(p: ConvParams):
     return run
 
 
-def _backward_templates(x, w, p: ConvParams, f, dyc, dwm, cols, dx, workers: int, addresses):
+def _backward_templates(x, w, p: ConvParams, f, dyc, dwm, cols, dx, workers: int, bases):
     """((dW's template, threads) or None, (dx's template, threads) or None, the geometries they read), or None where
     sgemm would not take a block: the job lists :func:`.colgemm._backward` runs, dW's then dx's (bases: 0 x, 1 the
     columns, 2 dy's copy, 3 dW, 4 w, 5 dx)."""
@@ -141,7 +139,7 @@ def _backward_templates(x, w, p: ConvParams, f, dyc, dwm, cols, dx, workers: int
             return None
         (copies, products), threads, kept = colgemm.column_jobs(x, p, f, _F32, cols, calls, workers)
         parts = ([] if copies is None else [(copies, {0: 0, 1: 1})]) + [(products, {6: 2, 8: 1, 10: 3})]
-        dw_part = (jobs.Template.joined(parts, addresses), threads)
+        dw_part = (jobs.Template.joined(parts, bases), threads)
         alive += kept[1:]                           # x's geometry (x itself is the caller's)
     if dx is not None:
         wt = w.reshape(f.g, f.Cog, f.Cg * f.K).transpose(0, 2, 1)                  # (g, Cg*K, Cog)
@@ -149,6 +147,6 @@ def _backward_templates(x, w, p: ConvParams, f, dyc, dwm, cols, dx, workers: int
         if made is None:
             return None
         (products, adds), threads, geo = made
-        dx_part = (jobs.Template.joined([(products, {6: 4, 8: 2, 10: 1}), (adds, {0: 1, 1: 5})], addresses), threads)
+        dx_part = (jobs.Template.joined([(products, {6: 4, 8: 2, 10: 1}), (adds, {0: 1, 1: 5})], bases), threads)
         alive.append(geo)
     return dw_part, dx_part, tuple(alive)

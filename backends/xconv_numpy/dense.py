@@ -298,8 +298,7 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
     kept, key, bases = _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers, w_copy, dw)
     if kept is None:
-        addresses = tuple(0 if a is None else address(a) for a in bases)
-        src, out, flag = range(len(addresses) - 3, len(addresses))    # the numbers of w_src's, dw's and odd's
+        src, out, flag = range(len(bases) - 3, len(bases))            # the numbers of w_src's, dw's and odd's
         first, table = [], None
         if w_copy is not None:                  # the copy's rows: w at argument 0, its copy at 11, odd at 13
             rows, table = _tap_major_rows(w_src, w_jobs[0], f.g, flip, workers)
@@ -311,7 +310,7 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
             rows, _ = _taps_last_rows(dw_part, dw, workers)
             parts.append((Jobs(), {0: _DW, 3: out}))
             parts[-1][0].rows("taps_last", rows, wait=(1, n_dw))
-        kept = f.templates[key] = (Template.joined(parts, addresses), table)       # the table kept alive with it
+        kept = f.templates[key] = (Template.joined(parts, bases), table)           # the table kept alive with it
     kept[0].run(bases, workers)
 
 

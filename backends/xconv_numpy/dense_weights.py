@@ -106,14 +106,13 @@ def _copy(key, workers: int, rows, src, dst, *args) -> None:
     key = key + (workers,)
     kept = _COPIES.get(key)
     if kept is None:
-        addresses = (address(src), address(dst))
         jobs = Jobs()
         table, positions = rows(src, dst, *args)
         jobs.rows(key[0], table)
         if len(_COPIES) >= 256:         # above a real model's weight shapes
             _COPIES.clear()
         a, b = _COPY_ARGS[key[0]]
-        kept = _COPIES[key] = (jobs.template({a: 0, b: 1}, addresses), positions)
+        kept = _COPIES[key] = (jobs.template({a: 0, b: 1}, (src, dst)), positions)
     kept[0].run((src, dst), workers)
 
 

@@ -20,7 +20,6 @@ from xconv import ConvParams
 
 from . import depthwise_cv
 from .finite import all_finite
-from .native import address
 from .plans import per_params
 
 _F32 = np.dtype(np.float32)
@@ -57,7 +56,7 @@ def fprop_runner(p: ConvParams):
         template = kept.get(workers)
         if template is None:
             jobs = depthwise_cv.gather_jobs(x, y, wt, t, t.f_rows, t.f_cols, t.f_reg, step, grid_in, grid_out, workers)
-            template = kept[workers] = jobs.template({0: 0, 4: 1, 7: 2}, tuple(map(address, bases)))
+            template = kept[workers] = jobs.template({0: 0, 4: 1, 7: 2}, bases)
         template.run(bases, workers, size)
         if bias is not None:                             # as depthwise_cv.fprop adds it
             y += np.asarray(bias, np.float32).reshape((1, -1, 1, 1))
@@ -92,7 +91,7 @@ def backward_runner(p: ConvParams):
             if template is None:
                 jobs = depthwise_cv.gather_jobs(dy, dx, wt, t, t.d_rows, t.d_cols, t.d_reg, 1, grid_in, grid_out,
                                                 workers)
-                template = kept["dx", workers] = jobs.template({0: 0, 4: 1, 7: 2}, tuple(map(address, bases)))
+                template = kept["dx", workers] = jobs.template({0: 0, 4: 1, 7: 2}, bases)
             template.run(bases, workers, dx_size)
             dx = dx.reshape(shape_x)
         if need_dw:
@@ -101,7 +100,7 @@ def backward_runner(p: ConvParams):
             template = kept.get(("dw", workers))
             if template is None:
                 jobs = depthwise_cv.wgrad_jobs(x, dy, dwp, t, N, workers)
-                template = kept["dw", workers] = jobs.template({0: 0, 1: 1, 14: 2}, tuple(map(address, bases)))
+                template = kept["dw", workers] = jobs.template({0: 0, 1: 1, 14: 2}, bases)
             template.run(bases, workers, dw_size)
             dw = dwp.sum(axis=0).reshape(shape_w)           # per-sample partials in sample order, as depthwise_cv
         return dx, dw

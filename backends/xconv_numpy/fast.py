@@ -89,7 +89,12 @@ def _share(p: ConvParams, workers: int, op: str, as_jobs: bool = False) -> int:
     A path that runs as C jobs (``as_jobs``: :mod:`.jobs`) on torch's OpenMP team has the knob ``team_min_work`` (2^18)
     instead (measured, torch's team hot as in a model step: a 0.3M-multiply-add depthwise forward 112 us on one
     thread, 99 on two). No path's bits depend on its worker count."""
-    return share_of(cost.macs(p) * (1 if op == "fprop" else 2), workers, as_jobs)
+    return share_of(work_of(p, op), workers, as_jobs)
+
+
+def work_of(p: ConvParams, op: str) -> int:
+    """The multiply-adds :func:`_share` weighs for a call of ``p``: the forward's, or dx's and dw's together."""
+    return cost.macs(p) * (1 if op == "fprop" else 2)
 
 
 def share_of(work: int, workers: int, as_jobs: bool) -> int:

@@ -78,9 +78,9 @@ class Jobs:
         table = self.blocks[0] if len(self.blocks) == 1 else np.concatenate(self.blocks)
         return _execute(table, threads, scratch_floats)
 
-    def template(self, bases, addresses) -> "Template":
+    def template(self, args, bases) -> "Template":
         """These jobs as a :class:`Template` (see :meth:`Template.joined`)."""
-        return Template.joined([(self, bases)], addresses)
+        return Template.joined([(self, args)], bases)
 
     def table(self) -> np.ndarray:
         """The jobs' rows (a copy)."""
@@ -104,17 +104,18 @@ class Template:
             a.flags.writeable = False
 
     @classmethod
-    def joined(cls, parts, addresses) -> "Template":
+    def joined(cls, parts, bases) -> "Template":
         """One template of the job lists ``parts`` = [(jobs, {argument: k})], in order: each argument of a part's
-        mapping, built from the address ``addresses[k]``, held as its offset from it."""
-        args = sorted({arg for _, bases in parts for arg in bases})
+        mapping, built from base ``bases[k]`` (as :meth:`run` takes them), held as its offset from that address."""
+        addresses = addresses_of(bases)
+        args = sorted({arg for _, numbers in parts for arg in numbers})
         tables, base_of = [], []
-        for jobs, bases in parts:
+        for jobs, numbers in parts:
             table = jobs.table()
-            for arg, k in bases.items():
+            for arg, k in numbers.items():
                 table[:, 4 + arg] -= addresses[k]
             tables.append(table)
-            base_of.append(np.repeat([[bases.get(arg, len(addresses)) for arg in args]], len(table), axis=0))
+            base_of.append(np.repeat([[numbers.get(arg, len(addresses)) for arg in args]], len(table), axis=0))
         return cls(np.concatenate(tables), tuple(4 + a for a in args), np.concatenate(base_of).astype(np.intp))
 
     def run(self, bases, threads: int, scratch_floats: int = 0) -> int:
@@ -132,10 +133,14 @@ def _execute_template(template: Template, bases: tuple, threads: int, scratch_fl
                   *omp_team.team_functions())
         if used != -2:                                  # -2: more than one thread and no team here (nothing ran)
             return used
-    addresses = tuple(0 if a is None else a if type(a) is int else native.address(a) for a in bases)
     table = template.table.copy()
-    table.ravel()[template.flat] += np.array(addresses + (0,), np.int64)[template.flat_base]
+    table.ravel()[template.flat] += np.array(addresses_of(bases) + (0,), np.int64)[template.flat_base]
     return _run_table(table, threads, scratch_floats)
+
+
+def addresses_of(bases) -> tuple:
+    """The addresses of a template's ``bases``: an array's first element's, an int as it is, 0 for None."""
+    return tuple(0 if a is None else a if type(a) is int else native.address(a) for a in bases)
 
 
 #: The loaded library's xconv_template_run as a ctypes.PyDLL function (the GIL held on entry), per library.

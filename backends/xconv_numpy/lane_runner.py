@@ -14,9 +14,9 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import bias, colgemm, colgemm_quick, cost, dense, dense_quick, depthwise_quick, jobs, paths
+from . import bias, colgemm, colgemm_quick, dense, dense_quick, depthwise_quick, jobs, paths
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
-from .fast import _backward_on, _fprop_on, share_of
+from .fast import _backward_on, _fprop_on, share_of, work_of
 from .grid import pointwise_planned
 from .grid.chunks import budget as _budget
 from .grid.geometry import geom, io_bytes
@@ -67,7 +67,7 @@ def _sgemm_jobs(p: ConvParams) -> bool:
 def _pinned(products, p: ConvParams, op: str):
     """``products(*arrays, workers)`` with BLAS pinned to one thread and the workers :func:`.fast._share` gives, as
     the dispatch runs the pointwise path; None while a trace is open (the dispatch records the call)."""
-    work = _work(p, op)
+    work = work_of(p, op)
 
     def quick(*arrays):
         if tracing.active():
@@ -81,18 +81,13 @@ def _plain_jobs(run, p: ConvParams, op: str):
     """``run(*arrays, workers)`` on the workers :func:`.fast._share` gives a path of C jobs that calls no BLAS (the
     dense and depthwise loops: not pinned, as the dispatch runs them); None while a trace is open. Not under errstate:
     a ``run`` that does NumPy arithmetic (the depthwise sums, a bias) comes wrapped in :func:`_quiet`."""
-    work = _work(p, op)
+    work = work_of(p, op)
 
     def quick(*arrays):
         if tracing.active():
             return None
         return run(*arrays, share_of(work, blas_workers(), True))
     return quick
-
-
-def _work(p: ConvParams, op: str) -> int:
-    """The multiply-adds :func:`.fast._share` weighs for a call of ``p`` (the forward's, or dx's and dw's together)."""
-    return cost.macs(p) * (1 if op == "fprop" else 2)
 
 
 def _quick_fprop(path, p: ConvParams):

@@ -83,8 +83,7 @@ def fprop_runner(p):
         if template is False:
             made = jobs.sgemm_stack_jobs(np.broadcast_to(w.reshape(g, Cog, Cg), (N, g, Cog, Cg)),
                                          x.reshape(N, g, Cg, P), y.reshape(N, g, Cog, P), workers)
-            template = templates[key] = None if made is None else made.template(
-                {6: 0, 8: 1, 10: 2}, tuple(map(native.address, bases)))
+            template = templates[key] = None if made is None else made.template({6: 0, 8: 1, 10: 2}, bases)
         if template is None:
             return None
         template.run(bases, workers)
@@ -123,8 +122,7 @@ def backward_runner(p):
         template = templates.get(key, False)
         if template is False:
             template = templates[key] = _backward_template(geo, dy.reshape(N, g, Cog, P), x, wt, dx, per, dy_rows,
-                                                           workers, tuple(0 if a is None else native.address(a)
-                                                                          for a in bases))
+                                                           workers, bases)
         if template is None:
             return None
         template.run(bases, workers)
@@ -139,7 +137,7 @@ def backward_runner(p):
     return run
 
 
-def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, addresses):
+def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, bases):
     """The sgemm jobs of dx and dW's per-sample products as one template on (wt, dy, x, dx, per), or None."""
     g, Cg, Cog, P, N = geo.g, geo.Cg, geo.Cog, geo.P, geo.N
     parts = []
@@ -155,4 +153,4 @@ def _backward_template(geo, dy4, x, wt, dx, per, dy_rows: bool, workers: int, ad
         if made is None:
             return None
         parts.append((made, {6: 1, 8: 2, 10: 4} if dy_rows else {6: 2, 8: 1, 10: 4}))
-    return jobs.Template.joined(parts, addresses)
+    return jobs.Template.joined(parts, bases)
