@@ -5,8 +5,8 @@ larger strides :mod:`.dense_strided`).
 im2col + BLAS loses most where one GEMM dimension is 16-32 channels (BLAS packing costs as much
 as the arithmetic) and spends 20-40% on column copies elsewhere. These loops compute the sums
 directly, register-blocked. Per sample, x is copied into zero-padded channels-last grids (one per
-group) and dy into a zero-padded channel-major grid (geometry: :func:`.dense_plan.plan`); every tap is then a
-constant flat offset:
+group) and dy into a zero-padded grid of interleaved rows (each row of the grid holds every channel's positions of
+that row; geometry: :func:`.dense_plan.plan`); every tap is then a constant flat offset:
 
 - dx, per phase rho of the strided input (``xi = s*m + rho``; one phase at stride 1):
   ``dx[c, s*m + rho - pre] = sum over the phase's taps t of sum_co dy_grid[co, m - q_t] w[co, c, t]``,
@@ -103,18 +103,17 @@ def serves(p: ConvParams) -> bool:
 
 
 def _dy_to_grid(dyn, grid_n, f, db_n) -> None:
-    """One sample of dy (another dtype or layout) into its zero-padded channel-major grid by NumPy; its db partial
-    (float64) in part 0, zeros in the others."""
-    M, Yn = f.M, f.Yn
-    grid_n[:, :M] = 0
-    grid_n[:, M + Yn:] = 0
-    grid = grid_n[:, M:M + Yn].reshape((f.Co,) + f.Y)
-    for sl in f.dy_pad:
-        grid[sl] = 0
+    """One sample of dy (another dtype or layout) into its zero-padded grid of interleaved rows by NumPy (the layout
+    of :func:`.dense_plan.plan`); its db partial (float64) in part 0, zeros in the others."""
+    M, Y, rows = f.M, f.Y, f.Yn // f.Y[-1]
+    grid = np.zeros((f.Co,) + Y, np.float32)             # channel-major first: db summed as the C copy sums it
     grid[(slice(None),) + tuple(slice(0, o) for o in f.O)] = dyn
     if db_n is not None:
-        db_n[0] = grid_n[:, M:M + Yn].sum(axis=1, dtype=np.float64)    # padding adds zeros
+        db_n[0] = grid.reshape(f.Co, -1).sum(axis=1, dtype=np.float64)    # padding adds zeros
         db_n[1:] = 0
+    grid_n[:M] = 0
+    grid_n[M + rows * f.rp:] = 0
+    grid_n[M:M + rows * f.rp].reshape(rows, f.Co, Y[-1])[...] = grid.reshape(f.Co, rows, Y[-1]).transpose(1, 0, 2)
 
 
 def _x_to_grid(xn, grid_n, f) -> None:
@@ -173,7 +172,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         w = w_src = np.where(finite, w, 0).astype(w.dtype)
     ldy, Xn, nb = f.ldy, f.Xn, f.nb
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
-    dyG = lease.empty((nb, Co, ldy), f32)
+    dyG = lease.empty((nb, f.dy_sample), f32)
     xG = lease.empty((nb, g, Xn, f.ldx), f32) if need_dw else None             # positions of f.ldx floats
     if need_dx:
         dx = np.empty(p.input_shape, f.out_dt)
@@ -243,7 +242,8 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
         n = n0 + i
         if _readable(dy[n]):
             dy_copies += [[address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1], O[-1],
-                           f.M, ldy, r0, r1, address(dyG[i]), 0 if db_parts is None else address(db_parts[n, part])]
+                           f.M, f.dy_sample, r0, r1, address(dyG[i]),
+                           0 if db_parts is None else address(db_parts[n, part])]
                           for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts))]
         else:
             _dy_to_grid(dy[n], dyG[i], f, None if db_parts is None else db_parts[n])

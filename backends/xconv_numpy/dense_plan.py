@@ -24,11 +24,11 @@ from .grid.geometry import padded
 DW_SEGMENT_BYTES = 256 << 10
 
 
-def _rows(m: int, lead, dims, first, sample: int, step=None) -> np.ndarray:
+def _rows(m: int, lead, dims, first, sample: int, step=None, strides=None) -> np.ndarray:
     """Flat offsets of rows (sample n < m, leading indices j_k < lead) of grids with spatial dims ``dims``
     and ``sample`` elements per sample: n*sample + sum_k (first_k + j_k * step_k) * stride_k, the last
-    dim at first[-1] (``step`` 1 by default)."""
-    gs = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    dim at first[-1] (``step`` 1 by default; ``strides`` those of C order over ``dims`` by default)."""
+    gs = strides or [math.prod(dims[i + 1:]) for i in range(len(dims))]
     step = step or (1,) * len(dims)
     idx = np.full((m,) + tuple(lead), first[-1] * gs[-1], np.int64)
     idx += (np.arange(m, dtype=np.int64) * sample).reshape((m,) + (1,) * len(lead))
@@ -122,29 +122,34 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     block (``nb``), per-phase row tables and tap offsets of dx, the dw rows and segment, the copy tables.
 
     x grid: ``X = S + pre + post`` per dim, flattened, x at ``[pre, pre + S)``, per group channels-last (dw loads
-    16 channels; a group's positions contiguous). dy grid: ``Y = max(ceil(X/s), O + q_max)`` per dim, dy at
-    ``[0, O)``, channel-major with a margin of M (the largest tap offset) before each channel row.
+    16 channels; a group's positions contiguous). dy grid: ``Y = max(ceil(X/s), O + q_max)`` per dim (the last
+    rounded up by :func:`row_pitch`), dy at ``[0, O)``, rows interleaved: per sample a margin of M zeros (the largest
+    tap offset), then per row of the grid (its leading dims, C order) every channel's Y[-1] positions, channel co at
+    ``co * ldy`` (``ldy = Y[-1]``; ``rp = Co * ldy`` floats a row, ``dy_sample`` a sample). A block of positions
+    reads its channels a few hundred bytes apart, not a grid apart: a channel-major grid put each of 64 channels on a
+    page of its own (4x64x64x64 -> 32 3x3 forward, one thread, 94 -> 118 G multiply-adds/s; 128 channels 75 -> 106).
     """
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
     Co = p.output_shape[1]
     S, O, k, d, st, pre, X, Y = _grids(p)
+    Y = Y[:-1] + (row_pitch(Y[-1]),)
     f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
                         K=math.prod(k), out_dt=DTYPES[p.dtype], X=X, Y=Y)
     gX = [math.prod(X[i + 1:]) for i in range(nd)]
-    gY = [math.prod(Y[i + 1:]) for i in range(nd)]
+    f.ldy = ldy = Y[-1]                                  # channel stride of the dy grid within a row
+    f.rp = rp = Co * ldy                                 # floats per row of the dy grid (all channels)
+    gY = [math.prod(Y[i + 1:-1]) * rp for i in range(nd - 1)] + [1]        # the dy grid's strides per dim
     f.Xn, f.Yn, f.Sn = Xn, Yn, Sn = math.prod(X), math.prod(Y), math.prod(S)
     phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
     f.M = M = max([int(ph[2].max()) for ph in phases] + [0])
-    ldy = -(-(M + Yn) // 16) * 16                        # channel stride of the dy grid: an odd multiple of
-    f.ldy = ldy = ldy + 16 * ((ldy // 16) % 2 == 0)      # 64 bytes, so 16 channel rows fall in 16 cache sets
-    per_sample = 4 * (Co * ldy + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
+    f.dy_sample = dy_sample = -(-(M + Yn // Y[-1] * rp) // 16) * 16        # samples 64-byte aligned
+    per_sample = 4 * (dy_sample + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
     nb = max(1, min(N, budget // max(per_sample, 1)))
     f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
     # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
     # few samples (at least 4 tasks per block where the rows allow)
     f.copy_parts = max(1, min(-(-4 // nb), Yn // Y[-1], Sn))
-    f.dy_pad = _box_complement(Y, (0,) * nd, O, lead=1)
     f.x_pad_slices = _box_complement(X, pre, S, lead=1)
     # per row of the dy grid: where its values start in one sample's dy, or -1 (a row of padding)
     f.dy_rows = np.full(Yn // Y[-1], -1, np.int64)
@@ -153,7 +158,7 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     for rho, idx, offs, lo, cnt in phases:
         lead = cnt[:-1]
         rin = np.empty((nb * math.prod(lead), 3), np.int64)    # per row: where it reads, its taps [t0, t1)
-        rin[:, 0] = _rows(nb, lead, Y, lo, Co * ldy) + M
+        rin[:, 0] = _rows(nb, lead, Y, lo, dy_sample, strides=gY) + M
         rin[:, 1:] = np.tile(row_taps(idx, lo, lead, O, k, d, rho, st), (nb, 1))
         first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
         rout = _rows(nb, lead, S, first, C * Sn, st)
@@ -164,7 +169,7 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
         f.off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
         # rows of dy (O[-1] positions each, not the grid's flat rows: those also cover the padding columns,
         # 3-14% more work on the suite for zeros, 7% slower on the dilated case)
-        f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, Co * ldy) + M
+        f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, dy_sample, strides=gY) + M
         f.rx = _rows(nb, O[:-1], X, (0,) * nd, g * Xn, st)
         f.dw_len, f.dw_step = O[-1], st[-1]
         f.dw_rows = len(f.rdy) // nb
@@ -189,6 +194,13 @@ def dx_units(T: int, Cog: int, Cg: int) -> int:
     """Channel units per group of the input-gradient loops' items (csrc/direct_conv.c's xconv_dx_units: Cg / 32 where
     the rows run channel block by channel block, else 1): a job list splits g x units x rows items."""
     return int(native.library().xconv_dx_units(T, Cog, Cg))
+
+
+def row_pitch(n: int) -> int:
+    """Floats per channel of a row of the dy grid for rows of n positions: n below 128 (rows of a few hundred bytes
+    spread a block's channels over the cache sets), else :func:`padded_row` (an odd number of 64-byte lines: rows of
+    a power-of-two number of lines would put every channel's row in one set)."""
+    return n if n < 128 else padded_row(n)
 
 
 def grid_row(n: int) -> int:

@@ -47,7 +47,7 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
         dx = np.empty(p.input_shape, _F32) if need_dx else None
         dw = np.empty((g, Cog, Cg, K), _F32) if need_dw else None
         with Lease() as lease:                           # what dense.backward leases, in its order
-            dyG = lease.empty((f.nb, f.Co, f.ldy), _F32)
+            dyG = lease.empty((f.nb, f.dy_sample), _F32)
             xG = lease.empty((f.nb, g, f.Xn, f.ldx), _F32) if need_dw else None
             dw_part = lease.empty((g, K, Cog, Cg), _F32) if need_dw else None
             w_copy = (w, np.empty((g, K, Cog, padded_row(Cg)), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \

@@ -385,21 +385,23 @@ void xconv_taps_last(const float *src, int64_t K, int64_t R, float *dst, int64_t
         for (int64_t t = 0; t < K; t++) dst[r * K + t] = src[t * R + r];
 }
 
-/* Rows [r0, r1) of one sample's dy (C channels of n positions, channel c at src + c * n) into its zero-padded
- * channel-major grid: channel c at dst + c * ldy, M zeros (written with row 0), then nrows rows of row_len
- * positions (row r holding olen values from src + rsrc[r] and zeros after them, or only zeros where
- * rsrc[r] < 0), zeros to ldy (written with the last row). If sums is not NULL, sums[c] = the sum of channel c's
- * values copied, in double precision, in order (rows, then positions: 8 lanes of partial sums, added last). */
+/* Rows [r0, r1) of one sample's dy (C channels of n positions, channel c at src + c * n) into its zero-padded grid
+ * of interleaved rows (dense_plan.plan): M zeros (written with row 0), then nrows rows of the C channels' row_len
+ * positions each, channel c of row r at dst + M + (r * C + c) * row_len (olen values from src + c * n + rsrc[r] and
+ * zeros after them, or only zeros where rsrc[r] < 0), then zeros up to `size` floats (written with the last row). If
+ * sums is not NULL, sums[c] = the sum of channel c's values copied, in double precision, in order (rows, then
+ * positions: 8 lanes of partial sums, added last). */
 void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsrc, int64_t nrows, int64_t row_len,
-                      int64_t olen, int64_t M, int64_t ldy, int64_t r0, int64_t r1, float *dst, double *sums) {
+                      int64_t olen, int64_t M, int64_t size, int64_t r0, int64_t r1, float *dst, double *sums) {
+    const int64_t rp = C * row_len;
+    if (r0 == 0) memset(dst, 0, M * sizeof(float));
+    if (r1 == nrows) memset(dst + M + nrows * rp, 0, (size - M - nrows * rp) * sizeof(float));
     for (int64_t c = 0; c < C; c++) {
         const float *s = src + c * n;
-        float *d = dst + c * ldy;
         double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         v8d acc = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (r0 == 0) memset(d, 0, M * sizeof(float));
-        d += M + r0 * row_len;
-        for (int64_t r = r0; r < r1; r++, d += row_len) {
+        float *d = dst + M + r0 * rp + c * row_len;
+        for (int64_t r = r0; r < r1; r++, d += rp) {
             int64_t k = 0;
             if (rsrc[r] >= 0) {
                 memcpy(d, s + rsrc[r], olen * sizeof(float));
@@ -417,7 +419,6 @@ void xconv_dy_to_grid(const float *src, int64_t C, int64_t n, const int64_t *rsr
             }
             memset(d + k, 0, (row_len - k) * sizeof(float));
         }
-        if (r1 == nrows) memset(d, 0, (ldy - M - nrows * row_len) * sizeof(float));
         if (sums) {
             for (int k = 0; k < 8; k++) part[k] += acc[k];
             sums[c] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
