@@ -5,8 +5,10 @@ their stride phases (csrc/stem.c's phase rows).
                        x[n, ci, s_h oh + kh d_h - p_h, s_w ow + kw d_w - p_w] * w[co, ci, kh, kw]
 
 Each input row (n, c, h) is copied once into its ``s_w`` phase rows of ``lq`` floats (phase q's element j is
-``x[.., s_w j + q - p_w]``, zeros outside the row), so tap (kh, kw) of output row (n, oh) reads a contiguous run at a
-constant offset from the row's start: the dx loops' form, with x's phase rows as their dy grid and the weights in
+``x[.., s_w j + q - p_w]``, zeros outside the row), the rows interleaved (per input row h, every channel's phase rows:
+a register block reads its channels ``s_w lq`` floats apart, not a plane apart), so tap (kh, kw) of output row
+(n, oh) reads a contiguous run at a constant offset from the row's start: the dx loops' form, with x's phase rows as
+their dy grid and the weights in
 the dual's tap-major layout (:func:`.dense.tap_major` with flip: taps in reverse order). A row runs only the tap
 rows whose input row lies inside x (the others read only the top or bottom padding: their terms are +0, and skipping
 them changes no bit: a sum is never -0). Each output element is one job's sum in one order whatever the workers, so
@@ -55,33 +57,35 @@ def _lifted(p: ConvParams) -> tuple:
 
 @functools.lru_cache(maxsize=64)
 def plan(p: ConvParams, nb: int | None = None) -> SimpleNamespace:
-    """The call's tables for blocks of ``nb`` samples (None: all N; cached): the phase rows' length ``lq`` and the
-    channel stride ``ldy`` of x's phase rows, the taps' offsets (reverse tap order: the flipped weights'), per output
-    row (n, oh) of a block where it reads and its tap range (``rin``, triples) and where it writes (``rout``)."""
+    """The call's tables for blocks of ``nb`` samples (None: all N; cached): the phase rows' length ``lq``, the
+    channel stride ``ldy`` of x's phase rows and their stride ``rs`` per input row (all channels' phase rows of one
+    input row together), the taps' offsets (reverse tap order: the flipped weights'), per output row (n, oh) of a
+    block where it reads and its tap range (``rin``, triples) and where it writes (``rout``)."""
     N, C = p.input_shape[0] if nb is None else nb, p.input_shape[1]
     H, W, Ho, Wo, KH, KW, sh, sw, dh, dw, ph, pw = _lifted(p)
     K = KH * KW
     lq = Wo + (KW - 1) * dw // sw                       # a row's widest read: Wo positions past the farthest tap
-    ldy = H * sw * lq                                   # one channel's phase rows
+    ldy = sw * lq                                       # one channel's phase rows of one input row
+    rs = C * ldy                                        # one input row's, every channel's
     t = K - 1 - np.arange(K)                            # tap t' of the flipped weights is tap K - 1 - t'
     kh, kw = t // KW, t % KW
-    offs = -((kh * dh - ph) * sw * lq + (kw * dw) % sw * lq + (kw * dw) // sw)
+    offs = -((kh * dh - ph) * rs + (kw * dw) % sw * lq + (kw * dw) // sw)
     n, oh = np.divmod(np.arange(N * Ho, dtype=np.int64), Ho)
     top = sh * oh - ph                                  # the input row of tap row 0
     kh0 = np.clip(np.where(top >= 0, 0, (-top + dh - 1) // dh), 0, KH)    # the first tap row with top + kh dh >= 0
     kh1 = np.clip(np.where(H - 1 - top < 0, 0, (H - 1 - top) // dh + 1), 0, KH)    # past the last <= H - 1
     empty = kh1 <= kh0
-    rin = np.stack([n * C * ldy + sh * oh * sw * lq,
+    rin = np.stack([n * H * rs + sh * oh * rs,
                     np.where(empty, 0, K - kh1 * KW), np.where(empty, 0, K - kh0 * KW)], 1).astype(np.int64)
     rout = (n * p.output_shape[1] * Ho * Wo + oh * Wo).astype(np.int64)
-    return SimpleNamespace(N=N, C=C, H=H, Ho=Ho, Wo=Wo, K=K, lq=lq, ldy=ldy, offs=frozen(offs.astype(np.int64)),
+    return SimpleNamespace(N=N, C=C, H=H, Ho=Ho, Wo=Wo, K=K, lq=lq, ldy=ldy, rs=rs, offs=frozen(offs.astype(np.int64)),
                            rin=frozen(rin.ravel()), rout=frozen(rout))
 
 
 def phase_floats(p: ConvParams) -> int:
     """Floats of x's phase rows for the whole call (the cost model's copy; the scratch holds a block's)."""
     f = plan(p)
-    return f.N * f.C * f.ldy
+    return f.N * f.H * f.rs
 
 
 def block_samples(p: ConvParams, limit: int | None) -> int:
@@ -109,13 +113,14 @@ def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
     Co = p.output_shape[1]
     Cg, Cog, Q, sample = f.C // g, Co // g, f.Ho * f.Wo, f.C * f.H
     xr, geo = small_c.im2col_input(x, p, np.float32)
-    phases = lease.empty((f.N * f.C * f.ldy,), np.dtype(np.float32))
+    phases = lease.empty((f.N * f.H * f.rs,), np.dtype(np.float32))
     y = np.empty(p.output_shape, np.float32)
     for n0 in range(0, N, f.N):
         m = min(f.N, N - n0)
         run = Jobs()
         parts = even_ranges(m * sample, TASKS_PER_WORKER * workers)
-        run.split("stem_phases", (address(xr[n0:]), address(phases), address(geo), 0, 0, f.lq), 3, parts, signal=0)
+        run.split("stem_phases", (address(xr[n0:]), address(phases), address(geo), 0, 0, f.lq, 1), 3, parts,
+                  signal=0)
         run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4, wt.strides[0] // 4,
                               address(f.offs), f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin),
                               address(f.rout), m * f.Ho, 0, 0, f.Wo), 17,

@@ -73,7 +73,7 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
         xconv_stem_fprop_rows(P(0), P(1), P(2), P(3), P(4), a[5], a[6], a[7], scratch);
         break;
     case XJ_STEM_PHASES:    /* x, phase rows, geo, x's rows [r0, r1), floats per phase row (0: the stem's) */
-        xconv_stem_phases(P(0), P(1), P(2), a[3], a[4], a[5]);
+        xconv_stem_phases(P(0), P(1), P(2), a[3], a[4], a[5], a[6]);
         break;
     case XJ_STEM_WGRAD:     /* phase rows, dy, dw, geo, Co, jobs [j0, j1) */
         xconv_stem_wgrad(P(0), P(1), P(2), P(3), a[4], a[5], a[6]);

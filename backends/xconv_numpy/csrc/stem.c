@@ -214,14 +214,17 @@ void xconv_stem_fprop_rows(const float *x, const float *w, const float *bias, fl
  * element is one job's, in one order, whatever thread runs it. */
 
 /* Rows [r0, r1) of x's N * C * D * H rows as their phase rows (ph: row r at r * sw * lq floats), lq floats each
- * (0: the stem's stem_lq; the dense loops' strided forward gives its own). */
-void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, int64_t r1, int64_t lq) {
+ * (0: the stem's stem_lq; the dense loops' strided forward gives its own). Rows r count (n, c, d, h) in C order, or
+ * with inter set (n, d, h, c): each input row then holds every channel's phase rows, channel c's at c * sw * lq. */
+void xconv_stem_phases(const float *x, float *ph, const int64_t *g, int64_t r0, int64_t r1, int64_t lq,
+                       int64_t inter) {
     const int64_t C = g[S_C], D = g[S_D], H = g[S_H], W = g[S_W], sw = g[S_SW], pw = g[S_PW];
     if (lq <= 0) lq = stem_lq(g);
     const int64_t xn = g[S_XS], xc = g[S_XS + 1], xd = g[S_XS + 2], xh = g[S_XS + 3], xw = g[S_XS + 4];
     for (int64_t r = r0; r < r1; r++) {
-        const int64_t n = r / (C * D * H), c = r / (D * H) % C, d = r / H % D, h = r % H;
-        stem_phase_row(x + n * xn + c * xc + d * xd + h * xh, xw, W, pw, sw, lq, ph + r * sw * lq);
+        const int64_t n = r / (C * D * H);
+        const int64_t c = inter ? r % C : r / (D * H) % C, dh = inter ? r / C % (D * H) : r % (D * H);
+        stem_phase_row(x + n * xn + c * xc + dh / H * xd + dh % H * xh, xw, W, pw, sw, lq, ph + r * sw * lq);
     }
 }
 
