@@ -10,6 +10,7 @@ fallback to the BLAS path, bitwise independence from the worker count, and a fai
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ from test_numpy_fast import compare, compare_on_poisoned_scratch, random_arrays 
 
 from xconv_numpy import dense, dense_plan, native, paths
 from xconv_numpy.grid.scratch import Lease  # noqa: E402
+from xconv_numpy.jobs import Jobs  # noqa: E402
+from xconv_numpy.workers import even_ranges  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not dense.available(),
@@ -544,3 +547,46 @@ class _Joined:
 
     def __len__(self):
         return sum(map(len, self.lists))
+
+
+@pytest.mark.parametrize("x_shape, kernel, stride, padding, dilation", [
+    ((2, 32, 19), (3,), (1,), ((2, 1),), (2,)),                       # 1-D: one row
+    ((1, 16, 6, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    ((1, 16, 9, 8), (3, 2), (2, 2), ((1, 0), (2, 1)), (1, 2)),        # strided: phases read before the grid
+    ((1, 16, 3, 4, 5), (2, 3, 3), (1, 1, 1), ((1, 1), (0, 2), (1, 1)), (1, 1, 1)),
+    ((1, 16, 4, 140), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),      # rows of 142: a padded row pitch
+])
+def test_dy_grid_holds_rows_interleaved_by_the_c_copy_and_by_numpy(x_shape, kernel, stride, padding, dilation):
+    """The dense loops' dy grid (dense_plan.plan): per sample M zeros, then per grid row every channel's Y[-1]
+    positions, dy[co, o] at M + row(o) * rp + co * ldy + o[-1]; everything else zero. The C copy job
+    (xconv_dy_to_grid, in its copy parts) and the NumPy copy of another dtype (dense._dy_to_grid) both write exactly
+    that, over scratch full of NaNs, with the same db partial sums."""
+    nd = len(kernel)
+    p = make_params((*x_shape[:2], *x_shape[2:]), (32, x_shape[1], *kernel), stride=stride, padding=padding,
+                    dilation=dilation, dtype="float32")
+    f = dense_plan.plan(p, True, True, 1 << 30)
+    O, Y = f.O, f.Y
+    rng = np.random.default_rng(len(x_shape) + sum(kernel))
+    dy = (rng.integers(-40, 40, (f.Co,) + O) / 4).astype(np.float32)     # exact in float16 too
+    want = np.zeros(f.dy_sample, np.float32)
+    rows = np.arange(math.prod(Y[:-1])).reshape(Y[:-1])       # the grid's rows, C order over its leading dims
+    for co in range(f.Co):
+        for o in np.ndindex(*O):
+            want[f.M + rows[o[:-1]] * f.rp + co * f.ldy + o[-1]] = dy[(co,) + o]
+    db_want = dy.reshape(f.Co, -1).sum(axis=1, dtype=np.float64)
+    by_c = np.full(f.dy_sample, np.nan, np.float32)
+    sums = np.full((f.copy_parts, f.Co), np.nan)
+    job_rows = [[native.address(dy), f.Co, math.prod(O), native.address(f.dy_rows), len(f.dy_rows), Y[-1], O[-1], f.M,
+                 f.dy_sample, r0, r1, native.address(by_c), native.address(sums[part])]
+                for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts))]
+    jobs = Jobs()
+    jobs.rows("dy_to_grid", job_rows)
+    jobs.run(1)
+    by_numpy = np.full(f.dy_sample, np.nan, np.float32)
+    db = np.full((f.copy_parts, f.Co), np.nan)
+    dense._dy_to_grid(dy.astype(np.float16), by_numpy, f, db)
+    assert by_c.tobytes() == want.tobytes()
+    assert by_numpy.tobytes() == want.tobytes()
+    assert sums.sum(axis=0).tolist() == db_want.tolist() == db.sum(axis=0).tolist()     # sums of quarters: exact
+    if nd > 1:
+        assert f.rp == f.Co * f.ldy and f.ldy == Y[-1] >= O[-1]
