@@ -8,7 +8,8 @@ The calls: every valid case of the conformance corpus (``convolution_backward``,
 seeded random set of configurations covering fprop, dgrad, wgrad, backward (every output mask) and the bias
 gradient; 1-, 2- and 3-D; transposed; groups and depthwise; strides, dilations, paddings; float16, bfloat16,
 float32 and float64; deterministic levels; workspace limits (a refusal is recorded by its error class); inputs
-with a NaN or an infinity. Per (call, output) the sha256 of dtype, shape and bytes (runner.digest).
+with a NaN or an infinity; and a few larger calls whose samples the dense loops take in blocks (``BLOCKED``, the
+NumPy fast path only). Per (call, output) the sha256 of dtype, shape and bytes (runner.digest).
 
 The bits depend on the build: the compiled loops' instruction set (``native`` picks the best the CPU runs) and
 the BLAS kernel numpy calls (OpenBLAS picks one per CPU; ``OPENBLAS_CORETYPE`` overrides it). :func:`build_key`
@@ -185,13 +186,36 @@ def random_calls(n: int):
             yield name + "/backward" + "".join("1" if m else "0" for m in mask), back
 
 
+#: Calls whose samples the dense loops take in several blocks (their weight gradient adds the blocks in order: its
+#: bits follow the blocks), on the NumPy fast path only: (x shape, weight shape, padding, dilation, dtype).
+BLOCKED = (((32, 64, 14, 14), (128, 64, 3, 3), 1, 1, "float32"), ((16, 128, 7, 7), (128, 128, 3, 3), 2, 2, "float32"))
+
+
+def blocked_calls():
+    """(name, thunk(backend)) for BLOCKED: the weight gradient alone and the full backward."""
+    for i, (xs, ws, pad, dil, dtype) in enumerate(BLOCKED):
+        def inputs(i=i, xs=xs, ws=ws, pad=pad, dil=dil, dtype=dtype):
+            rng = np.random.default_rng(5000 + i)
+            ys = xconv.output_shape(xs, ws, padding=pad, dilation=dil)
+            return tuple(_values(rng, s, dtype) for s in (xs, ws, ys))
+
+        for mask in ((False, True, False), (True, True, True)):
+            def back(backend, inputs=inputs, mask=mask, pad=pad, dil=dil):
+                x, w, dy = inputs()
+                return _result(lambda: xconv.convolution_backward(dy, x, w, bias_sizes=[dy.shape[1]], padding=pad,
+                                                                  dilation=dil, output_mask=mask, backend=backend))
+            yield f"blocked/{i}/backward" + "".join("1" if m else "0" for m in mask), back
+
+
 def compute(backends=("numpy", "numpy-exact"), n_random: int = 400, corpus: bool = True) -> dict:
     calls = list(corpus_calls()) if corpus else []
-    calls += list(random_calls(n_random))
+    calls += list(random_calls(n_random)) + list(blocked_calls())
     digests = {}
     with np.errstate(all="ignore"):
         for backend in backends:
             for name, run in calls:
+                if name.startswith("blocked/") and backend != "numpy":
+                    continue
                 try:
                     digests[f"{backend}|{name}"] = run(backend)
                 except Exception as e:  # noqa: BLE001 - recorded: a raw exception is a finding too

@@ -552,7 +552,7 @@ class _Joined:
 @pytest.mark.parametrize("x_shape, kernel, stride, padding, dilation", [
     ((2, 32, 19), (3,), (1,), ((2, 1),), (2,)),                       # 1-D: one row
     ((1, 16, 6, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
-    ((1, 16, 9, 8), (3, 2), (2, 2), ((1, 0), (2, 1)), (1, 2)),        # strided: phases read before the grid
+    ((1, 16, 9, 8), (3, 2), (2, 2), ((1, 0), (2, 1)), (1, 2)),        # strided: a margin, rows of padding
     ((1, 16, 3, 4, 5), (2, 3, 3), (1, 1, 1), ((1, 1), (0, 2), (1, 1)), (1, 1, 1)),
     ((1, 16, 4, 140), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),      # rows of 142: a padded row pitch
 ])
@@ -588,5 +588,24 @@ def test_dy_grid_holds_rows_interleaved_by_the_c_copy_and_by_numpy(x_shape, kern
     assert by_c.tobytes() == want.tobytes()
     assert by_numpy.tobytes() == want.tobytes()
     assert sums.sum(axis=0).tolist() == db_want.tolist() == db.sum(axis=0).tolist()     # sums of quarters: exact
-    if nd > 1:
-        assert f.rp == f.Co * f.ldy and f.ldy == Y[-1] >= O[-1]
+    reach = (kernel[-1] - 1) * dilation[-1] // stride[-1]
+    assert f.ldy >= O[-1] + reach                 # a read left of a row's start lands on the zeros of the row before
+    if x_shape[-1] == 140:                        # rows of 142 positions: a pitch of 144 (9 lines), unpadded if limited
+        assert f.ldy == 144
+        limited = make_params(x_shape, (32, 16, 3, 3), padding=padding, workspace_limit=1 << 30, dtype="float32")
+        assert dense_plan.plan(limited, True, True, 1 << 30).ldy == 142
+
+
+def test_a_workspace_limit_fits_rows_of_128_positions_as_before():
+    """Under a workspace limit the dy grid's rows are not padded to a pitch (1x16x128x128 3x3 input gradient: 1098816
+    bytes fit, as they did with the channel-major grid), and the result is the unlimited call's, bit for bit."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 16, 128, 128)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((1, 16, 128, 128)).astype(np.float32)
+    kw = dict(padding=1, output_mask=(True, False, False), backend="numpy")
+    with paths.force("dense"), xconv.trace() as t:
+        got = xconv.convolution_backward(dy, x, w, workspace_limit=1098816, **kw)[0]
+        want = xconv.convolution_backward(dy, x, w, **kw)[0]
+    assert all(r.path.startswith("dense") for r in t.records)
+    assert got.tobytes() == want.tobytes()

@@ -18,9 +18,12 @@ their gradients, the weight-gradient-only entries too (an output's path follows 
 random 233's transposed forward (the dx of its direct call). Then colgemm and small-cols keep a NaN or an infinity
 (their terms are the definition's: ``nonfinite="keeps"``, tests/test_numpy_finite.py) instead of detouring to the
 columns path: 40 entries of 8 random configurations with a non-finite input changed, no other. The dense loops'
-dy grid of interleaved rows (dense_plan.plan) is smaller than the channel-major one (no margin per channel), so
-random 49's input gradient under a 65536-byte limit (67648 bytes before: refused) now runs: 2 entries, no other
-(also none under the AVX2 build). After an intended change, regenerate with
+dy grid of interleaved rows (dense_plan.plan; its rows unpadded under a workspace limit, its samples per block counted
+as before) holds no more than the channel-major one, often less (no margin per channel), so random 49's input
+gradient under a 65536-byte limit (67648 bytes before: refused) now runs: 2 entries, no other (also none under the
+AVX2 build, compared with the previous commit's); the corpus gained BLOCKED's weight gradients, whose samples the
+dense loops take in blocks (4 entries, the previous commit's bits on both builds). After an intended change,
+regenerate with
 ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
 entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
 """

@@ -104,16 +104,17 @@ def serves(p: ConvParams) -> bool:
 
 def _dy_to_grid(dyn, grid_n, f, db_n) -> None:
     """One sample of dy (another dtype or layout) into its zero-padded grid of interleaved rows by NumPy (the layout
-    of :func:`.dense_plan.plan`); its db partial (float64) in part 0, zeros in the others."""
+    of :func:`.dense_plan.plan`); its db partial (float64: NumPy's sum of dy's values) in part 0, zeros in the
+    others."""
     M, Y, rows = f.M, f.Y, f.Yn // f.Y[-1]
-    grid = np.zeros((f.Co,) + Y, np.float32)             # channel-major first: db summed as the C copy sums it
-    grid[(slice(None),) + tuple(slice(0, o) for o in f.O)] = dyn
-    if db_n is not None:
-        db_n[0] = grid.reshape(f.Co, -1).sum(axis=1, dtype=np.float64)    # padding adds zeros
-        db_n[1:] = 0
     grid_n[:M] = 0
     grid_n[M + rows * f.rp:] = 0
-    grid_n[M:M + rows * f.rp].reshape(rows, f.Co, Y[-1])[...] = grid.reshape(f.Co, rows, Y[-1]).transpose(1, 0, 2)
+    grid = grid_n[M:M + rows * f.rp].reshape(Y[:-1] + (f.Co, Y[-1]))
+    grid[...] = 0
+    grid[tuple(slice(0, o) for o in f.O[:-1]) + (slice(None), slice(0, f.O[-1]))] = np.moveaxis(dyn, 0, -2)
+    if db_n is not None:
+        db_n[0] = np.asarray(dyn).reshape(f.Co, -1).sum(axis=1, dtype=np.float64)
+        db_n[1:] = 0
 
 
 def _x_to_grid(xn, grid_n, f) -> None:
@@ -170,7 +171,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             return None
         finite = np.isfinite(w)
         w = w_src = np.where(finite, w, 0).astype(w.dtype)
-    ldy, Xn, nb = f.ldy, f.Xn, f.nb
+    Xn, nb = f.Xn, f.nb
     # scratch from the caller's lease (kept between calls: no page faults); padding zeroed per sample in copy_in
     dyG = lease.empty((nb, f.dy_sample), f32)
     xG = lease.empty((nb, g, Xn, f.ldx), f32) if need_dw else None             # positions of f.ldx floats

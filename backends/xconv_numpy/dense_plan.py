@@ -1,6 +1,6 @@
 """The dense loops' plan of a call: what :mod:`.dense` needs that does not depend on the data, cached per configuration.
 
-The grids' geometry (x channels-last per group, dy channel-major with a margin: see :func:`plan`), the input
+The grids' geometry (x channels-last per group, dy in rows interleaved with a margin: see :func:`plan`), the input
 gradient's phases with their taps, tap offsets and per-row tap ranges (rows skip the taps that read only dy's zero
 rows: :func:`row_taps`), the weight gradient's rows and segments, the copy tables, and the samples per block. A
 call's job templates are kept on its plan (``templates``), so that they live exactly as long as the tables they
@@ -125,7 +125,9 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     16 channels; a group's positions contiguous). dy grid: ``Y = max(ceil(X/s), O + q_max)`` per dim (the last
     rounded up by :func:`row_pitch`), dy at ``[0, O)``, rows interleaved: per sample a margin of M zeros (the largest
     tap offset), then per row of the grid (its leading dims, C order) every channel's Y[-1] positions, channel co at
-    ``co * ldy`` (``ldy = Y[-1]``; ``rp = Co * ldy`` floats a row, ``dy_sample`` a sample). A block of positions
+    ``co * ldy`` (``ldy = Y[-1]``; ``rp = Co * ldy`` floats a row, ``dy_sample`` a sample). The samples per block
+    (``nb``) count :func:`channel_major_floats` per sample, the grid's before its rows were interleaved: the weight
+    gradient adds its blocks in order, so its bits stay those of the blocks it had. A block of positions
     reads its channels a few hundred bytes apart, not a grid apart: a channel-major grid put each of 64 channels on a
     page of its own (4x64x64x64 -> 32 3x3 forward, one thread, 94 -> 118 G multiply-adds/s; 128 channels 75 -> 106).
     """
@@ -133,7 +135,9 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     N, C = p.input_shape[:2]
     Co = p.output_shape[1]
     S, O, k, d, st, pre, X, Y = _grids(p)
-    Y = Y[:-1] + (row_pitch(Y[-1]),)
+    cm_floats = channel_major_floats(S, X, Y, st, d, k, pre, need_dx)
+    if p.workspace_limit is None:                        # a limited call's grid never holds more than it did
+        Y = Y[:-1] + (row_pitch(Y[-1]),)
     f = SimpleNamespace(nd=nd, g=g, N=N, C=C, Co=Co, S=S, O=O, st=st, pre=pre, Cg=C // g, Cog=Co // g,
                         K=math.prod(k), out_dt=DTYPES[p.dtype], X=X, Y=Y)
     gX = [math.prod(X[i + 1:]) for i in range(nd)]
@@ -144,7 +148,7 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
     f.M = M = max([int(ph[2].max()) for ph in phases] + [0])
     f.dy_sample = dy_sample = -(-(M + Yn // Y[-1] * rp) // 16) * 16        # samples 64-byte aligned
-    per_sample = 4 * (dy_sample + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
+    per_sample = 4 * (Co * cm_floats + C * Xn * need_dw + C * Sn * (need_dx and f.out_dt != np.float32))
     nb = max(1, min(N, budget // max(per_sample, 1)))
     f.nb = nb = -(-N // -(-N // nb))                     # as many blocks, of even sizes
     # copy tasks per sample: ranges of dy grid rows and of x positions, so that the workers share a block of
@@ -194,6 +198,17 @@ def dx_units(T: int, Cog: int, Cg: int) -> int:
     """Channel units per group of the input-gradient loops' items (csrc/direct_conv.c's xconv_dx_units: Cg / 32 where
     the rows run channel block by channel block, else 1): a job list splits g x units x rows items."""
     return int(native.library().xconv_dx_units(T, Cog, Cg))
+
+
+def channel_major_floats(S, X, Y, st, d, k, pre, need_dx: bool) -> int:
+    """Floats per channel of the channel-major dy grid the loops had before its rows were interleaved (a margin of the
+    largest tap offset, then the grid, rounded up to an odd number of 64-byte lines): what :func:`plan`'s samples per
+    block count, so that they (and the weight gradient's order of adding blocks) did not change with the layout. Not
+    smaller than the interleaved grid's floats per channel without a row pitch (M + Yn, M counted in rows of Co)."""
+    gY = [math.prod(Y[i + 1:]) for i in range(len(Y))]
+    phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
+    floats = -(-(max([int(ph[2].max()) for ph in phases] + [0]) + math.prod(Y)) // 16) * 16
+    return floats + 16 * ((floats // 16) % 2 == 0)
 
 
 def row_pitch(n: int) -> int:

@@ -8,13 +8,12 @@ Each input row (n, c, h) is copied once into its ``s_w`` phase rows of ``lq`` fl
 ``x[.., s_w j + q - p_w]``, zeros outside the row), the rows interleaved (per input row h, every channel's phase rows:
 a register block reads its channels ``s_w lq`` floats apart, not a plane apart), so tap (kh, kw) of output row
 (n, oh) reads a contiguous run at a constant offset from the row's start: the dx loops' form, with x's phase rows as
-their dy grid and the weights in
-the dual's tap-major layout (:func:`.dense.tap_major` with flip: taps in reverse order). A row runs only the tap
-rows whose input row lies inside x (the others read only the top or bottom padding: their terms are +0, and skipping
-them changes no bit: a sum is never -0). Each output element is one job's sum in one order whatever the workers, so
-the bits depend on the configuration and the values only. Served (:func:`computes`): float32, 1-D and 2-D, not
-transposed, a stride above 1, output channels per group a multiple of 16; the weights finite (fast.fprop detours a
-non-finite weight, as for the stride-1 forward).
+their dy grid and the weights in the dual's tap-major layout (:func:`.dense.tap_major` with flip: taps in reverse
+order). A row runs only the tap rows whose input row lies inside x (the others read only the top or bottom padding:
+their terms are +0, and skipping them changes no bit: a sum is never -0). Each output element is one job's sum in
+one order whatever the workers, so the bits depend on the configuration and the values only. Served
+(:func:`computes`): float32, 1-D and 2-D, not transposed, a stride above 1, output channels per group a multiple of
+16; the weights finite (fast.fprop detours a non-finite weight, as for the stride-1 forward).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 /* Direct convolution loops for the NumPy backend (see ../compiled.py).
  *
- * Built at install once per instruction set (setup.py, through kernels.c) and loaded with ctypes. dy and dx
- * are channel-major grids (element (channel c, flat position u) of a sample at base + c * ldc + u), x
- * a channels-last grid per group. Every output element is computed by one call, in a fixed order, so
+ * Built at install once per instruction set (setup.py, through kernels.c) and loaded with ctypes. dy is a grid
+ * of interleaved rows (element (channel c, row r, position j) of a sample at base + r * rp + c * ldy + j: every
+ * channel's row r together), dx channel-major (channel c at base + c * ldc), x a channels-last grid per group. Every output element is computed by one call, in a fixed order, so
  * results do not depend on how a caller splits the work. Vectors are 16 floats (GCC vector extension:
  * one AVX-512 register, or two AVX ones); the 16 x 16 transpositions use GCC's vector shuffles (other
  * compilers take the element loops).
@@ -271,7 +271,7 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
  * the segment's x columns, kept in L1 across the output-channel blocks: one thread, 2x256x14x14 -> 256 3x3 3.56-3.60
  * -> 3.37-3.45 ms, 2x128x4x14x14 -> 128 3x3x3 73-75 -> 76-78 G multiply-adds/s; each task's sums are its own, so
  * the order changes no bit), over rows r < nrows of
- * dy positions (channel-major: channel co of row r at dy + rdy[r] + co * ldy + j) and x positions (channels-last:
+ * dy positions (channel co of row r at dy + rdy[r] + co * ldy + j) and x positions (channels-last:
  * x + (rx[r] + j * xs + off[t]) * ldx for position j of the row, xs the stride):
  *   dw[(t * Cog + co) * Cg + ci] = sum_r sum_{j < row_len} dy[co, row r, j] * x[row r, j * xs + off[t], ci]
  * Blocks are 8 output x 32 input channels when Cg % 32 == 0 (half the loads per FMA), else 16 x 16: the same

@@ -72,7 +72,7 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
     case XJ_STEM_ROWS:  /* x, w, bias (0: none), y, geo, Co, output rows [r0, r1) (float32; the thread's scratch) */
         xconv_stem_fprop_rows(P(0), P(1), P(2), P(3), P(4), a[5], a[6], a[7], scratch);
         break;
-    case XJ_STEM_PHASES:    /* x, phase rows, geo, x's rows [r0, r1), floats per phase row (0: the stem's) */
+    case XJ_STEM_PHASES:    /* x, phase rows, geo, x's rows [r0, r1), floats per phase row (0: the stem's), inter */
         xconv_stem_phases(P(0), P(1), P(2), a[3], a[4], a[5], a[6]);
         break;
     case XJ_STEM_WGRAD:     /* phase rows, dy, dw, geo, Co, jobs [j0, j1) */
