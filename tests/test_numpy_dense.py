@@ -561,7 +561,6 @@ def test_dy_grid_holds_rows_interleaved_by_the_c_copy_and_by_numpy(x_shape, kern
     positions, dy[co, o] at M + row(o) * rp + co * ldy + o[-1]; everything else zero. The C copy job
     (xconv_dy_to_grid, in its copy parts) and the NumPy copy of another dtype (dense._dy_to_grid) both write exactly
     that, over scratch full of NaNs, with the same db partial sums."""
-    nd = len(kernel)
     p = make_params((*x_shape[:2], *x_shape[2:]), (32, x_shape[1], *kernel), stride=stride, padding=padding,
                     dilation=dilation, dtype="float32")
     f = dense_plan.plan(p, True, True, 1 << 30)
