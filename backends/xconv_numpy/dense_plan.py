@@ -127,9 +127,9 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     tap offset), then per row of the grid (its leading dims, C order) every channel's Y[-1] positions, channel co at
     ``co * ldy`` (``ldy = Y[-1]``; ``rp = Co * ldy`` floats a row, ``dy_sample`` a sample). The samples per block
     (``nb``) count :func:`channel_major_floats` per sample, the grid's before its rows were interleaved: the weight
-    gradient adds its blocks in order, so its bits stay those of the blocks it had. A block of positions
-    reads its channels a few hundred bytes apart, not a grid apart: a channel-major grid put each of 64 channels on a
-    page of its own (4x64x64x64 -> 32 3x3 forward, one thread, 94 -> 118 G multiply-adds/s; 128 channels 75 -> 106).
+    gradient adds its blocks in order, so its bits stay those of the blocks it had. A block of positions reads its
+    channels a few hundred bytes apart, not a grid apart: a channel-major grid put each of 64 channels on a page of
+    its own (4x64x64x64 -> 32 3x3 forward, one thread, 94 -> 118 G multiply-adds/s; 128 channels 75 -> 106).
     """
     nd, g = p.nd, p.groups
     N, C = p.input_shape[:2]
@@ -203,8 +203,9 @@ def dx_units(T: int, Cog: int, Cg: int) -> int:
 def channel_major_floats(S, X, Y, st, d, k, pre, need_dx: bool) -> int:
     """Floats per channel of the channel-major dy grid the loops had before its rows were interleaved (a margin of the
     largest tap offset, then the grid, rounded up to an odd number of 64-byte lines): what :func:`plan`'s samples per
-    block count, so that they (and the weight gradient's order of adding blocks) did not change with the layout. Not
-    smaller than the interleaved grid's floats per channel without a row pitch (M + Yn, M counted in rows of Co)."""
+    block count, so that they (and the weight gradient's order of adding blocks) did not change with the layout. Co
+    times it is at least an interleaved grid's floats per sample whose rows are not padded (:func:`plan` under a
+    workspace limit): its margin is at most Co times the channel-major one, and it is rounded once, not per channel."""
     gY = [math.prod(Y[i + 1:]) for i in range(len(Y))]
     phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
     floats = -(-(max([int(ph[2].max()) for ph in phases] + [0]) + math.prod(Y)) // 16) * 16
