@@ -107,10 +107,8 @@ def _dy_to_grid(dyn, grid_n, f, db_n) -> None:
     of :func:`.dense_plan.plan`); its db partial (float64: NumPy's sum of dy's values) in part 0, zeros in the
     others."""
     M, Y, rows = f.M, f.Y, f.Yn // f.Y[-1]
-    grid_n[:M] = 0
-    grid_n[M + rows * f.rp:] = 0
+    grid_n[...] = 0
     grid = grid_n[M:M + rows * f.rp].reshape(Y[:-1] + (f.Co, Y[-1]))
-    grid[...] = 0
     grid[tuple(slice(0, o) for o in f.O[:-1]) + (slice(None), slice(0, f.O[-1]))] = np.moveaxis(dyn, 0, -2)
     if db_n is not None:
         db_n[0] = np.asarray(dyn).reshape(f.Co, -1).sum(axis=1, dtype=np.float64)

@@ -208,8 +208,7 @@ def channel_major_floats(S, X, Y, st, d, k, pre, need_dx: bool) -> int:
     workspace limit): its margin is at most Co times the channel-major one, and it is rounded once, not per channel."""
     gY = [math.prod(Y[i + 1:]) for i in range(len(Y))]
     phases = _phase_plan(S, X, Y, st, d, k, pre, gY) if need_dx else []
-    floats = -(-(max([int(ph[2].max()) for ph in phases] + [0]) + math.prod(Y)) // 16) * 16
-    return floats + 16 * ((floats // 16) % 2 == 0)
+    return padded_row(max([int(ph[2].max()) for ph in phases] + [0]) + math.prod(Y))
 
 
 def row_pitch(n: int) -> int:

@@ -121,7 +121,7 @@ class Template:
     def run(self, bases, threads: int, scratch_floats: int = 0) -> int:
         """Run the jobs with ``bases`` (by number: the arrays whose first elements' addresses they add, or the
         addresses as ints; None: 0) on up to ``threads`` threads, as :meth:`Jobs.run`: in one C call
-        (csrc/template_run.c) where the library has it, else filled here and run by :func:`_execute`."""
+        (csrc/template_run.c) where the library has it, else filled here and run by :func:`_run_table`."""
         return _execute_template(self, tuple(bases), threads, scratch_floats)
 
 
