@@ -352,7 +352,7 @@ def test_one_choice_reads_the_kind_its_key_holds(monkeypatch):
 def test_the_big_weights_factor_rises_with_the_weights_and_steps_where_a_sample_leaves_l2():
     """cost.big_weights, worked by hand on intel-avx512's rates (2^19 elements, two octaves, 1.8, 1 MB): 1 below
     2^19; 1 + 0.8 * log2(W / 2^19) / 2 between; 1.8 from 2^21; 1.8 from 2^19 wherever a sample's x or dy exceeds 1 MB;
-    and a step without a ramp (zen4)."""
+    and a step without a ramp (zen4): at 2^19 elements for 1-D kernels, at 2^20 for 2-D and 3-D ones."""
     r = cost.RATES["intel-avx512"]
     small_w = make_params((2, 128, 14, 14), (128, 128, 3, 3), padding=1)             # 147456 elements
     mid = make_params((2, 256, 14, 14), (256, 256, 3, 3), padding=1)                 # 589824 = 2^19 * 1.125
@@ -363,7 +363,13 @@ def test_the_big_weights_factor_rises_with_the_weights_and_steps_where_a_sample_
     assert cost.big_weights(big, r) == pytest.approx(1.8)
     assert cost.big_weights(long_rows, r) == pytest.approx(1.8)
     z = cost.RATES["zen4"]
-    assert cost.big_weights(mid, z) == 1.5 and cost.big_weights(small_w, z) == 1.0
+    assert cost.big_weights(small_w, z) == 1.0 and cost.big_weights(mid, z) == 1.0     # 2-D: below 2^20
+    assert cost.big_weights(big, z) == 1.5 and cost.big_weights(long_rows, z) == 1.5   # 2^21.2; 1-D from 2^19
+    wide = make_params((2, 256, 14, 14), (512, 256, 3, 3), stride=2, padding=1)      # 1179648 = 2^20 * 1.125
+    one_d = make_params((4, 512, 99), (512, 512, 2), stride=2)                        # 524288 = 2^19, 1-D
+    cube = make_params((2, 128, 2, 7, 7), (256, 128, 3, 3, 3), padding=1)            # 884736 < 2^20, 3-D
+    assert cost.big_weights(wide, z) == 1.5 and cost.big_weights(one_d, z) == 1.5
+    assert cost.big_weights(cube, z) == 1.0
 
 
 @pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()),

@@ -113,7 +113,12 @@ class Rates:
       from 1 at ``loop_weights`` elements to ``loop_big_weights`` at 2^n times as many (log scale), where one sample's
       data for the loops (x or dy, channel-major) holds at most ``loop_sample_bytes`` (None: any); past it, the step
       (each channel block of the weights streams the sample again from beyond L2: the speech encoder's 512-channel
-      rows of 3199)."""
+      rows of 3199);
+    - ``loop_weights_2d``: for 2-D and 3-D kernels this threshold instead of ``loop_weights`` (None: the same). Zen 4,
+      two threads, ms (dense / colgemm): 256x256x3x3 weights (2^19.2 elements) at 8x4x4 forward 0.89 / 1.08, input
+      gradient 0.98 / 1.24, at 2x14x14 1.42-2.43 / 2.95-3.10, the 3-D net's 256x128x3x3x3 (2^19.8) at 2x2x7x7
+      forward 1.58 / 2.56; but 512x256x3x3 (2^20.2) at 2x14x14 s2, gradients, 1.9-2.2 / 1.6 and the 1-D encoder's
+      512x512x2 (2^19) weight gradient 2.1 / 1.5 (so 1-D keeps ``loop_weights``)."""
 
     blas_macs: float
     loop_macs: float
@@ -126,6 +131,7 @@ class Rates:
     forward_columns: int
     loop_weights_ramp: int = 0
     loop_sample_bytes: int | None = None
+    loop_weights_2d: int | None = None
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -152,7 +158,7 @@ class Rates:
 #:   1.94, torch 0.53): 75e9.
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
-                  stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096),
+                  stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -250,16 +256,17 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
 
 def big_weights(p, r: Rates) -> float:
     """The dense loops' time factor for one group's weights of W elements (see :class:`Rates`): 1 below
-    ``r.loop_weights``; from there ``r.loop_big_weights``, or, with a ramp and where a sample's x and dy (float32) fit in
+    ``r.loop_weights`` (2-D and 3-D kernels: ``r.loop_weights_2d`` where set); from there ``r.loop_big_weights``, or, with a ramp and where a sample's x and dy (float32) fit in
     ``r.loop_sample_bytes``, 1 + (loop_big_weights - 1) * min(1, log2(W / loop_weights) / loop_weights_ramp)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     W = Cog * Cg * K
-    if W < r.loop_weights:
+    least = r.loop_weights if len(p.kernel) == 1 or r.loop_weights_2d is None else r.loop_weights_2d
+    if W < least:
         return 1.0
     sample = 4 * max(p.input_shape[1] * math.prod(p.input_shape[2:]), p.output_shape[1] * Q)
     if r.loop_weights_ramp <= 0 or (r.loop_sample_bytes is not None and sample > r.loop_sample_bytes):
         return r.loop_big_weights
-    return 1 + (r.loop_big_weights - 1) * min(1.0, math.log2(W / r.loop_weights) / r.loop_weights_ramp)
+    return 1 + (r.loop_big_weights - 1) * min(1.0, math.log2(W / least) / r.loop_weights_ramp)
 
 
 def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
