@@ -382,3 +382,19 @@ def test_intel_rates_pick_the_loops_for_256_channel_3x3s_and_colgemm_for_512():
     with cost.choosing("intel-avx512"):
         assert [paths.cost_pick(mid, o) for o in ("y", "dx", "dw")] == ["dense"] * 3
         assert [paths.cost_pick(big, o) for o in ("y", "dx", "dw")] == ["colgemm"] * 3
+
+
+@pytest.mark.skipif(not small.compiled_available(), reason="colgemm is a candidate only where the compiled copies are built")
+def test_small_cols_is_weighed_with_its_python_steps_so_resnet_shortcuts_take_colgemm():
+    """cost.small_cols = cost.small + SMALL_COLS_CALL: ResNet-18's strided 1x1 shortcut at 8x64x16x16 -> 128 (past
+    SMALL_MACS: weighed) goes to colgemm for every output, which the surcharge decides (measured inside training
+    steps, two threads: 0.16-0.19 ms forward against small-cols' 0.28-0.32); a call within SMALL_MACS stays on the
+    small path, unweighed."""
+    p = make_params((8, 64, 16, 16), (128, 64, 1, 1), stride=2)
+    with cost.choosing("zen4"):
+        for o in ("y", "dx", "dw"):
+            assert cost.small_cols(p, o) == pytest.approx(cost.small(p, o) + cost.SMALL_COLS_CALL)
+            assert cost.small(p, o) < cost.colgemm(p, o) < cost.small_cols(p, o)
+            assert paths.cost_pick(p, o) == "colgemm"
+        tiny = make_params((1, 16, 4, 4), (16, 16, 1, 1), stride=2)
+        assert cost.macs(tiny) <= cost.SMALL_MACS and paths.cost_pick(tiny, "y") == "small-cols"

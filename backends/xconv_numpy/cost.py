@@ -31,7 +31,8 @@ the path keeps busy, :data:`CORES` assumed):
 - ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
   K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
   gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
-  0.14), else colgemm's model on one core;
+  0.14), else colgemm's model on one core; ``small-cols`` weighed against the others ``SMALL_COLS_CALL`` more (its
+  Python steps in a model step);
 - ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies;
 - every other path pays ``CALL`` per output.
 
@@ -217,6 +218,15 @@ def rates() -> Rates:
 
 CALL = 20e-6
 SMALL_CALL = 3e-6
+#: What ``small-cols`` costs a call more than its estimate where the model weighs it against the other paths
+#: (:func:`small_cols`): it runs its columns, its one BLAS product on one core and the layout back from Python, with
+#: no kept job list, and in a model step each of those Python steps runs on caches the previous layer evicted (issue
+#: 25, eighth session, Zen 4, calls timed inside training steps, ms, small-cols against colgemm's kept templates:
+#: ResNet-18's strided 1x1 shortcuts forward 0.28-0.32 / 0.16-0.19 and backward 0.42-0.60 / 0.31-0.37 on two
+#: threads, 0.29-0.32 / 0.21-0.29 and 0.43-0.58 / 0.42-0.50 on one; MobileNetV2's 1x1s at 3x3 forward 0.17-0.26 /
+#: 0.15-0.19, backward 0.21-0.46 / 0.22-0.32; alone, in a loop, small-cols had been the faster, 0.14-0.20 against
+#: 0.16-0.25). Calls the small path keeps by size (:data:`SMALL_MACS`) are not weighed: no surcharge there.
+SMALL_COLS_CALL = 60e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
 #: threads of the other paths cost more than the arithmetic (a 1x1 at 32x16x4x4: 0.39 ms small, 0.87 pointwise).
 SMALL_MACS = 1 << 19
@@ -377,8 +387,13 @@ def stem(p, output: str = "y") -> float:
     return STEM_CALL + (sums + COPY * phase_rows) / CORES
 
 
+def small_cols(p, output: str) -> float:
+    """``small-cols``: the small path's estimate plus :data:`SMALL_COLS_CALL` (its Python steps in a model)."""
+    return small(p, output) + SMALL_COLS_CALL
+
+
 #: the path table's name (paths.PATHS) -> estimate(p, output)
-ESTIMATES = {"small-c": small, "small-cols": small, "colgemm": colgemm, "dense": dense, "small-c-blocks": grid,
+ESTIMATES = {"small-c": small, "small-cols": small_cols, "colgemm": colgemm, "dense": dense, "small-c-blocks": grid,
              "pointwise": pointwise, "grid-forward": blas_grid, "stem": stem}
 
 
