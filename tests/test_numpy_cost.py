@@ -398,3 +398,26 @@ def test_small_cols_is_weighed_with_its_python_steps_so_resnet_shortcuts_take_co
             assert paths.cost_pick(p, o) == "colgemm"
         tiny = make_params((1, 16, 4, 4), (16, 16, 1, 1), stride=2)
         assert cost.macs(tiny) <= cost.SMALL_MACS and paths.cost_pick(tiny, "y") == "small-cols"
+
+
+@pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()),
+                    reason="the dense loops are a candidate only where the compiled loops hold them")
+def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart():
+    """cost.backward_pair (zen4 rates): ResNet-18's 8x256x4x4 256 3x3 costs the dense loops cheapest for dx and colgemm
+    for dw, each alone, but colgemm for both (one call: its dy and column copies shared) below the two apart, so both
+    outputs take colgemm, whatever the mask (measured, two threads: 2.19-2.23 ms either path for both, 2.43-2.49 apart);
+    the ResNet stem keeps the stem loops' weight gradient (a first layer's only gradient) beside colgemm's dx."""
+    p = make_params((8, 256, 4, 4), (256, 256, 3, 3), padding=1)
+    stem_call = make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3)
+    with cost.choosing("zen4"):
+        cands = ["colgemm", "dense"]
+        assert cost.cheapest(p, "dx", cands) == "dense" and cost.cheapest(p, "dw", cands) == "colgemm"
+        apart = cost.dense(p, "dx") + cost.colgemm(p, "dw")
+        assert cost.together(p, "colgemm") < min(apart, cost.together(p, "dense"))
+        assert cost.backward_pair(p, cands, cands) == ("colgemm", "colgemm")
+        assert paths.cost_pick(p, "dx") == paths.cost_pick(p, "dw") == "colgemm"
+        if cost.stem_loops.serves(stem_call):
+            assert paths.cost_pick(stem_call, "dw") == "stem"
+        for mask in ((True, False, False), (False, True, False), (True, True, True)):
+            plan = paths.backward_plan(p, mask)
+            assert {run[0].name for run in plan[0]} == {"colgemm"}, (mask, plan)

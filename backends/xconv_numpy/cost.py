@@ -5,7 +5,8 @@ input gradient ("dx") or weight gradient ("dw") should: the one with the least e
 estimates read the shapes, strides and kernel only (never a clock, the thread count or the mask), and the rates of
 the kind of CPU (:data:`RATES`: read from the CPU's vendor and the build, or named by ``XCONV_NUMPY_CPU``), so the
 choice, and with it the bits, is a pure function of the configuration, the build and that kind. Each output is
-costed on its own, so which outputs a call asks for cannot change how one of them is computed.
+costed for the full call (dx's and dw's paths chosen together, :func:`backward_pair`), so which outputs a call asks
+for cannot change how one of them is computed.
 
 The model, per path of the table (the names of ``paths.PATHS``; seconds on one core, then divided by the cores
 the path keeps busy, :data:`CORES` assumed):
@@ -395,6 +396,36 @@ def small_cols(p, output: str) -> float:
 #: the path table's name (paths.PATHS) -> estimate(p, output)
 ESTIMATES = {"small-c": small, "small-cols": small_cols, "colgemm": colgemm, "dense": dense, "small-c-blocks": grid,
              "pointwise": pointwise, "grid-forward": blas_grid, "stem": stem}
+
+
+def together(p, name: str) -> float:
+    """Estimated seconds of dx and dw in one call of path ``name``: the two outputs' estimates less what one call
+    shares between them, its fixed cost per call (colgemm: also its copies of the columns and of dy, which each
+    output's estimate counts)."""
+    both = ESTIMATES[name](p, "dx") + ESTIMATES[name](p, "dw")
+    if name == "colgemm":
+        N, Cg, Cog, g, K, Q = _sizes(p)
+        elements = g * Cg * K * N * Q + g * Cog * N * Q
+        copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
+        return both - CALL - copies / min(CORES, max(1, g * Cog * Cg * K * N * Q >> 22))
+    return both - {"small-c": SMALL_CALL, "small-cols": SMALL_CALL + SMALL_COLS_CALL}.get(name, CALL)
+
+
+def backward_pair(p, dx_candidates, dw_candidates) -> tuple[str, str]:
+    """(dx's path, dw's path) of a backward of ``p``, the full call's whatever the mask: each output's cheapest on its
+    own, unless they are the dense loops and colgemm and one path that can run both costs less for the two together
+    (:func:`together`) than those two apart (two calls, each paying its own copies of dy; ResNet-18's 8x256x4x4 256
+    3x3, two threads, ms: the dense loops' dx with colgemm's dw 2.43-2.49, either path for both 2.19-2.23). Ties keep
+    them apart. Other pairs stay apart: above all the stem loops' weight gradient, a first layer's only gradient."""
+    a, b = cheapest(p, "dx", dx_candidates), cheapest(p, "dw", dw_candidates)
+    if a == b or {a, b} != {"dense", "colgemm"}:
+        return a, b
+    apart = ESTIMATES[a](p, "dx") + ESTIMATES[b](p, "dw")
+    shared = [name for name in dx_candidates if name in dw_candidates]
+    best = min(shared, key=lambda name: together(p, name), default=None)
+    if best is not None and together(p, best) < apart:
+        return best, best
+    return a, b
 
 
 def cheapest(p, output: str, candidates) -> str:

@@ -181,11 +181,25 @@ def cost_pick(p, output: str):
     """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that
     can run it, as a table path name; None where the model does not decide (the rules below it do). A function
     of the configuration, the build and the kind of CPU (``cost.cpu_kind``: ``$XCONV_NUMPY_CPU`` or read from the CPU;
-    never a clock) only (cached with the table's choice)."""
+    never a clock) only (cached with the table's choice). A backward output's path is the full call's: dx's and dw's
+    are chosen together (``cost.backward_pair``), whatever the mask asks for."""
     if p.transposed or not small.compiled_available() or columns.serves(p) \
             or (depthwise.serves(p) and not small.before_depthwise(p, output != "y")):
         return None     # the rules above it decide; a depthwise-shaped call that they pass on to the small path
                         # (small.before_depthwise) is the model's to pick, as any other
+    mine = _candidates(p, output)
+    if isinstance(mine, str) or not mine:
+        return mine or None                                          # the small path by size, or nothing to weigh
+    theirs = None if output == "y" else _candidates(p, "dw" if output == "dx" else "dx")
+    if isinstance(theirs, str) or not theirs:
+        return cost.cheapest(p, output, mine)
+    dx, dw = cost.backward_pair(p, *((mine, theirs) if output == "dx" else (theirs, mine)))   # the full call's pair
+    return dx if output == "dx" else dw
+
+
+def _candidates(p, output: str):
+    """The paths that can run ``output`` of ``p`` for the cost model to weigh (a list), or the one path the small
+    path's size rule gives it (a name)."""
     need_dx = output == "dx"
     served = small.serves(p, need_dx)                                # the small path by its own size rule
     same = np.dtype(DTYPES[p.dtype]) == compute_dtype(p)             # no wider copies: its grids stay small
@@ -222,7 +236,7 @@ def cost_pick(p, output: str):
             cands.append("pointwise")
         if output == "dw" and stem.serves(p):
             cands.append("stem")
-    return cost.cheapest(p, output, cands) if cands else None
+    return cands
 
 
 def _cost(output: str, name: str):
