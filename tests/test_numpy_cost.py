@@ -384,13 +384,16 @@ def test_intel_rates_pick_the_loops_for_256_channel_3x3s_and_colgemm_for_512():
         assert [paths.cost_pick(big, o) for o in ("y", "dx", "dw")] == ["colgemm"] * 3
 
 
-@pytest.mark.skipif(not small.compiled_available(), reason="colgemm is a candidate only where the compiled copies are built")
+@pytest.mark.skipif(not small.compiled_available(),
+                    reason="colgemm is a candidate only where the compiled copies are built")
 def test_small_cols_is_weighed_with_its_python_steps_so_resnet_shortcuts_take_colgemm():
-    """cost.small_cols = cost.small + SMALL_COLS_CALL: ResNet-18's strided 1x1 shortcut at 8x64x16x16 -> 128 (past
-    SMALL_MACS: weighed) goes to colgemm for every output, which the surcharge decides (measured inside training
-    steps, two threads: 0.16-0.19 ms forward against small-cols' 0.28-0.32); a call within SMALL_MACS stays on the
-    small path, unweighed."""
+    """cost.small_cols = cost.small + SMALL_COLS_CALL on zen4 (intel-avx512: unmeasured, no surcharge): ResNet-18's
+    strided 1x1 shortcut at 8x64x16x16 -> 128 (past SMALL_MACS: weighed) goes to colgemm for every output, which the
+    surcharge decides (measured inside training steps, two threads: 0.16-0.19 ms forward against small-cols'
+    0.28-0.32); a call within SMALL_MACS stays on the small path, unweighed."""
     p = make_params((8, 64, 16, 16), (128, 64, 1, 1), stride=2)
+    assert cost.RATES["zen4"].small_cols_call == cost.SMALL_COLS_CALL
+    assert cost.RATES["intel-avx512"].small_cols_call == 0
     with cost.choosing("zen4"):
         for o in ("y", "dx", "dw"):
             assert cost.small_cols(p, o) == pytest.approx(cost.small(p, o) + cost.SMALL_COLS_CALL)
@@ -402,22 +405,27 @@ def test_small_cols_is_weighed_with_its_python_steps_so_resnet_shortcuts_take_co
 
 @pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()),
                     reason="the dense loops are a candidate only where the compiled loops hold them")
-def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart():
+def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart(monkeypatch):
     """cost.backward_pair (zen4 rates): ResNet-18's 8x256x4x4 256 3x3 costs the dense loops cheapest for dx and colgemm
-    for dw, each alone, but colgemm for both (one call: its dy and column copies shared) below the two apart, so both
-    outputs take colgemm, whatever the mask (measured, two threads: 2.19-2.23 ms either path for both, 2.43-2.49 apart);
-    the ResNet stem keeps the stem loops' weight gradient (a first layer's only gradient) beside colgemm's dx."""
+    for dw, each alone, but colgemm for both (one call: its fixed cost and its copy of dy shared) below the two apart
+    plus SPLIT_CALL, so both outputs take colgemm, whatever the mask (measured, two threads: 2.19-2.23 ms either path
+    for both, 2.43-2.49 apart); the ResNet stem keeps the stem loops' weight gradient (a first layer's only gradient)
+    beside colgemm's dx; intel-avx512 (no split_call) keeps each output's own cheapest."""
     p = make_params((8, 256, 4, 4), (256, 256, 3, 3), padding=1)
     stem_call = make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3)
+    cands = ["colgemm", "dense"]
     with cost.choosing("zen4"):
-        cands = ["colgemm", "dense"]
         assert cost.cheapest(p, "dx", cands) == "dense" and cost.cheapest(p, "dw", cands) == "colgemm"
         apart = cost.dense(p, "dx") + cost.colgemm(p, "dw")
-        assert cost.together(p, "colgemm") < min(apart, cost.together(p, "dense"))
+        assert apart < cost.together(p, "colgemm") < apart + cost.SPLIT_CALL         # SPLIT_CALL decides
         assert cost.backward_pair(p, cands, cands) == ("colgemm", "colgemm")
-        assert paths.cost_pick(p, "dx") == paths.cost_pick(p, "dw") == "colgemm"
         if cost.stem_loops.serves(stem_call):
             assert paths.cost_pick(stem_call, "dw") == "stem"
-        for mask in ((True, False, False), (False, True, False), (True, True, True)):
-            plan = paths.backward_plan(p, mask)
-            assert {run[0].name for run in plan[0]} == {"colgemm"}, (mask, plan)
+    with cost.choosing("intel-avx512"):
+        a, b = cost.cheapest(p, "dx", cands), cost.cheapest(p, "dw", cands)
+        assert cost.backward_pair(p, cands, cands) == (a, b)
+    monkeypatch.setenv("XCONV_NUMPY_CPU", "zen4")        # the table's choice reads the setting (cached per kind)
+    assert paths.cost_pick(p, "dx") == paths.cost_pick(p, "dw") == "colgemm"
+    for mask in ((True, False, False), (False, True, False), (True, True, True)):
+        plan = paths.backward_plan(p, mask)
+        assert {run[0].name for run in plan[0]} == {"colgemm"}, (mask, plan)

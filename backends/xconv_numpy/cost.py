@@ -5,8 +5,8 @@ input gradient ("dx") or weight gradient ("dw") should: the one with the least e
 estimates read the shapes, strides and kernel only (never a clock, the thread count or the mask), and the rates of
 the kind of CPU (:data:`RATES`: read from the CPU's vendor and the build, or named by ``XCONV_NUMPY_CPU``), so the
 choice, and with it the bits, is a pure function of the configuration, the build and that kind. Each output is
-costed for the full call (dx's and dw's paths chosen together, :func:`backward_pair`), so which outputs a call asks
-for cannot change how one of them is computed.
+costed on its own and its path is the full call's (dx's and dw's chosen together, :func:`backward_pair`), so which
+outputs a call asks for cannot change how one of them is computed.
 
 The model, per path of the table (the names of ``paths.PATHS``; seconds on one core, then divided by the cores
 the path keeps busy, :data:`CORES` assumed):
@@ -32,8 +32,8 @@ the path keeps busy, :data:`CORES` assumed):
 - ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
   K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
   gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
-  0.14), else colgemm's model on one core; ``small-cols`` weighed against the others ``SMALL_COLS_CALL`` more (its
-  Python steps in a model step);
+  0.14), else colgemm's model on one core; ``small-cols`` weighed against the others ``Rates.small_cols_call``
+  more (its Python steps in a model step);
 - ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies;
 - every other path pays ``CALL`` per output.
 
@@ -118,9 +118,14 @@ class Rates:
       rows of 3199);
     - ``loop_weights_2d``: for 2-D and 3-D kernels this threshold instead of ``loop_weights`` (None: the same). Zen 4,
       two threads, ms (dense / colgemm): 256x256x3x3 weights (2^19.2 elements) at 8x4x4 forward 0.89 / 1.08, input
-      gradient 0.98 / 1.24, at 2x14x14 1.42-2.43 / 2.95-3.10, the 3-D net's 256x128x3x3x3 (2^19.8) at 2x2x7x7
-      forward 1.58 / 2.56; but 512x256x3x3 (2^20.2) at 2x14x14 s2, gradients, 1.9-2.2 / 1.6 and the 1-D encoder's
-      512x512x2 (2^19) weight gradient 2.1 / 1.5 (so 1-D keeps ``loop_weights``)."""
+      gradient 0.98 / 1.24; at 2x14x14 input gradient 2.43 / 2.95, weight gradient 2.81 / 3.10; the 3-D net's
+      256x128x3x3x3 (2^19.8) at 2x2x7x7 forward 1.58 / 2.56; but 512x256x3x3 (2^20.2) at 2x14x14 s2, input and weight
+      gradients, 2.17 / 1.64 and 1.89 / 1.64, and the 1-D encoder's 512x512x2 (2^19) weight gradient 2.09 / 1.52 (so
+      1-D keeps ``loop_weights``);
+    - ``small_cols_call``: :data:`SMALL_COLS_CALL` where set (0: none);
+    - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
+      :func:`backward_pair`).
+    ``small_cols_call`` and ``split_call`` were measured on Zen 4 only: Intel keeps the picks it had without them."""
 
     blas_macs: float
     loop_macs: float
@@ -134,6 +139,8 @@ class Rates:
     loop_weights_ramp: int = 0
     loop_sample_bytes: int | None = None
     loop_weights_2d: int | None = None
+    small_cols_call: float = 0.0
+    split_call: float | None = None
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -160,7 +167,8 @@ class Rates:
 #:   1.94, torch 0.53): 75e9.
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
-                  stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20),
+                  stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
+                  small_cols_call=60e-6, split_call=100e-6),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -220,7 +228,8 @@ def rates() -> Rates:
 CALL = 20e-6
 SMALL_CALL = 3e-6
 #: What ``small-cols`` costs a call more than its estimate where the model weighs it against the other paths
-#: (:func:`small_cols`): it runs its columns, its one BLAS product on one core and the layout back from Python, with
+#: (:func:`small_cols`; ``Rates.small_cols_call``, this value on ``zen4``): it runs its columns, its one BLAS product
+#: on one core and the layout back from Python, with
 #: no kept job list, and in a model step each of those Python steps runs on caches the previous layer evicted (issue
 #: 25, eighth session, Zen 4, calls timed inside training steps, ms, small-cols against colgemm's kept templates:
 #: ResNet-18's strided 1x1 shortcuts forward 0.28-0.32 / 0.16-0.19 and backward 0.42-0.60 / 0.31-0.37 on two
@@ -228,6 +237,11 @@ SMALL_CALL = 3e-6
 #: 0.15-0.19, backward 0.21-0.46 / 0.22-0.32; alone, in a loop, small-cols had been the faster, 0.14-0.20 against
 #: 0.16-0.25). Calls the small path keeps by size (:data:`SMALL_MACS`) are not weighed: no surcharge there.
 SMALL_COLS_CALL = 60e-6
+#: What a backward costs more when its dx and dw run on two paths (:func:`backward_pair`; ``Rates.split_call``, this
+#: value on ``zen4``): the second path's own dispatch, scratch and region, and its own pass over dy. ResNet-18's
+#: 8x256x4x4 256 3x3, two threads, ms: the dense loops' dx 0.98 and colgemm's dw 1.24 alone, 2.43-2.49 in one call
+#: (0.2-0.27 over their sum); either path for both 2.19-2.23.
+SPLIT_CALL = 100e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
 #: threads of the other paths cost more than the arithmetic (a 1x1 at 32x16x4x4: 0.39 ms small, 0.87 pointwise).
 SMALL_MACS = 1 << 19
@@ -266,9 +280,10 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
 
 
 def big_weights(p, r: Rates) -> float:
-    """The dense loops' time factor for one group's weights of W elements (see :class:`Rates`): 1 below
-    ``r.loop_weights`` (2-D and 3-D kernels: ``r.loop_weights_2d`` where set); from there ``r.loop_big_weights``, or, with a ramp and where a sample's x and dy (float32) fit in
-    ``r.loop_sample_bytes``, 1 + (loop_big_weights - 1) * min(1, log2(W / loop_weights) / loop_weights_ramp)."""
+    """The dense loops' time factor for one group's weights of W elements (see :class:`Rates`): 1 below the
+    threshold T (``r.loop_weights``; for 2-D and 3-D kernels ``r.loop_weights_2d`` where set); from there
+    ``r.loop_big_weights``, or, with a ramp and where a sample's x and dy (float32) fit in ``r.loop_sample_bytes``,
+    1 + (loop_big_weights - 1) * min(1, log2(W / T) / loop_weights_ramp)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     W = Cog * Cg * K
     least = r.loop_weights if len(p.kernel) == 1 or r.loop_weights_2d is None else r.loop_weights_2d
@@ -389,8 +404,8 @@ def stem(p, output: str = "y") -> float:
 
 
 def small_cols(p, output: str) -> float:
-    """``small-cols``: the small path's estimate plus :data:`SMALL_COLS_CALL` (its Python steps in a model)."""
-    return small(p, output) + SMALL_COLS_CALL
+    """``small-cols``: the small path's estimate plus ``Rates.small_cols_call`` (its Python steps in a model)."""
+    return small(p, output) + rates().small_cols_call
 
 
 #: the path table's name (paths.PATHS) -> estimate(p, output)
@@ -399,29 +414,28 @@ ESTIMATES = {"small-c": small, "small-cols": small_cols, "colgemm": colgemm, "de
 
 
 def together(p, name: str) -> float:
-    """Estimated seconds of dx and dw in one call of path ``name``: the two outputs' estimates less what one call
-    shares between them, its fixed cost per call (colgemm: also its copies of the columns and of dy, which each
-    output's estimate counts)."""
+    """Estimated seconds of dx and dw in one call of path ``name`` (the dense loops or colgemm): the two outputs'
+    estimates less what one call shares between them: its fixed cost per call, and for colgemm its channel-major
+    copy of dy (each output's estimate counts it; the columns are not shared: dw builds x's, dx folds its own back)."""
     both = ESTIMATES[name](p, "dx") + ESTIMATES[name](p, "dw")
-    if name == "colgemm":
-        N, Cg, Cog, g, K, Q = _sizes(p)
-        elements = g * Cg * K * N * Q + g * Cog * N * Q
-        copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
-        return both - CALL - copies / min(CORES, max(1, g * Cog * Cg * K * N * Q >> 22))
-    return both - {"small-c": SMALL_CALL, "small-cols": SMALL_CALL + SMALL_COLS_CALL}.get(name, CALL)
+    if name != "colgemm":
+        return both - CALL
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    return both - CALL - COPY * g * Cog * N * Q / min(CORES, max(1, g * Cog * Cg * K * N * Q >> 22))
 
 
 def backward_pair(p, dx_candidates, dw_candidates) -> tuple[str, str]:
     """(dx's path, dw's path) of a backward of ``p``, the full call's whatever the mask: each output's cheapest on its
-    own, unless they are the dense loops and colgemm and one path that can run both costs less for the two together
-    (:func:`together`) than those two apart (two calls, each paying its own copies of dy; ResNet-18's 8x256x4x4 256
-    3x3, two threads, ms: the dense loops' dx with colgemm's dw 2.43-2.49, either path for both 2.19-2.23). Ties keep
-    them apart. Other pairs stay apart: above all the stem loops' weight gradient, a first layer's only gradient."""
+    own, unless they are the dense loops and colgemm and one of the two, where it can run both, costs less for both
+    together (:func:`together`) than the two apart plus ``Rates.split_call`` (:data:`SPLIT_CALL`); ties keep them
+    apart. Other pairs stay apart: above all the stem loops' weight gradient, a first layer's only gradient. Kinds
+    without ``split_call`` (None) keep each output's own cheapest."""
     a, b = cheapest(p, "dx", dx_candidates), cheapest(p, "dw", dw_candidates)
-    if a == b or {a, b} != {"dense", "colgemm"}:
+    split = rates().split_call
+    if a == b or {a, b} != {"dense", "colgemm"} or split is None:
         return a, b
-    apart = ESTIMATES[a](p, "dx") + ESTIMATES[b](p, "dw")
-    shared = [name for name in dx_candidates if name in dw_candidates]
+    apart = ESTIMATES[a](p, "dx") + ESTIMATES[b](p, "dw") + split
+    shared = [name for name in ("dense", "colgemm") if name in dx_candidates and name in dw_candidates]
     best = min(shared, key=lambda name: together(p, name), default=None)
     if best is not None and together(p, best) < apart:
         return best, best
