@@ -3,7 +3,7 @@
 :func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
 templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
 :mod:`.grid.pointwise_planned`; colgemm's one-chunk calls: :mod:`.colgemm_quick`; the depthwise loops across
-channels: :mod:`.depthwise_quick`), it runs them straight, what depends on the configuration looked up once, and falls
+channels: :mod:`.depthwise_quick`; the dense loops' strided forward: :mod:`.dense_strided_quick`), it runs them straight, what depends on the configuration looked up once, and falls
 back to the dispatch for any call that is not the template's (the same jobs either way, so the same bits).
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import bias, colgemm, colgemm_quick, dense, dense_quick, depthwise_quick, jobs, paths
+from . import bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, jobs, paths
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .fast import _backward_on, _fprop_on, share_of, work_of
 from .grid import pointwise_planned
@@ -92,7 +92,7 @@ def _plain_jobs(run, p: ConvParams, op: str):
 
 def _quick_fprop(path, p: ConvParams):
     """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
-    None where ``path`` keeps none (the dense loops at stride 1, the pointwise sgemm jobs, colgemm's one-chunk
+    None where ``path`` keeps none (the dense loops at any stride, the pointwise sgemm jobs, colgemm's one-chunk
     float32 jobs and the depthwise loops across channels do)."""
     if path.name == "pointwise" and _sgemm_jobs(p):
         return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
@@ -102,7 +102,10 @@ def _quick_fprop(path, p: ConvParams):
     if path.name == "depthwise":
         run = depthwise_quick.fprop_runner(p)
         return None if run is None else _plain_jobs(_quiet(run), p, "fprop")
-    if path.name != "dense" or any(s != 1 for s in p.stride) or not dense.computes_fprop(p):
+    if path.name == "dense" and any(s != 1 for s in p.stride):
+        run = dense_strided_quick.fprop_runner(p)
+        return None if run is None else _plain_jobs(run, p, "fprop")
+    if path.name != "dense" or not dense.computes_fprop(p):
         return None
     q = dense.dual(p)
     loops = dense_quick.runner(q, True, False, flip=True)

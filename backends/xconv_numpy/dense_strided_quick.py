@@ -1,0 +1,91 @@
+"""A lane's repeated strided dense forwards from one job template (no per-call Python between the jobs).
+
+:func:`.dense.fprop` at strides above 1 checks the weights for a NaN or an infinity, copies them into the dual's
+tap-major layout (one job region) and builds the phase copies and the row sums of :func:`.dense_strided.fprop` as a
+job list (a second region): in a model step 0.1-0.3 ms of Python and region set-up per call (ResNet-18 64's 64 -> 128
+3x3 stride 2: 0.27-0.29 ms outside its C regions, its sums 0.44). :func:`fprop_runner` keeps, per configuration and
+worker count, one template of the same jobs (the weights' copy, which also flags a non-finite weight, and x's phase
+copies in phase 0, then the same row sums), so a call fills in its arrays' addresses and runs one region: the same
+jobs on the same layouts, so the same bits. Where a call is not the template's (x or w not float32, C-contiguous and
+aligned, channels the copy does not take, a workspace limit) or a weight is not finite, it returns None and the
+caller runs the dispatch (:func:`.fast._fprop_on`), which decides as always (the columns detour for such a weight).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xconv import ConvParams
+
+from . import dense_strided, small_c
+from .dense_plan import dx_units, padded_row
+from .dense_weights import ROW_TASKS_PER_WORKER, _copyable, _readable, _tap_major_rows
+from .grid.scratch import Lease
+from .jobs import Jobs, Template
+from .native import address
+from .plans import per_params
+from .workers import even_ranges
+
+_F32 = np.dtype(np.float32)
+#: The template's bases, by number: the weights, their tap-major copy, x, x's phase rows, y, the non-finite flag.
+_W, _WT, _X, _PH, _Y, _BAD = range(6)
+
+
+@per_params
+def fprop_runner(p: ConvParams):
+    """``run(x, w, bias, workers) -> y`` (None where the call is not the template's, see the module docstring) for the
+    strided dense forward of ``p``, or None where ``p`` has no template: under a workspace limit (the blocks of
+    samples follow the limit), or not a call :func:`.dense_strided.computes`."""
+    if p.workspace_limit is not None or not dense_strided.computes(p):
+        return None
+    g, N, Co = p.groups, p.input_shape[0], p.output_shape[1]
+    f = dense_strided.plan(p, N)                             # one block: all samples (no limit)
+    Cg, Cog, K = f.C // g, Co // g, f.K
+    nd = p.nd
+    kept: dict = {}                                          # workers -> (template, what its jobs read) or None
+
+    def run(x, w, bias, workers: int):
+        if not (_readable(x) and _copyable(w, g, True)):
+            return None
+        wt = np.empty((g, K, Cg, padded_row(Cog)), _F32)[..., :Cog]     # dense_weights.tap_major(flip, padded)'s
+        bad = np.zeros(1, np.int64)
+        y = np.empty(p.output_shape, _F32)
+        with Lease() as lease:                               # what dense_strided.fprop leases
+            phases = lease.empty((f.N * f.H * f.rs,), _F32)
+            bases = (w, wt, x, phases, y, bad)
+            entry = kept.get(workers, False)
+            if entry is False:
+                entry = kept[workers] = _template(x, w, wt, phases, y, bad, workers, bases)
+            if entry is None:
+                return None
+            entry[0].run(bases, workers)
+        if bad[0]:
+            return None                                      # a weight not finite: the dispatch detours
+        if bias is not None:                                 # as dense_strided.fprop adds it
+            with np.errstate(all="ignore"):
+                y += np.asarray(bias, _F32).reshape((1, -1) + (1,) * nd)
+        return y
+
+    def _template(x, w, wt, phases, y, bad, workers: int, bases):
+        """(the jobs of :func:`.dense.fprop`'s strided route for these arrays as one template, what they read at
+        fixed addresses), or None where x's copy would not be x itself."""
+        xr, geo = small_c.im2col_input(x, p, _F32)           # x itself (plain float32) and its geometry
+        if address(xr) != address(x):
+            return None
+        rows, positions = _tap_major_rows(w, wt, g, True, workers)
+        rows = [row + [0] * (13 - len(row)) + [address(bad)] for row in rows]
+        copy, phase_copies, sums = Jobs(), Jobs(), Jobs()
+        copy.rows("x_to_grid", rows, signal=0)
+        parts = even_ranges(N * f.C * f.H, dense_strided.TASKS_PER_WORKER * workers)
+        phase_copies.split("stem_phases", (address(xr), address(phases), address(geo), 0, 0,
+                                           f.lq, 1), 3, parts, signal=0)
+        sums.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4,
+                               wt.strides[0] // 4, address(f.offs), K, Cg, Cog, address(y), f.Ho * f.Wo,
+                               Cog * f.Ho * f.Wo, 1, address(f.rin), address(f.rout), N * f.Ho, 0, 0,
+                               f.Wo), 17,
+                   even_ranges(g * N * f.Ho * dx_units(K, Cg, Cog), ROW_TASKS_PER_WORKER * workers),
+                   wait=(0, len(rows) + len(parts)))
+        template = Template.joined([(copy, {0: _W, 11: _WT, 13: _BAD}), (phase_copies, {0: _X, 1: _PH}),
+                                    (sums, {0: _PH, 3: _WT, 10: _Y})], bases)
+        return template, (geo, positions, f)
+    return run

@@ -1,0 +1,117 @@
+"""xconv_numpy.dense_strided_quick: a lane's repeated strided dense forwards run one job template (the weights' copy,
+x's phase copies, the row sums) with the public call's bits (1-D and 2-D, groups, unequal strides, bias); calls that
+are not the template's (another layout, another worker count first, a non-finite weight, a workspace limit) take the
+full path, with its bits and its non-finite detour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xconv
+from xconv import lanes, torch_ops
+from xconv.params import make_params
+from xconv_numpy import dense, dense_strided, dense_strided_quick, paths
+from xconv_numpy.grid import scratch
+
+pytestmark = pytest.mark.skipif(not (dense.available() and dense_strided.computes(
+    make_params((2, 32, 8, 8), (32, 32, 3, 3), stride=2, padding=1)) and dense.computes_fprop(
+    make_params((2, 32, 8, 8), (32, 32, 3, 3), stride=2, padding=1))),
+    reason="the dense loops' strided forward needs the AVX-512 build of the compiled loops")
+
+#: (input, weight, stride, padding, groups): ResNet's 64 -> 128 3x3 s2, a 1-D encoder layer, groups with odd sizes,
+#: unequal strides and paddings, a 1-D stride 3.
+CASES = [((8, 64, 16, 16), (128, 64, 3, 3), 2, 1, 1), ((2, 64, 99), (64, 64, 3), 2, 0, 1),
+         ((2, 32, 15, 17), (64, 16, 3, 3), 2, 1, 2), ((3, 32, 9, 20), (32, 32, 5, 3), (2, 3), (2, 1), 1),
+         ((2, 32, 30), (16, 32, 4), 3, 1, 1)]
+
+
+def _conf(nd, stride, padding, groups):
+    stride = stride if isinstance(stride, tuple) else (stride,) * nd
+    padding = padding if isinstance(padding, tuple) else (padding,) * nd
+    return torch_ops.Conf(stride, tuple((a, a) for a in padding), (1,) * nd, groups, False, (0,) * nd, False,
+                          "keep_dtype", "numpy")
+
+
+def _data(xs, ws, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32),
+            rng.standard_normal(ws[0], dtype=np.float32))
+
+
+def _fresh_scratch(stash: list) -> None:
+    """Keep the arena's free buffers alive in ``stash``: the next call's scratch lies at new addresses."""
+    with scratch.ARENA.lock:
+        stash.append(scratch.ARENA.free)
+        scratch.ARENA.free, scratch.ARENA.total = {}, 0
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The calls that reached dense_strided.fprop (the full path), counted."""
+    lanes.clear()
+    seen = []
+    real = dense_strided.fprop
+    monkeypatch.setattr(dense_strided, "fprop", lambda *a: seen.append(a[3].input_shape) or real(*a))
+    yield seen
+    lanes.clear()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0]) - 2}d-{c[1][2:]}-s{c[2]}-g{c[4]}")
+def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, dispatched):
+    xs, ws, s, pad, g = case
+    nd = len(xs) - 2
+    conf = _conf(nd, s, pad, g)
+    x, w, b = _data(xs, ws)
+    xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
+    stash = []
+    with paths.force("dense"):                      # lanes opened inside keep that choice
+        want = [[xconv.conv_fprop(xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
+        for bb in (None, b):
+            lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
+        dispatched.clear()
+        for xi, wants in zip(xs_, want):
+            _fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
+            got = [lanes.fprop(conf, xi, w, bb, conf.kwargs) for bb in (None, b)]
+            assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
+        assert dispatched == []
+        x2 = np.asfortranarray(x)                   # another layout: the full path, its bits
+        assert lanes.fprop(conf, x2, w, b, conf.kwargs).tobytes() == want[0][1].tobytes()
+        assert dispatched == [xs]
+        with xconv.trace() as t:                    # a trace open: the full path records the call
+            xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+        assert t.records[-1].path.startswith("dense")
+
+
+def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
+    """The copies' and sums' ranges depend on the workers: a template per count, each with the bits. A weight holding
+    an inf or a NaN (flagged by the template's own copy) gives None, and the lane's dispatch the columns' result."""
+    xs, ws = (4, 64, 12, 12), (64, 64, 3, 3)
+    p = make_params(xs, ws, stride=2, padding=1)
+    x, w, b = _data(xs, ws, 1)
+    run = dense_strided_quick.fprop_runner(p)
+    with paths.force("dense"):
+        want = xconv.conv_fprop(x, w, bias=b, stride=2, padding=1, backend="numpy")
+    stash = []
+    for workers in (1, 2, 1, 2):
+        _fresh_scratch(stash)
+        assert run(x, w, b, workers).tobytes() == want.tobytes()
+    assert run(x.astype(np.float64), w, b, 2) is None                   # not the template's dtype
+    for bad in (np.inf, np.nan):
+        w2 = w.copy()
+        w2[5, 7, 1, 2] = bad
+        assert run(x, w2, b, 2) is None
+        conf = _conf(2, 2, 1, 1)
+        lanes.clear()
+        with paths.force("dense"):
+            got = lanes.fprop(conf, x, w2, b, conf.kwargs)
+            ref = xconv.conv_fprop(x, w2, bias=b, stride=2, padding=1, backend="numpy")
+        assert np.array_equal(got, ref, equal_nan=True) and not np.isfinite(got).all()
+    lanes.clear()
+
+
+def test_no_runner_under_a_workspace_limit_or_off_the_strided_loops():
+    assert dense_strided_quick.fprop_runner(
+        make_params((2, 64, 16, 16), (128, 64, 3, 3), stride=2, padding=1, workspace_limit=1 << 20)) is None
+    assert dense_strided_quick.fprop_runner(make_params((2, 64, 16, 16), (128, 64, 3, 3), padding=1)) is None
+    assert dense_strided_quick.fprop_runner(make_params((2, 64, 16, 16), (120, 64, 3, 3), stride=2)) is None
