@@ -17,7 +17,7 @@ from xconv_numpy.grid import scratch
 pytestmark = pytest.mark.skipif(not (dense.available() and dense_strided.computes(
     make_params((2, 32, 8, 8), (32, 32, 3, 3), stride=2, padding=1)) and dense.computes_fprop(
     make_params((2, 32, 8, 8), (32, 32, 3, 3), stride=2, padding=1))),
-    reason="the dense loops' strided forward needs the AVX-512 build of the compiled loops")
+    reason="the dense loops' strided forward needs their compiled loops (AVX-512 build; AVX2: forced only)")
 
 #: (input, weight, stride, padding, groups): ResNet's 64 -> 128 3x3 s2, a 1-D encoder layer, groups with odd sizes,
 #: unequal strides and paddings, a 1-D stride 3.
@@ -72,7 +72,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
         dispatched.clear()
         for xi, wants in zip(xs_, want):
             _fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
-            got = [lanes.fprop(conf, xi, w, bb, conf.kwargs) for bb in (None, b)]
+            got = [lanes.fprop(conf, xi, w.copy(), bb, conf.kwargs) for bb in (None, b)]     # w at a new address too
             assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
         assert dispatched == []
         x2 = np.asfortranarray(x)                   # another layout: the full path, its bits
@@ -97,6 +97,7 @@ def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
         _fresh_scratch(stash)
         assert run(x, w, b, workers).tobytes() == want.tobytes()
     assert run(x.astype(np.float64), w, b, 2) is None                   # not the template's dtype
+    assert run(np.concatenate([x, x])[:2], w, b, 2) is None                # not the configuration's shape
     for bad in (np.inf, np.nan):
         w2 = w.copy()
         w2[5, 7, 1, 2] = bad
@@ -104,7 +105,8 @@ def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
         conf = _conf(2, 2, 1, 1)
         lanes.clear()
         with paths.force("dense"):
-            got = lanes.fprop(conf, x, w2, b, conf.kwargs)
+            lanes.fprop(conf, x, w, b, conf.kwargs)                       # opens the lane (a public call)
+            got = lanes.fprop(conf, x, w2, b, conf.kwargs)                # the lane's runner: None, then the dispatch
             ref = xconv.conv_fprop(x, w2, bias=b, stride=2, padding=1, backend="numpy")
         assert np.array_equal(got, ref, equal_nan=True) and not np.isfinite(got).all()
     lanes.clear()

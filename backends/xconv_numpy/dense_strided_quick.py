@@ -41,11 +41,11 @@ def fprop_runner(p: ConvParams):
     g, N, Co = p.groups, p.input_shape[0], p.output_shape[1]
     f = dense_strided.plan(p, N)                             # one block: all samples (no limit)
     Cg, Cog, K = f.C // g, Co // g, f.K
-    nd = p.nd
-    kept: dict = {}                                          # workers -> (template, what its jobs read) or None
+    nd, xshape, wshape = p.nd, tuple(p.input_shape), tuple(p.weight_shape)
+    kept: dict = {}                                          # workers -> (template, what its jobs read)
 
     def run(x, w, bias, workers: int):
-        if not (_readable(x) and _copyable(w, g, True)):
+        if not (x.shape == xshape and w.shape == wshape and _readable(x) and _copyable(w, g, True)):
             return None
         wt = np.empty((g, K, Cg, padded_row(Cog)), _F32)[..., :Cog]     # dense_weights.tap_major(flip, padded)'s
         bad = np.zeros(1, np.int64)
@@ -56,8 +56,6 @@ def fprop_runner(p: ConvParams):
             entry = kept.get(workers, False)
             if entry is False:
                 entry = kept[workers] = _template(x, w, wt, phases, y, bad, workers, bases)
-            if entry is None:
-                return None
             entry[0].run(bases, workers)
         if bad[0]:
             return None                                      # a weight not finite: the dispatch detours
@@ -68,10 +66,8 @@ def fprop_runner(p: ConvParams):
 
     def _template(x, w, wt, phases, y, bad, workers: int, bases):
         """(the jobs of :func:`.dense.fprop`'s strided route for these arrays as one template, what they read at
-        fixed addresses), or None where x's copy would not be x itself."""
-        xr, geo = small_c.im2col_input(x, p, _F32)           # x itself (plain float32) and its geometry
-        if address(xr) != address(x):
-            return None
+        fixed addresses)."""
+        xr, geo = small_c.im2col_input(x, p, _F32)           # x itself (plain float32: run checked) and its geometry
         rows, positions = _tap_major_rows(w, wt, g, True, workers)
         rows = [row + [0] * (13 - len(row)) + [address(bad)] for row in rows]
         copy, phase_copies, sums = Jobs(), Jobs(), Jobs()

@@ -3,8 +3,9 @@
 :func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
 templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
 :mod:`.grid.pointwise_planned`; colgemm's one-chunk calls: :mod:`.colgemm_quick`; the depthwise loops across
-channels: :mod:`.depthwise_quick`; the dense loops' strided forward: :mod:`.dense_strided_quick`), it runs them straight, what depends on the configuration looked up once, and falls
-back to the dispatch for any call that is not the template's (the same jobs either way, so the same bits).
+channels: :mod:`.depthwise_quick`; the dense loops' strided forward: :mod:`.dense_strided_quick`), it runs them
+straight, what depends on the configuration looked up once, and falls back to the dispatch for any call that is not
+the template's (the same jobs either way, so the same bits).
 """
 
 from __future__ import annotations
