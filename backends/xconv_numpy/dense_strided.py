@@ -102,6 +102,22 @@ def tap_share(p: ConvParams) -> float:
     return float((f.rin[2::3] - f.rin[1::3]).sum()) / (len(f.rout) * f.K)
 
 
+def block_jobs(f, g: int, m: int, xr, geo, phases, wt, y, workers: int, ready: int = 0) -> tuple:
+    """(x's phase copies, the row sums) of a block of ``m`` samples of plan ``f``, x's at ``xr`` (float32,
+    C-contiguous) with its geometry ``geo``, its phase rows in ``phases``, the weights ``wt`` in the dual's tap-major
+    layout, y's samples at ``y``: the copies in phase 0, the sums once those and ``ready`` other phase-0 jobs are done."""
+    Cg, Cog, Q = f.C // g, wt.shape[-1], f.Ho * f.Wo
+    parts = even_ranges(m * f.C * f.H, TASKS_PER_WORKER * workers)
+    copies, sums = Jobs(), Jobs()
+    copies.split("stem_phases", (address(xr), address(phases), address(geo), 0, 0, f.lq, 1), 3, parts, signal=0)
+    sums.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4, wt.strides[0] // 4,
+                           address(f.offs), f.K, Cg, Cog, address(y), Q, Cog * Q, 1, address(f.rin), address(f.rout),
+                           m * f.Ho, 0, 0, f.Wo), 17,
+               even_ranges(g * m * f.Ho * dx_units(f.K, Cg, Cog), ROW_TASKS_PER_WORKER * workers),
+               wait=(0, ready + len(parts)))
+    return copies, sums
+
+
 def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
     """y = conv(x, w) + bias for :func:`computes` calls, ``wt`` the weights in the dual's tap-major layout
     (g, K, C_in/g, C_out/g) float32 with unit-stride rows (:func:`.dense.tap_major` with flip; rows may be padded);
@@ -109,23 +125,12 @@ def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
     whatever the blocks)."""
     g, N = p.groups, p.input_shape[0]
     f = plan(p, block_samples(p, lease.limit))
-    Co = p.output_shape[1]
-    Cg, Cog, Q, sample = f.C // g, Co // g, f.Ho * f.Wo, f.C * f.H
     xr, geo = small_c.im2col_input(x, p, np.float32)
     phases = lease.empty((f.N * f.H * f.rs,), np.dtype(np.float32))
     y = np.empty(p.output_shape, np.float32)
     for n0 in range(0, N, f.N):
         m = min(f.N, N - n0)
-        run = Jobs()
-        parts = even_ranges(m * sample, TASKS_PER_WORKER * workers)
-        run.split("stem_phases", (address(xr[n0:]), address(phases), address(geo), 0, 0, f.lq, 1), 3, parts,
-                  signal=0)
-        run.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4, wt.strides[0] // 4,
-                              address(f.offs), f.K, Cg, Cog, address(y[n0:]), Q, Cog * Q, 1, address(f.rin),
-                              address(f.rout), m * f.Ho, 0, 0, f.Wo), 17,
-                  even_ranges(g * m * f.Ho * dx_units(f.K, Cg, Cog), ROW_TASKS_PER_WORKER * workers),
-                  wait=(0, len(parts)))
-        run.run(workers)
+        Jobs.concatenated(block_jobs(f, g, m, xr[n0:], geo, phases, wt, y[n0:], workers)).run(workers)
     if bias is not None:
         y += np.asarray(bias, np.float32).reshape((1, -1) + (1,) * p.nd)
     return y

@@ -18,13 +18,12 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, small_c
-from .dense_plan import dx_units, padded_row
-from .dense_weights import ROW_TASKS_PER_WORKER, _copyable, _readable, _tap_major_rows
+from .dense_plan import padded_row
+from .dense_weights import _copyable, _readable, _tap_major_rows
 from .grid.scratch import Lease
 from .jobs import Jobs, Template
 from .native import address
 from .plans import per_params
-from .workers import even_ranges
 
 _F32 = np.dtype(np.float32)
 #: The template's bases, by number: the weights, their tap-major copy, x, x's phase rows, y, the non-finite flag.
@@ -70,17 +69,9 @@ def fprop_runner(p: ConvParams):
         xr, geo = small_c.im2col_input(x, p, _F32)           # x itself (plain float32: run checked) and its geometry
         rows, positions = _tap_major_rows(w, wt, g, True, workers)
         rows = [row + [0] * (13 - len(row)) + [address(bad)] for row in rows]
-        copy, phase_copies, sums = Jobs(), Jobs(), Jobs()
+        copy = Jobs()
         copy.rows("x_to_grid", rows, signal=0)
-        parts = even_ranges(N * f.C * f.H, dense_strided.TASKS_PER_WORKER * workers)
-        phase_copies.split("stem_phases", (address(xr), address(phases), address(geo), 0, 0,
-                                           f.lq, 1), 3, parts, signal=0)
-        sums.split("dx_rows", (address(phases), f.ldy, Cg * f.ldy, address(wt), wt.strides[2] // 4,
-                               wt.strides[0] // 4, address(f.offs), K, Cg, Cog, address(y), f.Ho * f.Wo,
-                               Cog * f.Ho * f.Wo, 1, address(f.rin), address(f.rout), N * f.Ho, 0, 0,
-                               f.Wo), 17,
-                   even_ranges(g * N * f.Ho * dx_units(K, Cg, Cog), ROW_TASKS_PER_WORKER * workers),
-                   wait=(0, len(rows) + len(parts)))
+        phase_copies, sums = dense_strided.block_jobs(f, g, N, xr, geo, phases, wt, y, workers, ready=len(rows))
         template = Template.joined([(copy, {0: _W, 11: _WT, 13: _BAD}), (phase_copies, {0: _X, 1: _PH}),
                                     (sums, {0: _PH, 3: _WT, 10: _Y})], bases)
         return template, (geo, positions, f)
