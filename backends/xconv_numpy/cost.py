@@ -275,8 +275,14 @@ def colgemm(p, output: str, cores: int = CORES, call: float = CALL) -> float:
     products = g * _blas(m, n, k)
     elements = g * Cg * K * N * Q + g * Cog * N * Q
     copies = COPY * min(elements, COPY_CACHED) + COPY_BIG * max(0, elements - COPY_CACHED)
-    blocks = min(cores, max(1, g * m * n * k >> 22))
-    return call + (products + copies) / blocks
+    return call + (products + copies) / _colgemm_blocks(p, cores)
+
+
+def _colgemm_blocks(p, cores: int = CORES) -> int:
+    """The blocks (cores) :func:`colgemm` divides a product of ``p`` over (every output's product has the same
+    multiply-adds)."""
+    N, Cg, Cog, g, K, Q = _sizes(p)
+    return min(cores, max(1, g * Cog * Cg * K * N * Q >> 22))
 
 
 def big_weights(p, r: Rates) -> float:
@@ -421,7 +427,7 @@ def together(p, name: str) -> float:
     if name != "colgemm":
         return both - CALL
     N, Cg, Cog, g, K, Q = _sizes(p)
-    return both - CALL - COPY * g * Cog * N * Q / min(CORES, max(1, g * Cog * Cg * K * N * Q >> 22))
+    return both - CALL - COPY * g * Cog * N * Q / _colgemm_blocks(p)
 
 
 def backward_pair(p, dx_candidates, dw_candidates) -> tuple[str, str]:
