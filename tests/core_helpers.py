@@ -199,3 +199,30 @@ def torch_reference(cfg, x, w, dy, bias=None):
                                                      zip(p.padding, p.output_shape[2:]))]
     y.backward(torch.tensor(dy))
     return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()
+
+
+def lane_conf(nd: int, stride=1, padding=0, groups: int = 1, dilation=1):
+    """The ``torch_ops.Conf`` of a NumPy-backend lane (direct, keep_dtype): ``stride``, ``padding`` (symmetric) and
+    ``dilation`` an int for every spatial dim or one per dim."""
+    from xconv import torch_ops
+
+    def per_dim(v):
+        return tuple(v) if isinstance(v, tuple) else (v,) * nd
+    return torch_ops.Conf(per_dim(stride), tuple((a, a) for a in per_dim(padding)), per_dim(dilation), groups, False,
+                          (0,) * nd, False, "keep_dtype", "numpy")
+
+
+def float32_operands(xs, ws, seed=0):
+    """(x, w, bias) of shapes ``xs``, ``ws`` and (C_out,): standard normal float32 from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32),
+            rng.standard_normal(ws[0], dtype=np.float32))
+
+
+def fresh_scratch(stash: list) -> None:
+    """Keep the NumPy backend arena's free buffers alive in ``stash``: the next call's scratch lies at new addresses
+    (a kept job template's offsets must then apply)."""
+    from xconv_numpy.grid import scratch
+    with scratch.ARENA.lock:
+        stash.append(scratch.ARENA.free)
+        scratch.ARENA.free, scratch.ARENA.total = {}, 0

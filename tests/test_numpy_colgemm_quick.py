@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import xconv
-from xconv import lanes, torch_ops
+from core_helpers import float32_operands, fresh_scratch, lane_conf
+from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import colgemm, colgemm_quick, jobs, lane_runner, paths
-from xconv_numpy.grid import scratch
 
 pytestmark = pytest.mark.skipif(not jobs.sgemm_available(),
                                 reason="no compiled loops, or NumPy's BLAS is not an ILP64 OpenBLAS: colgemm builds "
@@ -22,24 +22,6 @@ pytestmark = pytest.mark.skipif(not jobs.sgemm_available(),
 CASES = [((8, 128, 4, 4), (128, 128, 3, 3), 1, 1, 1), ((2, 32, 24, 24), (48, 32, 1, 1), 2, 0, 1),
          ((2, 64, 600), (64, 64, 3), 2, 1, 1), ((4, 48, 5, 5), (40, 48, 1, 1), 1, 0, 1),
          ((2, 64, 4, 4), (128, 16, 3, 3), 1, 1, 4), ((1, 32, 2, 4, 4), (64, 32, 3, 3, 3), 1, 1, 1)]
-
-
-def _conf(nd, stride, padding, groups):
-    return torch_ops.Conf((stride,) * nd, ((padding, padding),) * nd, (1,) * nd, groups, False, (0,) * nd, False,
-                          "keep_dtype", "numpy")
-
-
-def _data(xs, ws, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32),
-            rng.standard_normal(ws[0], dtype=np.float32))
-
-
-def _fresh_scratch(stash: list) -> None:
-    """Keep the arena's free buffers alive in ``stash``: the next call's scratch lies at new addresses."""
-    with scratch.ARENA.lock:
-        stash.append(scratch.ARENA.free)
-        scratch.ARENA.free, scratch.ARENA.total = {}, 0
 
 
 @pytest.fixture
@@ -56,8 +38,8 @@ def dispatched(monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0]) - 2}d-{c[1][2:]}-s{c[2]}-g{c[4]}")
 def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, dispatched):
     xs, ws, s, pad, g = case
-    conf = _conf(len(xs) - 2, s, pad, g)
-    x, w, b = _data(xs, ws)
+    conf = lane_conf(len(xs) - 2, s, pad, g)
+    x, w, b = float32_operands(xs, ws)
     p = make_params(xs, ws, stride=s, padding=pad, groups=g)
     assert len(colgemm._forward_chunks(p)[0]) == 1
     assert colgemm._direct(p) == (case in (CASES[1], CASES[2]))
@@ -69,7 +51,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
             lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
         dispatched.clear()
         for xi, wants in zip(xs_, want):
-            _fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
+            fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
             got = [lanes.fprop(conf, xi, w, bb, conf.kwargs) for bb in (None, b)]
             assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
         assert dispatched == []
@@ -85,13 +67,13 @@ def test_each_worker_count_keeps_its_template():
     """The column copies' ranges and the threads depend on the workers: a template per count, each with the bits."""
     xs, ws = (8, 128, 4, 4), (128, 128, 3, 3)
     p = make_params(xs, ws, padding=1)
-    x, w, b = _data(xs, ws, 1)
+    x, w, b = float32_operands(xs, ws, 1)
     run = colgemm_quick.fprop_runner(p)
     with paths.force("colgemm"):
         want = xconv.conv_fprop(x, w, bias=b, padding=1, backend="numpy")
     stash = []
     for workers in (1, 2, 1, 2):
-        _fresh_scratch(stash)
+        fresh_scratch(stash)
         assert run(x, w, b, workers).tobytes() == want.tobytes()
     assert run(x.astype(np.float64), w, b, 2) is None
 
@@ -99,7 +81,7 @@ def test_each_worker_count_keeps_its_template():
 def test_no_runner_for_calls_in_chunks_or_off_the_jobs():
     chunked = make_params((2, 256, 14, 14), (256, 256, 3, 3), padding=1)
     assert len(colgemm._forward_chunks(chunked)[0]) > 1
-    x, w, b = _data((2, 256, 14, 14), (256, 256, 3, 3))
+    x, w, b = float32_operands((2, 256, 14, 14), (256, 256, 3, 3))
     assert colgemm_quick.fprop_runner(chunked)(x, w, b, 2) is None
     half = make_params((2, 8, 6, 6), (8, 8, 3, 3), padding=1, dtype="float16")
     assert colgemm_quick.fprop_runner(half)(x, w, b, 2) is None
@@ -129,11 +111,11 @@ def test_repeated_backwards_skip_the_dispatch_with_the_public_calls_bits(case, d
     kept templates (dW's, then dx's: colgemm.backward is not reached) with the public call's bits; another layout of
     dy, or a trace open, takes the full path."""
     xs, ws, s, pad, g = case
-    conf = _conf(len(xs) - 2, s, pad, g)
+    conf = lane_conf(len(xs) - 2, s, pad, g)
     p = make_params(xs, ws, stride=s, padding=pad, groups=g)
     chunks, by, _ = colgemm._backward_chunks(p)
     assert by == "samples" and len(chunks) == 1
-    x, w, _ = _data(xs, ws)
+    x, w, _ = float32_operands(xs, ws)
     rng = np.random.default_rng(5)
     dys = [rng.standard_normal(p.output_shape, dtype=np.float32) for _ in range(3)]
     stash = []
@@ -145,7 +127,7 @@ def test_repeated_backwards_skip_the_dispatch_with_the_public_calls_bits(case, d
             lanes.backward(conf, dys[0], x, w, bias, mask, conf.kwargs)          # opens the lane (a public call)
             dispatched_backward.clear()
             for i, (dy, wants) in enumerate(zip(dys, want)):
-                _fresh_scratch(stash)
+                fresh_scratch(stash)
                 got = lanes.backward(conf, dy, x + np.float32(i), w - np.float32(i), bias, mask, conf.kwargs)
                 assert [None if a is None else a.tobytes() for a in got] == \
                        [None if a is None else a.tobytes() for a in wants], mask
@@ -167,7 +149,7 @@ def test_each_worker_count_and_mask_keeps_its_backward_templates():
     dispatch's bits; another dtype, or a configuration in chunks, has none."""
     xs, ws = (8, 128, 4, 4), (128, 128, 3, 3)
     p = make_params(xs, ws, padding=1)
-    x, w, _ = _data(xs, ws, 1)
+    x, w, _ = float32_operands(xs, ws, 1)
     dy = np.random.default_rng(2).standard_normal(p.output_shape, dtype=np.float32)
     run = colgemm_quick.backward_runner(p)
     stash = []
@@ -176,7 +158,7 @@ def test_each_worker_count_and_mask_keeps_its_backward_templates():
             want = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(need_dx, need_dw, False),
                                               backend="numpy")
         for workers in (1, 2, 1, 2):
-            _fresh_scratch(stash)
+            fresh_scratch(stash)
             got = run(dy, x, w, need_dx, need_dw, workers)
             assert [None if a is None else a.tobytes() for a in got] == \
                    [None if a is None else a.tobytes() for a in want[:2]]

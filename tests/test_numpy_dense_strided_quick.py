@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import xconv
-from xconv import lanes, torch_ops
+from core_helpers import float32_operands, fresh_scratch, lane_conf
+from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import dense, dense_strided, dense_strided_quick, paths
-from xconv_numpy.grid import scratch
 
 pytestmark = pytest.mark.skipif(not (dense.available() and dense_strided.computes(
     make_params((2, 32, 8, 8), (32, 32, 3, 3), stride=2, padding=1)) and dense.computes_fprop(
@@ -24,26 +24,6 @@ pytestmark = pytest.mark.skipif(not (dense.available() and dense_strided.compute
 CASES = [((8, 64, 16, 16), (128, 64, 3, 3), 2, 1, 1), ((2, 64, 99), (64, 64, 3), 2, 0, 1),
          ((2, 32, 15, 17), (64, 16, 3, 3), 2, 1, 2), ((3, 32, 9, 20), (32, 32, 5, 3), (2, 3), (2, 1), 1),
          ((2, 32, 30), (16, 32, 4), 3, 1, 1)]
-
-
-def _conf(nd, stride, padding, groups):
-    stride = stride if isinstance(stride, tuple) else (stride,) * nd
-    padding = padding if isinstance(padding, tuple) else (padding,) * nd
-    return torch_ops.Conf(stride, tuple((a, a) for a in padding), (1,) * nd, groups, False, (0,) * nd, False,
-                          "keep_dtype", "numpy")
-
-
-def _data(xs, ws, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32),
-            rng.standard_normal(ws[0], dtype=np.float32))
-
-
-def _fresh_scratch(stash: list) -> None:
-    """Keep the arena's free buffers alive in ``stash``: the next call's scratch lies at new addresses."""
-    with scratch.ARENA.lock:
-        stash.append(scratch.ARENA.free)
-        scratch.ARENA.free, scratch.ARENA.total = {}, 0
 
 
 @pytest.fixture
@@ -61,8 +41,8 @@ def dispatched(monkeypatch):
 def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, dispatched):
     xs, ws, s, pad, g = case
     nd = len(xs) - 2
-    conf = _conf(nd, s, pad, g)
-    x, w, b = _data(xs, ws)
+    conf = lane_conf(nd, s, pad, g)
+    x, w, b = float32_operands(xs, ws)
     xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
     stash = []
     with paths.force("dense"):                      # lanes opened inside keep that choice
@@ -71,7 +51,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
             lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
         dispatched.clear()
         for xi, wants in zip(xs_, want):
-            _fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
+            fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
             got = [lanes.fprop(conf, xi, w.copy(), bb, conf.kwargs) for bb in (None, b)]     # w at a new address too
             assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
         assert dispatched == []
@@ -88,13 +68,13 @@ def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
     an inf or a NaN (flagged by the template's own copy) gives None, and the lane's dispatch the columns' result."""
     xs, ws = (4, 64, 12, 12), (64, 64, 3, 3)
     p = make_params(xs, ws, stride=2, padding=1)
-    x, w, b = _data(xs, ws, 1)
+    x, w, b = float32_operands(xs, ws, 1)
     run = dense_strided_quick.fprop_runner(p)
     with paths.force("dense"):
         want = xconv.conv_fprop(x, w, bias=b, stride=2, padding=1, backend="numpy")
     stash = []
     for workers in (1, 2, 1, 2):
-        _fresh_scratch(stash)
+        fresh_scratch(stash)
         assert run(x, w, b, workers).tobytes() == want.tobytes()
     assert run(x.astype(np.float64), w, b, 2) is None                   # not the template's dtype
     assert run(np.concatenate([x, x])[:2], w, b, 2) is None                # not the configuration's shape
@@ -102,7 +82,7 @@ def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
         w2 = w.copy()
         w2[5, 7, 1, 2] = bad
         assert run(x, w2, b, 2) is None
-        conf = _conf(2, 2, 1, 1)
+        conf = lane_conf(2, 2, 1)
         lanes.clear()
         with paths.force("dense"):
             lanes.fprop(conf, x, w, b, conf.kwargs)                       # opens the lane (a public call)

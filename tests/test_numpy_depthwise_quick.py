@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import xconv
-from xconv import lanes, torch_ops
+from core_helpers import float32_operands, lane_conf
+from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import depthwise, depthwise_cv, depthwise_quick, paths
 
@@ -19,17 +20,6 @@ CASES = [((8, 96, 12, 12), (96, 1, 3, 3), 1, 1, 1), ((4, 32, 16, 16), (32, 1, 3,
 
 pytestmark = pytest.mark.skipif(not depthwise_cv.serves(make_params(*CASES[0][:2], padding=1, groups=96)),
                                 reason="no compiled loops across channels in this build")
-
-
-def _conf(nd, stride, padding, dilation, groups):
-    return torch_ops.Conf((stride,) * nd, ((padding, padding),) * nd, (dilation,) * nd, groups, False, (0,) * nd,
-                          False, "keep_dtype", "numpy")
-
-
-def _data(xs, ws, seed=0):
-    rng = np.random.default_rng(seed)
-    x, w = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
-    return x, w, rng.standard_normal(ws[0], dtype=np.float32)
 
 
 @pytest.fixture
@@ -48,8 +38,8 @@ def dispatched(monkeypatch):
 def test_repeated_calls_skip_the_dispatch_with_the_public_calls_bits(case, dispatched):
     xs, ws, s, pad, dil = case
     g = xs[1]
-    conf = _conf(len(xs) - 2, s, pad, dil, g)
-    x, w, b = _data(xs, ws)
+    conf = lane_conf(len(xs) - 2, s, pad, g, dil)
+    x, w, b = float32_operands(xs, ws)
     p = make_params(xs, ws, stride=s, padding=pad, dilation=dil, groups=g)
     assert depthwise_quick.fprop_runner(p) is not None and depthwise_quick.backward_runner(p) is not None
     dy = np.random.default_rng(1).standard_normal(p.output_shape, dtype=np.float32)
@@ -80,7 +70,7 @@ def test_repeated_calls_skip_the_dispatch_with_the_public_calls_bits(case, dispa
 @pytest.mark.parametrize("workers", [1, 2])
 def test_each_worker_count_keeps_its_own_template_with_the_same_bits(workers):
     xs, ws, s, pad, dil = CASES[0]
-    x, w, b = _data(xs, ws)
+    x, w, b = float32_operands(xs, ws)
     p = make_params(xs, ws, stride=s, padding=pad, dilation=dil, groups=xs[1])
     dy = np.random.default_rng(1).standard_normal(p.output_shape, dtype=np.float32)
     fprop, backward = depthwise_quick.fprop_runner(p), depthwise_quick.backward_runner(p)
@@ -97,7 +87,7 @@ def test_each_worker_count_keeps_its_own_template_with_the_same_bits(workers):
 
 def test_a_weight_that_is_not_finite_or_an_array_of_another_dtype_is_not_the_templates():
     xs, ws, s, pad, dil = CASES[0]
-    x, w, b = _data(xs, ws)
+    x, w, b = float32_operands(xs, ws)
     p = make_params(xs, ws, stride=s, padding=pad, dilation=dil, groups=xs[1])
     fprop, backward = depthwise_quick.fprop_runner(p), depthwise_quick.backward_runner(p)
     bad = w.copy()
