@@ -226,3 +226,12 @@ def fresh_scratch(stash: list) -> None:
     with scratch.ARENA.lock:
         stash.append(scratch.ARENA.free)
         scratch.ARENA.free, scratch.ARENA.total = {}, 0
+
+
+def validated(call, *args, **kwargs):
+    """``call(*args, **kwargs)`` (a public call) validated anew, so that the backend's dispatch runs it, not the
+    runner a repeated call's plan keeps (xconv.plan_cache.runner): a reference for the runners' bits."""
+    from xconv import plan_cache
+
+    plan_cache.clear()
+    return call(*args, **kwargs)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import float32_operands, fresh_scratch, lane_conf
+from core_helpers import float32_operands, fresh_scratch, lane_conf, validated
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import colgemm, colgemm_quick, jobs, lane_runner, paths
@@ -46,7 +46,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
     xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
     stash = []
     with paths.force("colgemm"):                    # lanes opened inside keep that choice
-        want = [[xconv.conv_fprop(xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
+        want = [[validated(xconv.conv_fprop, xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
         for bb in (None, b):
             lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
         dispatched.clear()
@@ -70,7 +70,7 @@ def test_each_worker_count_keeps_its_template():
     x, w, b = float32_operands(xs, ws, 1)
     run = colgemm_quick.fprop_runner(p)
     with paths.force("colgemm"):
-        want = xconv.conv_fprop(x, w, bias=b, padding=1, backend="numpy")
+        want = validated(xconv.conv_fprop, x, w, bias=b, padding=1, backend="numpy")
     stash = []
     for workers in (1, 2, 1, 2):
         fresh_scratch(stash)
@@ -122,7 +122,7 @@ def test_repeated_backwards_skip_the_dispatch_with_the_public_calls_bits(case, d
     with paths.force("colgemm"):
         for mask in MASKS:
             bias = [ws[0]] if mask[2] else None
-            want = [xconv.convolution_backward(dy, x + np.float32(i), w - np.float32(i), bias_sizes=bias,
+            want = [validated(xconv.convolution_backward, dy, x + np.float32(i), w - np.float32(i), bias_sizes=bias,
                                                output_mask=mask, **conf.kwargs()) for i, dy in enumerate(dys)]
             lanes.backward(conf, dys[0], x, w, bias, mask, conf.kwargs)          # opens the lane (a public call)
             dispatched_backward.clear()
@@ -133,7 +133,7 @@ def test_repeated_backwards_skip_the_dispatch_with_the_public_calls_bits(case, d
                        [None if a is None else a.tobytes() for a in wants], mask
             assert dispatched_backward == [], mask
         mask = (True, True, False)
-        want = xconv.convolution_backward(dys[0], x, w, output_mask=mask, **conf.kwargs())
+        want = validated(xconv.convolution_backward, dys[0], x, w, output_mask=mask, **conf.kwargs())
         dispatched_backward.clear()
         dy2 = np.asfortranarray(dys[0])                # another layout: the full path, its bits
         got = lanes.backward(conf, dy2, x, w, None, mask, conf.kwargs)
@@ -155,7 +155,7 @@ def test_each_worker_count_and_mask_keeps_its_backward_templates():
     stash = []
     for need_dx, need_dw in ((True, True), (True, False), (False, True)):
         with paths.force("colgemm"):
-            want = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(need_dx, need_dw, False),
+            want = validated(xconv.convolution_backward, dy, x, w, padding=1, output_mask=(need_dx, need_dw, False),
                                               backend="numpy")
         for workers in (1, 2, 1, 2):
             fresh_scratch(stash)

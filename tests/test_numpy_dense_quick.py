@@ -11,7 +11,7 @@ import pytest
 import threadpoolctl
 
 import xconv
-from xconv import lanes, torch_ops
+from xconv import lanes, plan_cache, torch_ops
 from xconv.params import make_params
 from xconv_numpy import dense, dense_quick, paths, tuning
 
@@ -106,7 +106,9 @@ def test_calls_that_are_not_the_templates_take_the_full_path(quick_runs):
     bad_inf[3, 5, 0, 2], bad_nan[7, 1, 1, 1] = np.inf, np.nan
     dy_strided = np.repeat(dy, 2, axis=-1)[..., ::2]
     for wv, dyv in ((np.asfortranarray(w), dy), (w, dy_strided), (bad_inf, dy), (bad_nan, dy)):
+        plan_cache.clear()                               # want: validated calls, the dispatch (not a plan's runner)
         want_y = xconv.conv_fprop(x, wv, bias=b, **conf.kwargs())
+        plan_cache.clear()
         want_g = xconv.convolution_backward(dyv, x, wv, bias_sizes=[case[1][0]], output_mask=(True, True, True),
                                             **conf.kwargs())
         assert lanes.fprop(conf, x, wv, b, conf.kwargs).tobytes() == want_y.tobytes()

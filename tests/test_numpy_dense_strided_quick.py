@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import float32_operands, fresh_scratch, lane_conf
+from core_helpers import float32_operands, fresh_scratch, lane_conf, validated
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import dense, dense_strided, dense_strided_quick, paths
@@ -46,7 +46,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
     xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
     stash = []
     with paths.force("dense"):                      # lanes opened inside keep that choice
-        want = [[xconv.conv_fprop(xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
+        want = [[validated(xconv.conv_fprop, xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
         for bb in (None, b):
             lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
         dispatched.clear()
@@ -71,7 +71,7 @@ def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
     x, w, b = float32_operands(xs, ws, 1)
     run = dense_strided_quick.fprop_runner(p)
     with paths.force("dense"):
-        want = xconv.conv_fprop(x, w, bias=b, stride=2, padding=1, backend="numpy")
+        want = validated(xconv.conv_fprop, x, w, bias=b, stride=2, padding=1, backend="numpy")
     stash = []
     for workers in (1, 2, 1, 2):
         fresh_scratch(stash)
@@ -87,7 +87,7 @@ def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():
         with paths.force("dense"):
             lanes.fprop(conf, x, w, b, conf.kwargs)                       # opens the lane (a public call)
             got = lanes.fprop(conf, x, w2, b, conf.kwargs)                # the lane's runner: None, then the dispatch
-            ref = xconv.conv_fprop(x, w2, bias=b, stride=2, padding=1, backend="numpy")
+            ref = validated(xconv.conv_fprop, x, w2, bias=b, stride=2, padding=1, backend="numpy")
         assert np.array_equal(got, ref, equal_nan=True) and not np.isfinite(got).all()
     lanes.clear()
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import float32_operands, lane_conf
+from core_helpers import float32_operands, lane_conf, validated
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import depthwise, depthwise_cv, depthwise_quick, paths
@@ -45,8 +45,8 @@ def test_repeated_calls_skip_the_dispatch_with_the_public_calls_bits(case, dispa
     dy = np.random.default_rng(1).standard_normal(p.output_shape, dtype=np.float32)
     xs_ = [x + np.float32(i) for i in range(3)]           # new data each call: no result left in a reused buffer
     masks = [(True, True, False), (True, False, False), (False, True, True)]
-    want_f = [[xconv.conv_fprop(xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
-    want_b = [[xconv.convolution_backward(dy + i, xi, w, output_mask=m, bias_sizes=[g] if m[2] else None,
+    want_f = [[validated(xconv.conv_fprop, xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
+    want_b = [[validated(xconv.convolution_backward, dy + i, xi, w, output_mask=m, bias_sizes=[g] if m[2] else None,
                                           **conf.kwargs()) for m in masks] for i, xi in enumerate(xs_)]
     for bb in (None, b):
         lanes.fprop(conf, x, w, bb, conf.kwargs)          # opens the lanes (public calls)
@@ -80,7 +80,7 @@ def test_each_worker_count_keeps_its_own_template_with_the_same_bits(workers):
         assert fprop(x, w, b, workers).tobytes() == y.tobytes()
         got = backward(dy, x, w, True, True, workers)
         assert got[0].tobytes() == dx.tobytes() and got[1].tobytes() == dw.tobytes()
-    exact = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64), stride=s,
+    exact = validated(xconv.conv_fprop, x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64), stride=s,
                              padding=pad, groups=xs[1], backend="numpy-exact")
     np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-5)
 
@@ -102,7 +102,7 @@ def test_a_weight_that_is_not_finite_or_an_array_of_another_dtype_is_not_the_tem
     assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
     with paths.force("depthwise"):                      # the public call with the bad weight: the exact path's NaNs
         y = xconv.conv_fprop(x, bad, stride=s, padding=pad, groups=xs[1], backend="numpy")
-    exact = xconv.conv_fprop(x.astype(np.float64), bad.astype(np.float64), stride=s, padding=pad, groups=xs[1],
+    exact = validated(xconv.conv_fprop, x.astype(np.float64), bad.astype(np.float64), stride=s, padding=pad, groups=xs[1],
                              backend="numpy-exact")
     assert np.isnan(y[:, 3, 0, 0]).all() and (np.isnan(y) == np.isnan(exact)).all()
     assert np.isfinite(np.delete(y, 3, axis=1)).all()

@@ -209,3 +209,119 @@ def test_a_backend_that_becomes_unavailable_is_selected_anew():
         assert len(spy.calls) == 3
         with pytest.raises(XconvError, match="unplugged"):
             xconv.convolution_backward(dy, x, w, backend="spy-flaky", **KW)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan's runner: a repeated call of NumPy arrays runs the backend's runner (plan_cache.runner), not the primitive
+
+RUNNER_CASES = [                                        # (x shape, w shape, conv keywords): the NumPy backend's paths
+    ((1, 4, 8, 8), (4, 4, 3, 3), dict(padding=1)),                       # small calls
+    ((2, 32, 10, 10), (32, 32, 3, 3), dict(padding=1)),                  # the dense loops
+    ((2, 32, 12, 12), (64, 32, 3, 3), dict(padding=1, stride=2)),        # strided
+    ((2, 16, 9, 9), (16, 1, 3, 3), dict(padding=1, groups=16)),          # depthwise
+    ((4, 32, 7, 7), (48, 32, 1, 1), dict()),                             # pointwise
+    ((3, 8, 40), (16, 8, 5), dict(padding=2, dilation=2)),               # 1-D
+]
+
+
+@pytest.fixture
+def primitive(monkeypatch):
+    """The NumPy backend's primitives called, in order."""
+    from xconv_numpy.backend import NumpyBackend
+
+    calls = []
+    real_f, real_b = NumpyBackend.fprop, NumpyBackend.backward
+    monkeypatch.setattr(NumpyBackend, "fprop", lambda *a: calls.append("fprop") or real_f(*a))
+    monkeypatch.setattr(NumpyBackend, "backward", lambda *a: calls.append("backward") or real_b(*a))
+    return calls
+
+
+def _torch_conv(x, w, kw):
+    torch = pytest.importorskip("torch")
+    f = torch.nn.functional.conv1d if x.ndim == 3 else torch.nn.functional.conv2d
+    return f(torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(np.ascontiguousarray(w)),
+             **kw).numpy()
+
+
+@pytest.mark.parametrize("xs, ws, kw", RUNNER_CASES)
+def test_a_repeated_call_runs_by_the_plans_runner_with_the_primitives_bits(xs, ws, kw, primitive):
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    y0 = xconv.conv_fprop(x, w, bias=b, backend="numpy", **kw)
+    assert primitive == ["fprop"]
+    np.testing.assert_allclose(y0, _torch_conv(x, w, kw) + b.reshape((-1,) + (1,) * (x.ndim - 2)), rtol=1e-4,
+                               atol=1e-4)
+    for _ in range(3):
+        assert xconv.conv_fprop(x, w, bias=b, backend="numpy", **kw).tobytes() == y0.tobytes()
+    x2 = x * 3                                          # new values, same configuration: the runner, new results
+    y2 = xconv.conv_fprop(x2, w, bias=b, backend="numpy", **kw)
+    assert primitive == ["fprop"]
+    np.testing.assert_allclose(y2, _torch_conv(x2, w, kw) + b.reshape((-1,) + (1,) * (x.ndim - 2)), rtol=1e-4,
+                               atol=1e-3)
+    dy = rng.standard_normal(y0.shape, dtype=np.float32)
+    for mask in [(True, True, True), (False, True, False), (True, False, False)]:
+        primitive.clear()
+        first = xconv.convolution_backward(dy, x, w, output_mask=mask, backend="numpy", **kw)
+        again = [xconv.convolution_backward(dy, x, w, output_mask=mask, backend="numpy", **kw) for _ in range(2)]
+        assert primitive == ["backward"]
+        for got in again:
+            assert _bytes(got) == _bytes(first)
+
+
+def test_arrays_users_hold_repeat_with_the_bits_of_a_plain_array(primitive):
+    """Read-only, memory-mapped, broadcast, byte-swapped, transposed-view and unaligned inputs: the first call and
+    the repeated ones (by the runner) give the plain contiguous array's bits."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 8, 6, 6), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
+    want = xconv.conv_fprop(x, w, backend="numpy", padding=1).tobytes()
+    ro = x.copy()
+    ro.flags.writeable = False
+    swapped = x.astype(">f4")
+    view = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)       # strided: w, h swapped
+    raw = np.zeros(x.nbytes + 1, np.uint8)
+    unaligned = raw[1:].view(np.float32).reshape(x.shape)
+    unaligned[...] = x
+    one = x[:1]
+    broadcast_want = xconv.conv_fprop(np.concatenate([one, one]), w, backend="numpy", padding=1).tobytes()
+    broadcast = np.broadcast_to(one, x.shape)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        mm = np.lib.format.open_memmap(f"{d}/x.npy", mode="w+", dtype=np.float32, shape=x.shape)
+        mm[...] = x
+        for arr, expected in [(ro, want), (swapped, want), (view, want), (unaligned, want), (mm, want),
+                              (broadcast, broadcast_want)]:
+            for _ in range(3):
+                assert xconv.conv_fprop(arr, w, backend="numpy", padding=1).tobytes() == expected
+        del mm
+
+
+def test_an_open_trace_and_forced_paths_go_through_the_primitive(primitive):
+    from xconv_numpy import paths
+
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 32, 8, 8), dtype=np.float32), rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
+    y = [xconv.conv_fprop(x, w, backend="numpy", padding=1) for _ in range(2)]
+    assert primitive == ["fprop"]
+    with xconv.trace() as t:
+        traced = xconv.conv_fprop(x, w, backend="numpy", padding=1)
+    assert primitive == ["fprop", "fprop"] and len(t.records) == 1 and t.records[0].path
+    assert traced.tobytes() == y[0].tobytes()
+    with paths.force("columns"):
+        forced = xconv.conv_fprop(x, w, backend="numpy", padding=1)
+        with xconv.trace() as t:
+            xconv.conv_fprop(x, w, backend="numpy", padding=1)
+    assert primitive == ["fprop"] * 4 and "columns" in t.records[0].path
+    np.testing.assert_allclose(forced, y[0], rtol=1e-5, atol=1e-4)
+
+
+def test_a_plans_runner_is_made_once_and_kept_on_the_plan():
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 32, 8, 8), dtype=np.float32), rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
+    for _ in range(3):
+        xconv.conv_fprop(x, w, backend="numpy", padding=1)
+    (plan,) = plan_cache._plans.values()
+    assert list(plan.runners) == [("fprop", None)] and callable(plan.runners[("fprop", None)])
+    kept = plan.runners[("fprop", None)]
+    xconv.conv_fprop(x, w, backend="numpy", padding=1)
+    assert plan.runners[("fprop", None)] is kept

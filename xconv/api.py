@@ -32,6 +32,21 @@ def _prepare(tensors: dict, backend, outputs, **args):
     return plan_cache.prepared(tensors, backend, outputs, args, _validate, _guard_memory)
 
 
+def _prepare_plan(tensors: dict, backend, outputs, **args):
+    """:func:`_prepare`, and the cached plan the call was found in (None: validated now; see
+    :func:`xconv.plan_cache.prepared_plan`)."""
+    return plan_cache.prepared_plan(tensors, backend, outputs, args, _validate, _guard_memory)
+
+
+def _runner(plan, op: str, mask=None):
+    """The backend's runner kept on ``plan`` for a repeated call of NumPy arrays (:func:`xconv.plan_cache.runner`:
+    what the backend's primitive does without its per-call decisions), or None: a first call, an open trace (the
+    primitive runs, and is recorded), or no runner for the plan."""
+    if plan is None or tracing.active():
+        return None
+    return plan_cache.runner(plan, op, mask)
+
+
 def fprop_args(*, bias=None, stride=1, padding=0, dilation=1, groups=1, transposed=False, output_padding=0,
                deterministic=False, math="keep_dtype", workspace_limit=None) -> dict:
     """The keywords :func:`conv_fprop` validates (all but ``backend``), in the order of its plan's key."""
@@ -146,11 +161,17 @@ def convolution_backward(grad_output, input, weight, *, bias_sizes=None, stride=
                                           math=math, backend=backend, workspace_limit=workspace_limit)
     grad_output, input, weight = _native(backend, family, grad_output=grad_output, input=input, weight=weight)
     outputs = [name for name, bit in zip(("input", "weight", "bias"), mask) if bit]
-    b, p = _prepare({"grad_output": grad_output, "input": input, "weight": weight}, backend, outputs,
-                    **backward_args(bias_sizes=bias_sizes, stride=stride, padding=padding, dilation=dilation,
-                                    groups=groups, transposed=transposed, output_padding=output_padding,
-                                    deterministic=deterministic, math=math, workspace_limit=workspace_limit))
+    b, p, plan = _prepare_plan({"grad_output": grad_output, "input": input, "weight": weight}, backend, outputs,
+                               **backward_args(bias_sizes=bias_sizes, stride=stride, padding=padding,
+                                               dilation=dilation, groups=groups, transposed=transposed,
+                                               output_padding=output_padding, deterministic=deterministic, math=math,
+                                               workspace_limit=workspace_limit))
     grad_output, input, weight = _ready(grad_output=grad_output, input=input, weight=weight)
+    run = _runner(plan, "backward", mask) if any(mask) else None
+    if run is not None:
+        results = guard.call(b, "convolution_backward", run, grad_output, input, weight)
+        if results is not NotImplemented:
+            return tuple(interop.to_family(r, family) for r in legalize.checked_backward(b, results, p, mask))
     results = tracing.run("backward", b, p, lambda: guard.call(b, "convolution_backward", legalize.run_backward, b,
                                                                 grad_output, input, weight, p, mask))
     return tuple(interop.to_family(r, family) for r in results)
@@ -166,11 +187,16 @@ def conv_fprop(input, weight, *, bias=None, stride=1, padding=0, dilation=1, gro
                                 deterministic=deterministic, math=math, backend=backend,
                                 workspace_limit=workspace_limit)
     input, weight, bias = _native(backend, family, input=input, weight=weight, bias=bias)
-    b, p = _prepare({"input": input, "weight": weight}, backend, ["output"],
-                    **fprop_args(bias=bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                                 transposed=transposed, output_padding=output_padding, deterministic=deterministic,
-                                 math=math, workspace_limit=workspace_limit))
+    b, p, plan = _prepare_plan({"input": input, "weight": weight}, backend, ["output"],
+                               **fprop_args(bias=bias, stride=stride, padding=padding, dilation=dilation,
+                                            groups=groups, transposed=transposed, output_padding=output_padding,
+                                            deterministic=deterministic, math=math, workspace_limit=workspace_limit))
     input, weight, bias = _ready(input=input, weight=weight, bias=bias)
+    run = _runner(plan, "fprop")
+    if run is not None:
+        y = guard.call(b, "conv_fprop", run, input, weight, bias)
+        if y is not NotImplemented:
+            return interop.to_family(legalize._expect(b, y, p.output_shape, "fprop output"), family)
     return interop.to_family(tracing.run("fprop", b, p, lambda: guard.call(b, "conv_fprop", legalize.run_fprop, b,
                                                                              input, weight, bias, p)), family)
 

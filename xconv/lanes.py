@@ -138,14 +138,8 @@ def _open(key, tensors: dict, backend, outputs, args: dict, op: str, mask=None) 
     plan = plan_cache.plan_of(tensors, backend, outputs, args)
     if plan is None or plan.guard_each_call or plan.family != "numpy":
         return
-    b, p = plan.backend, plan.params
-    try:                                                # no runner on any failure: the lane calls the primitive
-        make = getattr(b, "lane", None)                 # (the call that opens the lane has succeeded)
-        runner = make(p, op, mask) if callable(make) and legalize._kept_direct(b, p, op) else None
-    except Exception:
-        runner = None
-    runner = runner if callable(runner) else None
-    lane = _Lane(env, registry.generation(), b, p, runner)
+    b, p = plan.backend, plan.params                     # no runner on any failure: the lane calls the primitive
+    lane = _Lane(env, registry.generation(), b, p, plan_cache.backend_runner(b, p, op, mask))
     with _lock:
         _lanes.pop(key, None)                          # reopened: counts as the newest
         _lanes[key] = lane

@@ -45,12 +45,14 @@ _SCALARS = frozenset({int, bool, str, float, type(None), np.bool_, np.int8, np.i
 
 class Plan(NamedTuple):
     """A validated call: its backend (the object the backend argument resolved to) and params, and
-    whether the memory guard must run again on each call (False: too small to be checked)."""
+    whether the memory guard must run again on each call (False: too small to be checked); ``runners`` holds the
+    backend's runner for the call, made at the plan's first reuse (:func:`runner`)."""
 
     backend: object
     params: object
     guard_each_call: bool
     family: str | None
+    runners: dict
 
 
 class _Uncacheable(Exception):
@@ -130,28 +132,63 @@ def prepared(tensors: dict, backend, outputs, args: dict, validate, guard_memory
     ``guard_memory(backend, params, outputs, arrays)`` is the memory guard :func:`validate` runs
     for NumPy arrays; a hit runs it again unless the plan says it cannot refuse.
     """
+    return prepared_plan(tensors, backend, outputs, args, validate, guard_memory)[:2]
+
+
+def prepared_plan(tensors: dict, backend, outputs, args: dict, validate, guard_memory):
+    """(backend, params, plan) of a call, as :func:`prepared`: ``plan`` the :class:`Plan` the call was found in (a
+    hit, everything it keys on checked as for any hit), None where the call was validated now."""
     bias = args.get("bias")
     env = settings.key()                    # a bad XCONV_* variable is refused here, cached call or not
     try:
         key = _key(tensors, backend, outputs, args, bias, env)
     except _Uncacheable:
-        return validate(tensors, backend, outputs, **args)
+        return (*validate(tensors, backend, outputs, **args), None)
     plan = _plans.get(key)
     if plan is None:
         b, p = validate(tensors, backend, outputs, **args)
         family = _family(tensors, bias)
         key = _key(tensors, backend, outputs, args, bias, env)  # validation may have loaded the registry
-        _store(key, Plan(b, p, not _static_guard(p, outputs, tensors, bias), family))
-        return b, p
+        _store(key, Plan(b, p, not _static_guard(p, outputs, tensors, bias), family, {}))
+        return b, p, None
     b, p = plan.backend, plan.params
     if backend is not None and type(backend) is not str and backend is not b:
-        return validate(tensors, backend, outputs, **args)  # an id reused by another object
+        return (*validate(tensors, backend, outputs, **args), None)     # an id reused by another object
     if not availability_of(b)[0]:
-        return validate(tensors, backend, outputs, **args)   # selects again, or says why nothing can run
+        return (*validate(tensors, backend, outputs, **args), None)     # selects again, or says why nothing can run
     legalize.check_supported(b, p)
     if plan.guard_each_call and plan.family == "numpy":
         guard_memory(b, p, outputs, dict(tensors, bias=bias))
-    return b, p
+    return b, p, plan
+
+
+def runner(plan: Plan, op: str, mask=None):
+    """The backend's runner for the plan's call (:meth:`xconv.backend.Backend.lane`: ``op`` "fprop" or "backward",
+    ``mask`` the latter's output mask), made once per plan, or None: a plan of a call whose memory guard may refuse,
+    of arrays other than NumPy's, or whose backend offers no runner or legalization rewrites the call (the runner is
+    the backend's primitive without its per-call decisions; it may still return NotImplemented for a call)."""
+    kept = plan.runners.get((op, mask), _MISSING)
+    if kept is _MISSING:
+        kept = None
+        if not plan.guard_each_call and plan.family == "numpy":
+            kept = backend_runner(plan.backend, plan.params, op, mask)
+        plan.runners[(op, mask)] = kept
+    return kept
+
+
+_MISSING = object()
+
+
+def backend_runner(b, p, op: str, mask=None):
+    """``b.lane(p, op, mask)`` where the call reaches the backend's primitive unchanged
+    (:func:`xconv.legalize._kept_direct`) and it returns a callable; else None (also when it raises: the primitive
+    runs instead)."""
+    try:
+        make = getattr(b, "lane", None)
+        made = make(p, op, mask) if callable(make) and legalize._kept_direct(b, p, op) else None
+    except Exception:
+        made = None
+    return made if callable(made) else None
 
 
 def plan_of(tensors: dict, backend, outputs, args: dict) -> Plan | None:

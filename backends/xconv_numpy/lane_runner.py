@@ -15,7 +15,8 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, jobs, paths
+from . import (bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, jobs, paths,
+               small_c)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .fast import _backward_on, _fprop_on, share_of, work_of
 from .grid import pointwise_planned
@@ -100,6 +101,8 @@ def _quick_fprop(path, p: ConvParams):
     if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
         run = colgemm_quick.fprop_runner(p)
         return None if run is colgemm_quick._never else _pinned(run, p, "fprop")
+    if path.name == "small-c":
+        return small_c.grid_fprop_runner(p)
     if path.name == "depthwise":
         run = depthwise_quick.fprop_runner(p)
         return None if run is None else _plain_jobs(_quiet(run), p, "fprop")
@@ -140,6 +143,8 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         grads = _pinned(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers), p, "backward")
     elif path.name == "depthwise" and (loops := depthwise_quick.backward_runner(p)) is not None:
         grads = _plain_jobs(_quiet(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers)), p, "backward")
+    elif path.name == "small-c" and path.nonfinite == "self-check":
+        grads = small_c.grid_backward_runner(p, gx, gw)
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
         nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
         grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, workers, _budget(nbytes, p)), p, "backward")

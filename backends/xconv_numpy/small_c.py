@@ -125,6 +125,21 @@ class _S1Plan:
         self.address = self.vector.ctypes.data
         self.lift = (0,) * (3 - nd)
         self.dx_size, self.dw_size = math.prod(p.input_shape), math.prod(p.weight_shape)
+        self._fns = {}
+
+    def fprop_fn(self, cdt):
+        """The library's forward loop for compute dtype ``cdt`` (looked up once)."""
+        return self._fn("fprop", cdt)
+
+    def backward_fn(self, cdt):
+        """The library's backward loop for compute dtype ``cdt`` (looked up once)."""
+        return self._fn("backward", cdt)
+
+    def _fn(self, op: str, cdt):
+        fn = self._fns.get((op, cdt))
+        if fn is None:
+            fn = self._fns[(op, cdt)] = getattr(native.library(), f"xconv_small_s1_{op}_{_suffix(cdt)}")
+        return fn
 
 
 @per_params
@@ -169,7 +184,7 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: Plan, cdt):
     y = np.empty(p.output_shape, cdt)
     xs = _strides(x, s1.lift)                        # held: the C call reads it
     used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
-    if getattr(native.library(), f"xconv_small_s1_fprop_{_suffix(cdt)}")(
+    if s1.fprop_fn(cdt)(
             _address(x), _address(w), None if b is None else _address(b), _address(y), s1.address, xs[1],
             _address(used)):
         raise _scratch_failed(p)
@@ -191,7 +206,7 @@ def _backward_grid(dy, x, w, p: ConvParams, f: Plan, cdt, need_dx: bool, need_dw
     it = out.itemsize
     dys, xs = _strides(dy, s1.lift), (None if x is None else _strides(x, s1.lift))   # held: the C call reads them
     used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
-    rc = getattr(native.library(), f"xconv_small_s1_backward_{_suffix(cdt)}")(
+    rc = s1.backward_fn(cdt)(
         _address(dy), None if x is None else _address(x), None if w is None else _address(w),
         at if need_dx else None, at + it * sizes[0] if need_dw else None,
         at + it * (sizes[0] + sizes[1]) if need_db else None, s1.address, dys[1], None if xs is None else xs[1],
@@ -234,6 +249,25 @@ def _backward_compiled(dy, x, w, p: ConvParams, f: Plan, cdt, need_dx: bool, nee
 def grid_fprop(x, w, bias, p: ConvParams):
     """y = conv(x, w) + bias at stride 1 by one C call (``small-c``)."""
     return _fprop_grid(x, w, bias, p, plan(p), accumulation_dtype(p.dtype))
+
+
+def grid_fprop_runner(p: ConvParams):
+    """:func:`grid_fprop` of ``p`` with its plan and compute dtype looked up once: ``run(x, w, bias) -> y`` (a lane's
+    runner: the same C call)."""
+    f, cdt = plan(p), accumulation_dtype(p.dtype)
+    return lambda x, w, bias: _fprop_grid(x, w, bias, p, f, cdt)
+
+
+def grid_backward_runner(p: ConvParams, need_dx: bool, need_dw: bool):
+    """:func:`grid_backward` of ``p`` for the outputs asked, without db, with its plan and compute dtype looked up
+    once: ``run(dy, x, w) -> (dx, dw)``, None where an input it reads is not finite (a lane's runner: the same C
+    call)."""
+    f, cdt = plan(p), accumulation_dtype(p.dtype)
+
+    def run(dy, x, w):
+        results = _backward_grid(dy, x, w, p, f, cdt, need_dx, need_dw, False, True)
+        return None if results is None else results[:2]
+    return run
 
 
 def grid_backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool):
