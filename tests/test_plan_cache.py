@@ -216,6 +216,7 @@ def test_a_backend_that_becomes_unavailable_is_selected_anew():
 
 RUNNER_CASES = [                                        # (x shape, w shape, conv keywords): the NumPy backend's paths
     ((1, 4, 8, 8), (4, 4, 3, 3), dict(padding=1)),                       # small calls
+    ((16, 8, 8, 8), (16, 8, 3, 3), dict(padding=1, stride=2)),           # small calls, strided (columns)
     ((2, 32, 10, 10), (32, 32, 3, 3), dict(padding=1)),                  # the dense loops
     ((2, 32, 12, 12), (64, 32, 3, 3), dict(padding=1, stride=2)),        # strided
     ((2, 16, 9, 9), (16, 1, 3, 3), dict(padding=1, groups=16)),          # depthwise

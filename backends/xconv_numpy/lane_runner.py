@@ -92,6 +92,17 @@ def _plain_jobs(run, p: ConvParams, op: str):
     return quick
 
 
+def _pinned_numpy(run):
+    """``run(*arrays)`` with BLAS pinned to one thread and NumPy's floating-point warnings off, as the dispatch runs
+    the small-call paths from Python; None while a trace is open (the dispatch records the call)."""
+    def quick(*arrays):
+        if tracing.active():
+            return None
+        with pinned_blas_workers(), np.errstate(all="ignore"):
+            return run(*arrays)
+    return quick
+
+
 def _quick_fprop(path, p: ConvParams):
     """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
     None where ``path`` keeps none (the dense loops at any stride, the pointwise sgemm jobs, colgemm's one-chunk
@@ -103,6 +114,8 @@ def _quick_fprop(path, p: ConvParams):
         return None if run is colgemm_quick._never else _pinned(run, p, "fprop")
     if path.name == "small-c":
         return small_c.grid_fprop_runner(p)
+    if path.name == "small-cols":
+        return _pinned_numpy(lambda x, w, b: small_c.cols_fprop(x, w, b, p))
     if path.name == "depthwise":
         run = depthwise_quick.fprop_runner(p)
         return None if run is None else _plain_jobs(_quiet(run), p, "fprop")
@@ -145,6 +158,8 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         grads = _plain_jobs(_quiet(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers)), p, "backward")
     elif path.name == "small-c" and path.nonfinite == "self-check":
         grads = small_c.grid_backward_runner(p, gx, gw)
+    elif path.name == "small-cols" and path.nonfinite == "keeps":
+        grads = _pinned_numpy(lambda dy, x, w: small_c.cols_backward(dy, x, w, p, gx, gw))
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
         nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
         grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, workers, _budget(nbytes, p)), p, "backward")
