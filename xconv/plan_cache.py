@@ -18,6 +18,11 @@ Parameter values of types other than ``int``, ``bool``, ``str``, ``float``, ``No
 scalars and tuples or lists of them (a NumPy array as ``padding``, say) make a call uncacheable:
 it is validated in full, as before.
 
+A plan also keeps its backend's runner (:func:`runner`, :meth:`xconv.backend.Backend.lane`, made at the plan's first
+reuse): a repeated call of NumPy arrays (no trace open, a memory guard that cannot refuse, legalization rewriting
+nothing) runs it instead of the primitive, as :mod:`xconv.lanes` runs a torch module's repeated calls: the same
+results, bits and errors without the backend's per-call decisions.
+
 Thread safety: lookups are plain dict reads; inserts and evictions take a lock. At most
 :data:`MAX_PLANS` plans are kept, the oldest inserted evicted first.
 """
