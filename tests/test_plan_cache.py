@@ -326,3 +326,20 @@ def test_a_plans_runner_is_made_once_and_kept_on_the_plan():
     kept = plan.runners[("fprop", None)]
     xconv.conv_fprop(x, w, backend="numpy", padding=1)
     assert plan.runners[("fprop", None)] is kept
+
+
+@pytest.mark.parametrize("xs, ws, kw", RUNNER_CASES[:2] + RUNNER_CASES[-1:])
+def test_a_repeated_float16_call_that_overflows_warns_as_the_first(xs, ws, kw):
+    """float16 sums past its range: inf, silently (the primitives run under errstate), on the first call and on the
+    repeated ones by the plan's runner, even with warnings as errors."""
+    import warnings
+
+    x, w = np.full(xs, 100, np.float16), np.full(ws, 100, np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ys = [xconv.conv_fprop(x, w, backend="numpy", **kw) for _ in range(3)]
+        dy = np.full(ys[0].shape, 100, np.float16)
+        gs = [xconv.convolution_backward(dy, x, w, output_mask=(True, True, False), backend="numpy", **kw)
+              for _ in range(3)]
+    assert np.isinf(ys[0]).any() and all(y.tobytes() == ys[0].tobytes() for y in ys)
+    assert np.isinf(gs[0][1]).any() and all(_bytes(g) == _bytes(gs[0]) for g in gs)

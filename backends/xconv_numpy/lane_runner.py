@@ -52,8 +52,9 @@ def runner(p: ConvParams, op: str, mask=None):
 
 
 def _quiet(fn):
-    """``fn`` with NumPy's floating-point warnings off, as the primitives run (for a quick path's NumPy arithmetic: a
-    path of C jobs alone needs no errstate, as NumPy clears the flags before its own loops)."""
+    """``fn`` with NumPy's floating-point warnings off, as the primitives run (for a quick path's NumPy arithmetic or
+    casts, such as a float16 result's, which may overflow to inf: a path of C jobs alone needs no errstate, as NumPy
+    clears the flags before its own loops)."""
     def quiet(*args):
         with np.errstate(all="ignore"):
             return fn(*args)
@@ -112,8 +113,8 @@ def _quick_fprop(path, p: ConvParams):
     if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
         run = colgemm_quick.fprop_runner(p)
         return None if run is colgemm_quick._never else _pinned(run, p, "fprop")
-    if path.name == "small-c":
-        return small_c.grid_fprop_runner(p)
+    if path.name == "small-c":                       # quiet: a float16 result's cast may overflow to inf
+        return _quiet(small_c.grid_fprop_runner(p))
     if path.name == "small-cols":
         return _pinned_numpy(lambda x, w, b: small_c.cols_fprop(x, w, b, p))
     if path.name == "depthwise":
@@ -157,7 +158,7 @@ def _quick_backward(runs, bias_path, p: ConvParams):
     elif path.name == "depthwise" and (loops := depthwise_quick.backward_runner(p)) is not None:
         grads = _plain_jobs(_quiet(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers)), p, "backward")
     elif path.name == "small-c" and path.nonfinite == "self-check":
-        grads = small_c.grid_backward_runner(p, gx, gw)
+        grads = _quiet(small_c.grid_backward_runner(p, gx, gw))
     elif path.name == "small-cols" and path.nonfinite == "keeps":
         grads = _pinned_numpy(lambda dy, x, w: small_c.cols_backward(dy, x, w, p, gx, gw))
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
