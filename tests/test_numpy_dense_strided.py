@@ -86,14 +86,18 @@ def test_transposed_backward_input_gradient():
 
 def test_where_the_cost_model_may_take_it():
     """A 3x3 stride 2 with rows of 8 outputs or more and 16 channels or more is a candidate on the AVX-512 build (not
-    on the AVX2 build: dense.STRIDED_ISAS); a strided 1x1, a stem's 3 channels and rows of 4 outputs are not (measured
-    slower there: dense.serves_fprop)."""
+    on the AVX2 build: dense.STRIDED_ISAS), rows of 4 too in a call of 2^22 multiply-adds or more; a strided 1x1, a
+    stem's 3 channels, rows of 2 and rows of 4 in a small call are not (measured slower there: dense.serves_fprop)."""
     on = native.isa(native.library()) in dense.STRIDED_ISAS
     assert dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 3, 3), stride=2, padding=1)) == on
     assert dense.serves_fprop(make_params((4, 512, 399), (512, 512, 3), stride=2)) == on
     assert not dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 1, 1), stride=2))
     assert not dense.serves_fprop(make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3))
-    assert not dense.serves_fprop(make_params((8, 256, 8, 8), (512, 256, 3, 3), stride=2, padding=1))
+    assert dense.serves_fprop(make_params((8, 256, 8, 8), (512, 256, 3, 3), stride=2, padding=1)) == on   # 151 M
+    assert dense.serves_fprop(make_params((8, 128, 8, 8), (256, 128, 3, 3), stride=2, padding=1)) == on   # 38 M
+    assert not dense.serves_fprop(make_params((2, 32, 24, 10), (48, 32, 1, 5), stride=(3, 2), padding=1,
+                                              dilation=(2, 1)))                                 # rows of 4, 0.5 M
+    assert not dense.serves_fprop(make_params((8, 256, 4, 4), (512, 256, 3, 3), stride=2, padding=1))   # rows of 2
     assert not dense.computes_fprop(make_params((2, 16, 9, 9), (24, 16, 3, 3), stride=2))     # 24 outputs: no vectors
     assert not dense.computes_fprop(make_params((2, 16, 5, 5, 5), (16, 16, 3, 3, 3), stride=2))   # 3-D
 

@@ -124,7 +124,13 @@ class Rates:
       1-D keeps ``loop_weights``);
     - ``small_cols_call``: :data:`SMALL_COLS_CALL` where set (0: none);
     - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
-      :func:`backward_pair`).
+      :func:`backward_pair`);
+    - ``strided_q0``: the Q0 of the dense loops' strided forward (None: ``LOOP_Q0``). Zen 4, issue 25's ninth
+      session, each in lane runs (the public call's repeated form), alternating in one process, ms, loops / colgemm /
+      torch: ResNet-18 64's 8x128x8x8 -> 256 3x3 stride 2 (4x4 outputs, rows of 4) two threads 0.58-1.07 / 0.73-1.32 /
+      0.46-0.75 over four rounds, one thread 0.88 / 1.11-1.24; Q0 10 costed the loops 0.59 against colgemm's 0.55, 5
+      costs them 0.49. Rows of 2 keep colgemm (8x256x4x4 -> 512 s2: 0.93 / 0.68 / 0.62) and so do 512x256x3x3
+      weights at 7x7 outputs (2x256x14x14 s2: 2.32 / 2.13 / 1.53).
     ``small_cols_call`` and ``split_call`` were measured on Zen 4 only: Intel keeps the picks it had without them."""
 
     blas_macs: float
@@ -141,6 +147,7 @@ class Rates:
     loop_weights_2d: int | None = None
     small_cols_call: float = 0.0
     split_call: float | None = None
+    strided_q0: int | None = None
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -168,7 +175,7 @@ class Rates:
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
                   stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
-                  small_cols_call=60e-6, split_call=100e-6),
+                  small_cols_call=60e-6, split_call=100e-6, strided_q0=5),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -374,6 +381,7 @@ def dense_forward(p, output: str = "y") -> float:
         long_row = r.loop_long_row is not None and p.output_shape[-1] >= r.loop_long_row
         big = 1.0 if long_row else big
         copies = COPY * dense_strided.phase_floats(p)
+        q0 = q0 if r.strided_q0 is None else r.strided_q0
         sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (r.loop_macs * Q / (Q + q0))
         return CALL + (sums + copies) / CORES
     S = math.prod(p.input_shape[2:])
