@@ -274,3 +274,29 @@ def test_a_workspace_limit_below_its_bound_sends_the_call_elsewhere():
         y = xconv.conv_fprop(x, w, stride=2, padding=3, workspace_limit=limit)
     assert not t.records[0].path.startswith("stem") and "excludes stem" in t.records[0].path
     np.testing.assert_allclose(y, xconv.conv_fprop(x, w, stride=2, padding=3), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("xs, ws, kw", [((4, 1, 2000), (64, 1, 10), dict(stride=5)),
+                                        ((4, 1, 40, 40), (32, 1, 3, 3), dict(padding=1)),
+                                        ((2, 1, 64, 64), (16, 1, 7, 7), dict(stride=2, padding=3))])
+def test_a_single_channels_weight_gradient_runs_on_the_stem_loops_for_every_mask(xs, ws, kw):
+    """One input channel in one group (paths.single_channel): the weight gradient on the stem loops, the input gradient
+    on the depthwise loops, whatever the mask; dw's bits the same for every mask that asks for it, and both outputs
+    within float32 rounding of float64 sums of the definition."""
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    dy = rng.standard_normal(xconv.output_shape(xs, ws, **kw), dtype=np.float32)
+    exact = xconv.convolution_backward(*(a.astype(np.float64) for a in (dy, x, w)), backend="numpy-exact", **kw)
+    dws = []
+    for mask in [(True, True, True), (False, True, True), (False, True, False), (True, False, False)]:
+        with xconv.trace() as t:
+            got = xconv.convolution_backward(dy, x, w, output_mask=mask, backend="numpy", **kw)
+        path = t.records[0].path
+        assert ("stem: stem C loops [grad_weight" in path) == mask[1]
+        assert ("depthwise: depthwise C loops [grad_input" in path) == mask[0]
+        for g, e, bit in zip(got, exact, mask):
+            if bit:
+                np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3 * np.abs(e).max())
+        if mask[1]:
+            dws.append(got[1].tobytes())
+    assert len(set(dws)) == 1
