@@ -1,12 +1,14 @@
 """The forward at strides above 1 through the dense loops (xconv_numpy.dense_strided): against float64 sums, the same
 bits for any worker count and input layout, and where the cost model takes it."""
 
+import math
+
 import numpy as np
 import pytest
 
 import xconv
 from xconv.params import make_params
-from xconv_numpy import dense, dense_strided, native, paths
+from xconv_numpy import cost, dense, dense_strided, native, paths
 from xconv_numpy.grid.scratch import Lease
 
 from test_numpy_fast import poison_scratch  # noqa: E402
@@ -86,15 +88,23 @@ def test_transposed_backward_input_gradient():
 
 def test_where_the_cost_model_may_take_it():
     """A 3x3 stride 2 with rows of 8 outputs or more and 16 channels or more is a candidate on the AVX-512 build (not
-    on the AVX2 build: dense.STRIDED_ISAS), rows of 4 too in a call of 2^22 multiply-adds or more; a strided 1x1, a
-    stem's 3 channels, rows of 2 and rows of 4 in a small call are not (measured slower there: dense.serves_fprop)."""
+    on the AVX2 build: dense.STRIDED_ISAS), rows of exactly 4 too at stride 2 in a call of 2^22 multiply-adds or more
+    where the kind of CPU's rates cost them (cost.Rates.strided_q0); a strided 1x1, a stem's 3 channels, rows of 2,
+    5-7, rows of 4 at stride 3 or in a small call are not (measured slower there, or unmeasured:
+    dense.serves_fprop)."""
     on = native.isa(native.library()) in dense.STRIDED_ISAS
     assert dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 3, 3), stride=2, padding=1)) == on
     assert dense.serves_fprop(make_params((4, 512, 399), (512, 512, 3), stride=2)) == on
     assert not dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 1, 1), stride=2))
     assert not dense.serves_fprop(make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3))
+    short = make_params((8, 128, 8, 8), (256, 128, 3, 3), stride=2, padding=1)                         # 38 M
     assert dense.serves_fprop(make_params((8, 256, 8, 8), (512, 256, 3, 3), stride=2, padding=1)) == on   # 151 M
-    assert dense.serves_fprop(make_params((8, 128, 8, 8), (256, 128, 3, 3), stride=2, padding=1)) == on   # 38 M
+    assert dense.serves_fprop(short) == on
+    for kind in ("zen4", "intel-avx512"):      # weighed where the kind has their Q0, infinite elsewhere
+        with cost.choosing(kind):
+            assert (cost.dense_forward(short) < math.inf) == (cost.rates().strided_q0 is not None)
+    assert not dense.serves_fprop(make_params((16, 128, 14, 13), (128, 128, 3, 3), stride=3))          # rows of 4, s3
+    assert not dense.serves_fprop(make_params((8, 64, 14, 14), (128, 64, 3, 3), stride=2, padding=1))  # rows of 7
     assert not dense.serves_fprop(make_params((2, 32, 24, 10), (48, 32, 1, 5), stride=(3, 2), padding=1,
                                               dilation=(2, 1)))                                 # rows of 4, 0.5 M
     assert not dense.serves_fprop(make_params((8, 256, 4, 4), (512, 256, 3, 3), stride=2, padding=1))   # rows of 2

@@ -125,7 +125,8 @@ class Rates:
     - ``small_cols_call``: :data:`SMALL_COLS_CALL` where set (0: none);
     - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
       :func:`backward_pair`);
-    - ``strided_q0``: the Q0 of the dense loops' strided forward (None: ``LOOP_Q0``). Zen 4, issue 25's ninth
+    - ``strided_q0``: the Q0 of the dense loops' strided forward on rows shorter than ``dense.STRIDED_MIN_ROW`` (None:
+      such rows cost infinity, never picked). Zen 4, issue 25's ninth
       session, each in lane runs (the public call's repeated form), alternating in one process, ms, loops / colgemm /
       torch: ResNet-18 64's 8x128x8x8 -> 256 3x3 stride 2 (4x4 outputs, rows of 4) two threads 0.58-1.07 / 0.73-1.32 /
       0.46-0.75 over four rounds, one thread 0.88 / 1.11-1.24; Q0 10 costed the loops 0.59 against colgemm's 0.55, 5
@@ -381,7 +382,10 @@ def dense_forward(p, output: str = "y") -> float:
         long_row = r.loop_long_row is not None and p.output_shape[-1] >= r.loop_long_row
         big = 1.0 if long_row else big
         copies = COPY * dense_strided.phase_floats(p)
-        q0 = q0 if r.strided_q0 is None else r.strided_q0
+        if p.output_shape[-1] < dense_loops.STRIDED_MIN_ROW:    # short rows (dense.STRIDED_SHORT_ROW): their own Q0,
+            if r.strided_q0 is None:                             # where the kind has one (else never picked)
+                return math.inf
+            q0 = r.strided_q0
         sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (r.loop_macs * Q / (Q + q0))
         return CALL + (sums + copies) / CORES
     S = math.prod(p.input_shape[2:])

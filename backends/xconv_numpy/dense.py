@@ -360,11 +360,13 @@ def computes_fprop(p: ConvParams) -> bool:
 #: (measured, two threads, ms, against the columns: 8x256x4x4 -> 512 3x3 s2 3.2 vs 0.7, 2x256x14x14 -> 512 6.1 vs
 #: 2.2; at 8 positions 8x64x16x16 -> 128 0.54 vs 0.70) ...
 STRIDED_MIN_ROW = 8
-#: ... except rows of STRIDED_SHORT_ROW or more in calls of STRIDED_SHORT_ROW_MACS multiply-adds or more (issue 25's
-#: ninth session: with its kept job template, dense_strided_quick.py, rows of 4 ran ahead of the columns, 8x128x8x8
-#: -> 256 s2, two threads, 0.58-1.07 vs 0.73-1.32 ms; the cost model's ``Rates.strided_q0``). Not rows of 2
-#: (8x256x4x4 -> 512: 0.93 vs 0.68), nor small calls: the loops' copies and phases cost a call about 0.1 ms
-#: (2x32x24x10 -> 48 1x5 s(3, 2), 0.5 M multiply-adds: 130 µs against the columns' 78).
+#: ... except rows of exactly STRIDED_SHORT_ROW in calls of STRIDED_SHORT_ROW_MACS multiply-adds or more, weighed on
+#: the kinds of CPU whose rates cost them (``cost.Rates.strided_q0``: Zen 4; elsewhere their estimate is infinite). Issue 25's ninth session: with its kept job
+#: template (dense_strided_quick.py) rows of 4 ran ahead of the columns, 8x128x8x8 -> 256 s2, two threads, 0.58-1.07
+#: vs 0.73-1.32 ms. Not rows of 2 (8x256x4x4 -> 512: 0.93 vs 0.68), nor small calls: the loops' copies and phases
+#: cost a call about 0.1 ms (2x32x24x10 -> 48 1x5 s(3, 2), 0.5 M multiply-adds: 130 µs against the columns' 78),
+#: nor strides of 3 (one tap per phase of a 3x3: 16x128x14x13 -> 128 s3 0.96 against 0.76); rows of 5-7 (blocks of
+#: 4, 2 and 1) are unmeasured.
 STRIDED_SHORT_ROW = 4
 STRIDED_SHORT_ROW_MACS = 1 << 22
 #: Fewest input channels per group for the strided forward by default: a stem's few keep the stem loops (the same
@@ -381,15 +383,17 @@ def serves_fprop(p: ConvParams) -> bool:
     """Whether the cost model may pick these loops for ``p``'s forward: at stride 1 where :func:`serves` the dual
     call; at larger strides where :func:`computes_fprop`, the loops loaded from a build of STRIDED_ISAS, a kernel of
     more than one tap (a strided 1x1 is a copy of x's positions and a product: 8x64x16x16 -> 128 0.23 ms here against
-    the columns' 0.16), rows of STRIDED_MIN_ROW outputs or more (or of STRIDED_SHORT_ROW in calls of
-    STRIDED_SHORT_ROW_MACS multiply-adds or more), and STRIDED_MIN_CHANNELS input channels per group or more."""
+    the columns' 0.16), rows of STRIDED_MIN_ROW outputs or more (or of exactly STRIDED_SHORT_ROW at strides of at most
+    2 in calls of STRIDED_SHORT_ROW_MACS multiply-adds or more: the cost model weighs them where the kind of CPU's
+    rates have their Q0, ``cost.Rates.strided_q0``), and STRIDED_MIN_CHANNELS input channels per group or more."""
     if not computes_fprop(p):
         return False
     if any(s != 1 for s in p.stride):
         row = p.output_shape[-1]
         macs = math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel)
         return (available() and native.isa(native.library()) in STRIDED_ISAS and math.prod(p.kernel) > 1
-                and (row >= STRIDED_MIN_ROW or (row >= STRIDED_SHORT_ROW and macs >= STRIDED_SHORT_ROW_MACS))
+                and (row >= STRIDED_MIN_ROW or (row == STRIDED_SHORT_ROW and max(p.stride) <= 2
+                                                 and macs >= STRIDED_SHORT_ROW_MACS))
                 and p.input_shape[1] // p.groups >= STRIDED_MIN_CHANNELS)
     return serves(dual(p))
 
