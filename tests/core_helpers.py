@@ -235,3 +235,32 @@ def validated(call, *args, **kwargs):
 
     plan_cache.clear()
     return call(*args, **kwargs)
+
+
+def assert_lane_forwards_replay(path: str, conf, x, w, b, dispatched: list, new_weights: bool = False) -> None:
+    """A lane's repeated forwards on ``path`` (forced: the lanes opened inside keep that choice) run its kept template:
+    three inputs of new values (and, with ``new_weights``, weights at a new address), the scratch at new addresses,
+    each with and without ``b``, give the validated public calls' bits without reaching the full path (``dispatched``:
+    the calls that did, by input shape); an input in another layout takes the full path with its bits, and an open
+    trace records the path."""
+    from xconv import lanes
+    from xconv_numpy import paths
+
+    xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
+    stash = []
+    with paths.force(path):
+        want = [[validated(xconv.conv_fprop, xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
+        for bb in (None, b):
+            lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
+        dispatched.clear()
+        for xi, wants in zip(xs_, want):
+            fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
+            got = [lanes.fprop(conf, xi, w.copy() if new_weights else w, bb, conf.kwargs) for bb in (None, b)]
+            assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
+        assert dispatched == []
+        x2 = np.asfortranarray(x)                   # another layout: the full path, its bits
+        assert lanes.fprop(conf, x2, w, b, conf.kwargs).tobytes() == want[0][1].tobytes()
+        assert dispatched == [x.shape]
+        with xconv.trace() as t:                    # a trace open: the full path records the call
+            xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
+        assert t.records[-1].path.startswith(path)

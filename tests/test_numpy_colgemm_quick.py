@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import float32_operands, fresh_scratch, lane_conf, validated
+from core_helpers import assert_lane_forwards_replay, float32_operands, fresh_scratch, lane_conf, validated
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import colgemm, colgemm_quick, jobs, lane_runner, paths
@@ -43,24 +43,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
     p = make_params(xs, ws, stride=s, padding=pad, groups=g)
     assert len(colgemm._forward_chunks(p)[0]) == 1
     assert colgemm._direct(p) == (case in (CASES[1], CASES[2]))
-    xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
-    stash = []
-    with paths.force("colgemm"):                    # lanes opened inside keep that choice
-        want = [[validated(xconv.conv_fprop, xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
-        for bb in (None, b):
-            lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
-        dispatched.clear()
-        for xi, wants in zip(xs_, want):
-            fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
-            got = [lanes.fprop(conf, xi, w, bb, conf.kwargs) for bb in (None, b)]
-            assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
-        assert dispatched == []
-        x2 = np.asfortranarray(x)                   # another layout: the full path, its bits
-        assert lanes.fprop(conf, x2, w, b, conf.kwargs).tobytes() == want[0][1].tobytes()
-        assert dispatched == [xs]
-        with xconv.trace() as t:                    # a trace open: the full path records the call
-            xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
-        assert t.records[-1].path.startswith("colgemm")
+    assert_lane_forwards_replay("colgemm", conf, x, w, b, dispatched)
 
 
 def test_each_worker_count_keeps_its_template():

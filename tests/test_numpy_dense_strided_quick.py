@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import float32_operands, fresh_scratch, lane_conf, validated
+from core_helpers import assert_lane_forwards_replay, float32_operands, fresh_scratch, lane_conf, validated
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import dense, dense_strided, dense_strided_quick, paths
@@ -43,24 +43,7 @@ def test_repeated_forwards_skip_the_dispatch_with_the_public_calls_bits(case, di
     nd = len(xs) - 2
     conf = lane_conf(nd, s, pad, g)
     x, w, b = float32_operands(xs, ws)
-    xs_ = [x + np.float32(i) for i in range(3)]       # new data each call: no result left in a reused buffer
-    stash = []
-    with paths.force("dense"):                      # lanes opened inside keep that choice
-        want = [[validated(xconv.conv_fprop, xi, w, bias=bb, **conf.kwargs()) for bb in (None, b)] for xi in xs_]
-        for bb in (None, b):
-            lanes.fprop(conf, x, w, bb, conf.kwargs)   # opens the lane (a public call)
-        dispatched.clear()
-        for xi, wants in zip(xs_, want):
-            fresh_scratch(stash)                   # the scratch at new addresses: the template's offsets apply
-            got = [lanes.fprop(conf, xi, w.copy(), bb, conf.kwargs) for bb in (None, b)]     # w at a new address too
-            assert [a.tobytes() for a in got] == [a.tobytes() for a in wants]
-        assert dispatched == []
-        x2 = np.asfortranarray(x)                   # another layout: the full path, its bits
-        assert lanes.fprop(conf, x2, w, b, conf.kwargs).tobytes() == want[0][1].tobytes()
-        assert dispatched == [xs]
-        with xconv.trace() as t:                    # a trace open: the full path records the call
-            xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
-        assert t.records[-1].path.startswith("dense")
+    assert_lane_forwards_replay("dense", conf, x, w, b, dispatched, new_weights=True)      # w at a new address too
 
 
 def test_each_worker_count_keeps_its_template_and_a_non_finite_weight_detours():

@@ -17,12 +17,6 @@ from core_helpers import SpyBackend, registered
 KW = dict(stride=1, padding=1)
 
 
-@pytest.fixture(autouse=True)
-def fresh_plans():
-    plan_cache.clear()
-    yield
-    plan_cache.clear()
-
 
 def _data(seed=0, shape=(2, 4, 6, 6), wshape=(5, 4, 3, 3), dtype=np.float32):
     rng = np.random.default_rng(seed)
