@@ -26,8 +26,9 @@ the path keeps busy, :data:`CORES` assumed):
   are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build) over the output positions, the
   tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
   ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never exempt);
-- ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, forward only, in sample blocks): the
-  small path's estimate over the cores; ``grid-forward`` (the grid engine's x-columns forward): colgemm's
+- ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, in sample blocks): the forward's, the small
+  path's estimate over the cores; the backward is not weighed: it replaces ``small-c`` where the model picks that for
+  an output and the samples make two or more blocks (``paths.cost_pick``); ``grid-forward`` (the grid engine's x-columns forward): colgemm's
   product model, columns only for kernels with several taps;
 - ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
   K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight

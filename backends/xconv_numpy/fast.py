@@ -152,8 +152,11 @@ def _grads(path, rule, dy, x, w, p, gx, gw):
     if path.name == "columns":
         return _columns(dy, x, w, p, gx, gw, rule)
     bad_x = bad_w = False
-    if path.nonfinite == "self-check":                # one C call that checks what it reads for inf/NaN itself
-        results = small_c.grid_backward(dy, x, w, p, gx, gw, False)
+    if path.nonfinite == "self-check":                # C calls that check what they read for inf/NaN themselves
+        if path.name == "small-c-blocks":
+            results = grid_blocks.backward(dy, x, w, p, gx, gw, _share(p, blas_workers(), "backward", True))
+        else:
+            results = small_c.grid_backward(dy, x, w, p, gx, gw, False)
         if results is not None:
             _note(path, outs, rule)
             return results[0], results[1]

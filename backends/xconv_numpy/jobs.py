@@ -24,7 +24,7 @@ from .layout import JOB_LEN as LEN, JOB_STATE as STATE     # checked against the
 KINDS = {"dwcv_gather": 1, "dwcv_wgrad": 2, "dy_to_grid": 3, "x_to_grid": 4, "dx_rows": 5, "dw_rows": 6,
          "sgemm": 7, "sgemm_batch": 8, "im2col": 9, "col2im": 10, "stem_rows": 11,
          "stem_phases": 12, "stem_wgrad": 13, "dw_fprop": 14, "dw_backward": 15, "taps_last": 16,
-         "small_fprop": 17}
+         "small_fprop": 17, "small_backward": 18}
 
 
 class Jobs:

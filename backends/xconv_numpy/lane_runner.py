@@ -15,8 +15,8 @@ import numpy as np
 from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
-from . import (bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, jobs, paths,
-               small_c)
+from . import (bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, grid_blocks,
+               jobs, paths, small_c)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .fast import _backward_on, _fprop_on, share_of, work_of
 from .grid import pointwise_planned
@@ -159,6 +159,8 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         grads = _plain_jobs(_quiet(lambda dy, x, w, workers: loops(dy, x, w, gx, gw, workers)), p, "backward")
     elif path.name == "small-c" and path.nonfinite == "self-check":
         grads = _quiet(small_c.grid_backward_runner(p, gx, gw))
+    elif path.name == "small-c-blocks" and path.nonfinite == "self-check":      # dw's blocks added: NumPy sums
+        grads = _plain_jobs(_quiet(grid_blocks.backward_runner(p, gx, gw)), p, "backward")
     elif path.name == "small-cols" and path.nonfinite == "keeps":
         grads = _pinned_numpy(lambda dy, x, w: small_c.cols_backward(dy, x, w, p, gx, gw))
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:

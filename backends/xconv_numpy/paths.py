@@ -96,9 +96,10 @@ PATHS = {p.name: p for p in (
     Path("colgemm", "fprop, backward (dx, dw): im2col columns and blocked BLAS products on the workers",
          "colgemm.fprop / colgemm.backward (csrc/small_cols.c)", "pinned", False, "keeps", "colgemm columns",
          bounds.colgemm),
-    Path("small-c-blocks", "fprop: the small path's stride-1 loops in blocks of samples on the workers",
-         "grid_blocks.fprop (csrc/small_grid.c)", "none", False, "keeps", "small-call loops in sample blocks",
-         bounds.small),
+    Path("small-c-blocks", "fprop, backward (dx, dw; dw the blocks' added in block order): the small path's stride-1 "
+         "loops in blocks of samples on the workers",
+         "grid_blocks.fprop / grid_blocks.backward (csrc/small_grid.c)", "none", False, "self-check",
+         "small-call loops in sample blocks", bounds.small),
     Path("stem", "fprop, wgrad (dw): at most 4 input channels, one group (a network's stem): direct loops along rows",
          "stem.fprop / stem.wgrad (csrc/stem.c)", "none", False, "detour", "stem C loops", stem.bound),
 )}
@@ -203,9 +204,25 @@ def cost_pick(p, output: str):
         return mine or None                                          # the small path by size, or nothing to weigh
     theirs = None if output == "y" else _candidates(p, "dw" if output == "dx" else "dx")
     if isinstance(theirs, str) or not theirs:
-        return cost.cheapest(p, output, mine)
-    dx, dw = cost.backward_pair(p, *((mine, theirs) if output == "dx" else (theirs, mine)))   # the full call's pair
-    return dx if output == "dx" else dw
+        picked = cost.cheapest(p, output, mine)
+    else:
+        dx, dw = cost.backward_pair(p, *((mine, theirs) if output == "dx" else (theirs, mine)))   # the full call's
+        picked = dx if output == "dx" else dw
+    if picked == "small-c" and output != "y" and _in_blocks(p) and cost.grid_block_samples(p) < p.input_shape[0]:
+        return "small-c-blocks"          # the same loops in two or more sample blocks: where the model picks the loops
+    return picked
+
+
+def _in_blocks(p) -> bool:
+    """Whether the small path's stride-1 loops may run ``p`` in sample blocks (float32: C jobs on the workers, at
+    least 2 * cost.CORES samples and BLOCKS_MIN_MACS multiply-adds). The backward takes them only where the model
+    picks the small loops for one call: as a candidate of its own, weighed at the loops' rate over the cores, they
+    won where the loops lose to colgemm and the dense loops (3000 random configurations, two threads on the Zen 4, the
+    changed picks from those paths: up to 4.5x slower on small planes with wide kernels; from the small loops: every
+    one faster, 0.24-0.88 of one call's time, geomean 0.60 over 40)."""
+    return (small.grid_compiled(p) and math.prod(p.kernel) > 1 and p.dtype == "float32"
+            and all(s == 1 for s in p.stride) and p.input_shape[0] >= 2 * cost.CORES
+            and cost.macs(p) >= BLOCKS_MIN_MACS)
 
 
 def _candidates(p, output: str):
@@ -226,9 +243,7 @@ def _candidates(p, output: str):
         if 0 < chunks <= (r.forward_chunks if dense_fwd else cost.CORES) \
                 and p.input_shape[0] * math.prod(p.output_shape[2:]) <= r.forward_columns:
             cands.append("colgemm")                        # in chunks where the dense loops cannot take the forward
-        if all(s == 1 for s in p.stride) and (not served or (loops and p.dtype == "float32"
-                                                             and p.input_shape[0] >= 2 * cost.CORES
-                                                             and cost.macs(p) >= BLOCKS_MIN_MACS)):
+        if all(s == 1 for s in p.stride) and (not served or _in_blocks(p)):
             cands.append("small-c-blocks")         # the small path's loops in sample blocks (float32: as C jobs)
         if geom(p).pointwise:
             cands.append("pointwise")
@@ -280,6 +295,9 @@ RULES = (
     *(Rule(f"cost model: {name} cheapest (cost.py)", "backward", (output,), name, _cost(short, name))
       for output, short in (("grad_input", "dx"), ("grad_weight", "dw"))
       for name in ("small-c", "small-cols", "colgemm", "dense", "pointwise") + (("stem",) if short == "dw" else ())),
+    *(Rule("cost model: small-c cheapest, in two or more sample blocks (paths.cost_pick)", "backward", (output,),
+           "small-c-blocks", _cost(short, "small-c-blocks")) for output, short in (("grad_input", "dx"),
+                                                                                 ("grad_weight", "dw"))),
     Rule("dense C loops serve (dense.serves)", "backward", _GRADS, "dense", lambda p, m: dense.serves(p)),
     *(Rule(f"small, {why} (small.serves)", "backward", _GRADS, name, _small_variant(name, _small_size))
       for name, why in _SMALL_VARIANTS),
@@ -339,7 +357,8 @@ _COMPUTES = {
     "grid-b": lambda p, op: True,
     "grid-forward": lambda p, op: True,
     "colgemm": lambda p, op: small.compiled_available() and colgemm.fits(p, True, True, op == "fprop"),
-    "small-c-blocks": lambda p, op: small.computes(p) and small.grid_compiled(p),
+    "small-c-blocks": lambda p, op: (small.computes(p) and small.grid_compiled(p)
+                                     and (op == "fprop" or p.dtype == "float32")),     # backward: float32 C jobs
     "stem": lambda p, op: stem.serves(p),           # backward: grad_weight only (its rules name no other output)
 }
 

@@ -306,3 +306,44 @@ def grid_fprop_blocks(x, w, b, y, p: ConvParams, blocks, workers: int):
         raise _scratch_failed(p)
     tracing.workspace(int(out[:min(workers, len(blocks)), 1].sum()))      # the blocks running at once, at most
     return y
+
+
+def grid_backward_blocks(dy, x, w, p: ConvParams, blocks, need_dx: bool, need_dw: bool, workers: int):
+    """(dx, dw) (float32, None where not needed) at stride 1 for blocks [(n0, n1, q)] of samples, q the block's
+    parameters, as C jobs, each the C call :func:`grid_backward` makes for its block without db; or None when an
+    input a block reads (dy; x for dw; w for dx) holds an inf or a NaN. A sample's dx is one small call's bits
+    (grid_blocks.py); dw is the blocks' weight gradients added in block order, so its bits are those of the blocks,
+    whatever the workers."""
+    dy = _readable(dy, np.float32)
+    x = _readable(x, np.float32) if need_dw else None
+    w = np.ascontiguousarray(w, dtype=np.float32) if need_dx else None
+    plans = {q: _s1_plan(q) for _, _, q in blocks}                     # held while C runs
+    lift = plans[blocks[0][2]].lift
+    dys, dys_at = _strides(dy, lift)
+    xs, xs_at = _strides(x, lift) if need_dw else (None, 0)
+    dx = np.empty(p.input_shape, np.float32) if need_dx else None
+    parts = np.empty((len(blocks),) + tuple(p.weight_shape), np.float32) if need_dw else None
+    out = np.zeros((len(blocks), 2), np.int64)                         # per block: status, scratch bytes
+    dya, oa = _address(dy), _address(out)
+    xa = _address(x) if need_dw else 0
+    wa = _address(w) if need_dx else 0
+    dxa = _address(dx) if need_dx else 0
+    pa = _address(parts) if need_dw else 0
+    wbytes = 4 * math.prod(p.weight_shape)
+    run = jobs.Jobs()
+    run.rows("small_backward", [
+        (dya + n0 * dy.strides[0], xa + n0 * x.strides[0] if need_dw else 0, wa,
+         dxa + n0 * dx.strides[0] if need_dx else 0, pa + i * wbytes if need_dw else 0, plans[q].address, dys_at,
+         xs_at, oa + 16 * i) for i, (n0, _, q) in enumerate(blocks)])
+    run.run(workers)
+    if (out[:, 0] == 1).any():
+        raise _scratch_failed(p)
+    if (out[:, 0] == 2).any():
+        return None
+    tracing.workspace(int(np.sort(out[:, 1])[::-1][:min(workers, len(blocks))].sum()))   # the blocks running at once
+    dw = None
+    if need_dw:
+        dw = parts[0]
+        for part in parts[1:]:                                         # block order: the bits of the blocks
+            dw += part
+    return dx, dw

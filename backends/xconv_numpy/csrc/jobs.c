@@ -16,7 +16,8 @@
 enum { XJ_DWCV_GATHER = 1, XJ_DWCV_WGRAD = 2, XJ_DY_TO_GRID = 3, XJ_X_TO_GRID = 4, XJ_DX_ROWS = 5, XJ_DW_ROWS = 6,
        XJ_SGEMM = 7, XJ_SGEMM_BATCH = 8,
        XJ_IM2COL = 9, XJ_COL2IM = 10, XJ_STEM_ROWS = 11, XJ_STEM_PHASES = 12, XJ_STEM_WGRAD = 13,
-       XJ_DW_FPROP = 14, XJ_DW_BACKWARD = 15, XJ_TAPS_LAST = 16, XJ_SMALL_FPROP = 17 };
+       XJ_DW_FPROP = 14, XJ_DW_BACKWARD = 15, XJ_TAPS_LAST = 16, XJ_SMALL_FPROP = 17,
+       XJ_SMALL_BACKWARD = 18 };
 /* NumPy's own ILP64 cblas_sgemm (its address a job's first argument): C = A @ B, row-major, as numpy.matmul calls it */
 typedef void (*xj_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                            int64_t, float, float *, int64_t);
@@ -93,6 +94,12 @@ static void xj_dispatch(const int64_t *j, float *scratch) {
     case XJ_SMALL_FPROP:    /* x, w, bias (0: none), y, plan, x's strides, out: {status, scratch bytes} (float32; a
                              * block of samples: the plan's N; small_grid_impl.h) */
         ((int64_t *)P(6))[0] = xconv_small_s1_fprop_f32(P(0), P(1), P(2), P(3), P(4), P(5), (int64_t *)P(6) + 1);
+        break;
+    case XJ_SMALL_BACKWARD: /* dy, x (0: no dw), w (0: no dx), dx (0: none), dw (0: none), plan, dy's strides, x's
+                             * strides (0: none), out: {status, scratch bytes} (float32; a block of samples: the plan's N;
+                             * no db; status 2: an input read holds an inf or a NaN) */
+        ((int64_t *)P(8))[0] = xconv_small_s1_backward_f32(P(0), P(1), P(2), P(3), P(4), NULL, P(5), P(6), P(7),
+                                                           (int64_t *)P(8) + 1);
         break;
     default:
         break;
