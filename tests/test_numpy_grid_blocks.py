@@ -80,6 +80,7 @@ def test_backward_blocks_give_one_small_calls_dx_and_the_blocks_dw_in_block_orde
     for workers in (1, 2, 3):
         dx, dw = grid_blocks.backward(dy, x, w, p, True, True, workers)
         assert dx.dtype == dw.dtype == np.float32
+        assert dw.base is None or dw.base.nbytes == dw.nbytes     # its own buffer, not a view of the blocks' parts
         assert np.array_equal(dx, one_dx), workers
         assert np.array_equal(dw, want_dw), workers
         assert grid_blocks.backward(dy, x, w, p, False, True, workers)[0] is None

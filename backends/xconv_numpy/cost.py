@@ -27,9 +27,10 @@ the path keeps busy, :data:`CORES` assumed):
   tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
   ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never exempt);
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, in sample blocks): the forward's, the small
-  path's estimate over the cores; the backward is not weighed: it replaces ``small-c`` where the model picks that for
-  an output and the samples make two or more blocks (``paths.cost_pick``); ``grid-forward`` (the grid engine's x-columns forward): colgemm's
-  product model, columns only for kernels with several taps;
+  path's estimate over the cores; the backward is not weighed: it replaces ``small-c`` where the model picks that
+  for an output and the samples make two or more blocks (``paths.cost_pick``);
+- ``grid-forward`` (the grid engine's x-columns forward): colgemm's product model, columns only for kernels with
+  several taps;
 - ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
   K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
   gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
@@ -256,7 +257,7 @@ SPLIT_CALL = 100e-6
 SMALL_MACS = 1 << 19
 #: The small path's stride-1 loops per output: (multiply-adds per second, Q0, K0): rate R * Q/(Q+Q0) * K/(K+K0).
 SMALL_LOOPS = {"y": (50e9, 4, 2), "dx": (40e9, 8, 2), "dw": (60e9, 12, 8)}
-#: The grid loops' forward runs in sample blocks of at least this many output elements each.
+#: The grid loops run in sample blocks (small-c-blocks, forward and backward) of at least this many output elements each.
 GRID_BLOCK_ELEMENTS = 1 << 15
 
 
@@ -347,8 +348,8 @@ def pointwise(p, output: str) -> float:
 
 
 def grid_block_samples(p) -> int:
-    """Samples per block of the sample-block forward (grid_blocks.py): blocks of at least GRID_BLOCK_ELEMENTS output
-    elements (the last may hold fewer), at most 8 blocks."""
+    """Samples per block of the small loops in sample blocks (grid_blocks.py, forward and backward): blocks of at least
+    GRID_BLOCK_ELEMENTS output elements (the last may hold fewer), at most 8 blocks."""
     N = p.input_shape[0]
     per = math.prod(p.output_shape[1:])
     return max(1, -(-GRID_BLOCK_ELEMENTS // max(per, 1)), -(-N // 8))

@@ -191,7 +191,8 @@ BLOCKS_MIN_MACS = 1 << 22
 
 def cost_pick(p, output: str):
     """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that
-    can run it, as a table path name; None where the model does not decide (the rules below it do). A function
+    can run it, as a table path name (a gradient's ``small-c`` as ``small-c-blocks`` where :func:`_in_blocks` and
+    two or more blocks); None where the model does not decide (the rules below it do). A function
     of the configuration, the build and the kind of CPU (``cost.cpu_kind``: ``$XCONV_NUMPY_CPU`` or read from the CPU;
     never a clock) only (cached with the table's choice). A backward output's path is the full call's: dx's and dw's
     are chosen together (``cost.backward_pair``), whatever the mask asks for."""

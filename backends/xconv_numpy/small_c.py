@@ -340,10 +340,11 @@ def grid_backward_blocks(dy, x, w, p: ConvParams, blocks, need_dx: bool, need_dw
         raise _scratch_failed(p)
     if (out[:, 0] == 2).any():
         return None
-    tracing.workspace(int(np.sort(out[:, 1])[::-1][:min(workers, len(blocks))].sum()))   # the blocks running at once
+    running = int(np.sort(out[:, 1])[::-1][:min(workers, len(blocks))].sum())     # the blocks running at once
+    tracing.workspace(running + (parts.nbytes if need_dw else 0))      # and the blocks' dw
     dw = None
     if need_dw:
-        dw = parts[0]
+        dw = parts[0].copy()                                           # its own buffer: not a view of the blocks'
         for part in parts[1:]:                                         # block order: the bits of the blocks
             dw += part
     return dx, dw
