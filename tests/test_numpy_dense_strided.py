@@ -150,3 +150,24 @@ def test_strides_past_64_phases_are_not_taken():
     assert not tr.records[-1].path.startswith("dense")
     np.testing.assert_allclose(y, xconv.conv_fprop(x, w, stride=(1, 65), padding=1, backend="numpy-exact"),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_long_rows_in_spans_give_the_sums_of_short_rows(stride):
+    """Rows longer than two spans whose weights run channel block by channel block (csrc/direct_conv.c,
+    dx_rows_spans: 512x512x3 weights, 3 MB) are computed span by span over the task's channel units: every output
+    is bitwise the one the same positions give as short rows (the call cut into pieces of at most 100 outputs, each
+    its own call below the span length), and within float32 rounding of float64 sums."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((2, 512, 2 * 600 + 1 if stride == 2 else 602)).astype(np.float32)
+    w = (rng.standard_normal((512, 512, 3)) / 40).astype(np.float32)
+    with paths.force("dense"), xconv.trace() as t:
+        y = xconv.conv_fprop(x, w, stride=stride, backend="numpy")
+    assert y.shape[-1] == 600 and t.records[0].path.startswith("dense:"), t.records[0].path
+    for o0 in range(0, 600, 100):
+        piece = x[:, :, stride * o0:stride * (o0 + 99) + 3]
+        with paths.force("dense"):
+            part = xconv.conv_fprop(piece, w, stride=stride, backend="numpy")
+        assert np.array_equal(part, y[:, :, o0:o0 + 100]), o0
+    exact = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), stride=stride, backend="numpy-exact")
+    np.testing.assert_allclose(y, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())

@@ -172,13 +172,14 @@ static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw,
  * sum's bits as they are. */
 static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t Cog,
                    float *dx, int64_t ldx, int64_t os, const int64_t *rin, const int64_t *rout, int64_t r,
-                   int64_t row_len, int64_t cb, int one) {
+                   int64_t j0, int64_t n, int64_t cb, int one) {
     const float *dyr = dy + rin[3 * r];
     float *dxr = dx + rout[r];
     const int64_t *offr = off + rin[3 * r + 1];                     /* the row's taps */
     const float *wr = w + rin[3 * r + 1] * Cog * ldw;
     const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
-    int64_t j = 0;
+    const int64_t row_len = j0 + n;                                 /* positions [j0, j0 + n) of the row */
+    int64_t j = j0;
     if (DENSE_V8) {                      /* AVX2: 16 channels, 6 positions at a time, then 4, 2, 1 */
         for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
         for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
@@ -193,11 +194,11 @@ static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
         for (; j < row_len; j++) dx_1x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
         return;
     }
-    int64_t nblk = (row_len + 13) / 14;  /* blocks of (nearly) equal length: 8 to 14 positions, no short one */
+    int64_t nblk = (n + 13) / 14;        /* blocks of (nearly) equal length: 8 to 14 positions, no short one */
     for (int64_t b = 0; b < nblk; b++) {
-        int64_t n = row_len / nblk + (b < row_len % nblk);
-        dx_span2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, n, cb);
-        j += n;
+        int64_t m = n / nblk + (b < n % nblk);
+        dx_span2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, m, cb);
+        j += m;
     }
 }
 
@@ -218,12 +219,12 @@ static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, c
     if (4 * T * Cog * Cg > DX_BLOCKS_OUTER_BYTES) {
         for (int64_t cb = c0; cb < c1; cb += cb < wide ? step : 16)
             for (int64_t r = r0; r < r1; r++)
-                dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, row_len, cb, cb >= wide);
+                dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, 0, row_len, cb, cb >= wide);
         return;
     }
     for (int64_t r = r0; r < r1; r++)
         for (int64_t cb = c0; cb < c1; cb += cb < wide ? step : 16)
-            dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, row_len, cb, cb >= wide);
+            dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, 0, row_len, cb, cb >= wide);
 }
 
 /* The channel units of a phase's items (xconv_dx_rows): Cg / 32 where its rows run channel block by channel block
@@ -234,6 +235,36 @@ int64_t xconv_dx_units(int64_t T, int64_t Cog, int64_t Cg) {
     return 4 * T * Cog * Cg > DX_BLOCKS_OUTER_BYTES && Cg % 32 == 0 ? Cg / 32 : 1;
 }
 
+/* Long rows (past 2 spans) where the rows run channel block by channel block: a span's dy for every input channel
+ * (DX_SPAN_FLOATS floats, at least DX_SPAN_MIN positions) stays in L2 over the task's channel units, where each unit
+ * streamed the whole row again (the speech encoder's 4x512x3199 -> 512 3-tap stride-2 forward read 16 x 26 MB of x's
+ * phase rows). */
+#define DX_SPAN_FLOATS (1 << 16)
+#define DX_SPAN_MIN 64
+
+/* xconv_dx_rows's items [i0, i1) row by row, each row span by span, each span over the items' channel units: the
+ * same blocks' sums (a position's sums are the same whatever its block), in another order. */
+static void dx_rows_spans(const float *dy, int64_t ldy, int64_t sdy, const float *w, int64_t ldw, int64_t sw,
+                          const int64_t *off, int64_t T, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
+                          int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
+                          int64_t row_len, int64_t units, int64_t span) {
+    const int64_t step = DENSE_V8 ? 16 : 32, wide = Cg / step * step, cu = Cg / units;
+    (void)T;
+    for (int64_t gi = i0 / (nr * units); gi * nr * units < i1; gi++)
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t j0 = 0; j0 < row_len; j0 += span) {
+                const int64_t n = row_len - j0 < span ? row_len - j0 : span;
+                for (int64_t u = 0; u < units; u++) {
+                    const int64_t item = (gi * units + u) * nr + r;
+                    if (item < i0 || item >= i1)
+                        continue;
+                    for (int64_t cb = u * cu; cb < (u + 1) * cu; cb += cb < wide ? step : 16)
+                        dx_row(dy + gi * sdy, ldy, w + gi * sw, ldw, off, Cog, dx + gi * sdx, ldx, os, rin, rout, r,
+                               j0, n, cb, cb >= wide);
+                }
+            }
+}
+
 /* Input gradient of items [i0, i1) of (group, channel unit, row) triples, nr rows per unit and
  * xconv_dx_units(T, Cog, Cg) units per group: group gi's dy, w and dx start sdy, sw and sdx floats after those of
  * group gi - 1 (so one call may cover rows of several groups). */
@@ -242,6 +273,12 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
                    int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
                    int64_t row_len) {
     const int64_t units = xconv_dx_units(T, Cog, Cg), cu = Cg / units;
+    const int64_t span = DX_SPAN_FLOATS / Cog > DX_SPAN_MIN ? DX_SPAN_FLOATS / Cog : DX_SPAN_MIN;
+    if (units > 1 && row_len > 2 * span) {
+        dx_rows_spans(dy, ldy, sdy, w, ldw, sw, off, T, Cog, Cg, dx, ldx, sdx, os, rin, rout, nr, i0, i1, row_len,
+                      units, span);
+        return;
+    }
     for (int64_t gu = i0 / nr; gu * nr < i1; gu++) {
         const int64_t gi = gu / units, u = gu % units;
         int64_t a = i0 > gu * nr ? i0 - gu * nr : 0, b = i1 < (gu + 1) * nr ? i1 - gu * nr : nr;
