@@ -35,7 +35,7 @@ def sample_blocks(p: ConvParams) -> list[tuple[int, int]]:
 def fprop(x, w, bias, p: ConvParams, workers: int):
     """y = conv(x, w) + bias, stride 1, by the grid loops per block of samples."""
     cdt = accumulation_dtype(p.dtype)
-    blocks = sample_blocks(p)
+    blocks = _blocks(p)
     if len(blocks) == 1 or (workers == 1 and small.serves(p)):
         return small_c.grid_fprop(x, w, bias, p)    # the same bits in one call (a small call's blocks on one thread:
         #                                             20% slower; past the small size the blocks bound the scratch)
@@ -43,15 +43,14 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     if cdt == np.float32 and y.dtype == cdt:                 # C jobs, one per block
-        return small_c.grid_fprop_blocks(x, w, b, y, p, [(n0, n1, _block_params(p, n1 - n0)) for n0, n1 in blocks],
-                                         workers)
+        return small_c.grid_fprop_blocks(x, w, b, y, p, blocks, workers)
 
     # one copy of the caller's context per block: the worker threads' small calls note their scratch in the
     # caller's trace record (a context is entered by one thread at a time)
-    contexts = {n0: contextvars.copy_context() for n0, _ in blocks}
+    contexts = {n0: contextvars.copy_context() for n0, _, _ in blocks}
 
-    def task(_, __, n0, n1):
-        y[n0:n1] = contexts[n0].run(small_c.grid_fprop, x[n0:n1], w, b, _block_params(p, n1 - n0))
+    def task(_, __, n0, n1, q):
+        y[n0:n1] = contexts[n0].run(small_c.grid_fprop, x[n0:n1], w, b, q)
 
     run(blocks, task, lambda: None, workers)
     return y

@@ -245,11 +245,10 @@ int64_t xconv_dx_units(int64_t T, int64_t Cog, int64_t Cg) {
 /* xconv_dx_rows's items [i0, i1) row by row, each row span by span, each span over the items' channel units: the
  * same blocks' sums (a position's sums are the same whatever its block), in another order. */
 static void dx_rows_spans(const float *dy, int64_t ldy, int64_t sdy, const float *w, int64_t ldw, int64_t sw,
-                          const int64_t *off, int64_t T, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
+                          const int64_t *off, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
                           int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
                           int64_t row_len, int64_t units, int64_t span) {
     const int64_t step = DENSE_V8 ? 16 : 32, wide = Cg / step * step, cu = Cg / units;
-    (void)T;
     for (int64_t gi = i0 / (nr * units); gi * nr * units < i1; gi++)
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j0 = 0; j0 < row_len; j0 += span) {
@@ -275,8 +274,8 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
     const int64_t units = xconv_dx_units(T, Cog, Cg), cu = Cg / units;
     const int64_t span = DX_SPAN_FLOATS / Cog > DX_SPAN_MIN ? DX_SPAN_FLOATS / Cog : DX_SPAN_MIN;
     if (units > 1 && row_len > 2 * span) {
-        dx_rows_spans(dy, ldy, sdy, w, ldw, sw, off, T, Cog, Cg, dx, ldx, sdx, os, rin, rout, nr, i0, i1, row_len,
-                      units, span);
+        dx_rows_spans(dy, ldy, sdy, w, ldw, sw, off, Cog, Cg, dx, ldx, sdx, os, rin, rout, nr, i0, i1, row_len, units,
+                      span);
         return;
     }
     for (int64_t gu = i0 / nr; gu * nr < i1; gu++) {
