@@ -191,9 +191,10 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
             w_jobs = [wdx if job.taps == list(range(K)) and wdx.flags.c_contiguous else
                       np.ascontiguousarray(wdx[:, job.taps]) for job in f.dx_jobs]
     outs = (dx if need_dx else None, dxb if need_dx else None, dw_part if need_dw else None, db_parts)
+    skip = skips_padding(f, dy) if need_dw else False
     if planned:
         dw = np.empty((g, Cog, Cg, K), f32) if need_dw else None      # the weight gradient, taps last
-        _run_planned(f, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers, w_copy, dw)
+        _run_planned(f, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers, w_copy, dw, skip)
         if w_copy is not None and w_copy[3][0]:          # w was not finite: the caller detours, or calls again
             return None                                  # with check_first (its scratch given back first)
         if need_dw:
@@ -202,7 +203,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
         for n0 in range(0, N, nb):
             n1 = min(n0 + nb, N)
             m = n1 - n0
-            _run_parts(_block_jobs(f, n0, m, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers), workers)
+            _run_parts(_block_jobs(f, n0, m, dy, x, dyG, xG, outs, w_jobs if need_dx else [], workers, skip=skip),
+                       workers)
             if need_dx and dxb is not dx:
                 dx[n0:n1] = dxb[:m]
             if need_dw:                                  # blocks added in order
@@ -227,11 +229,19 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
 _DY, _X, _DYG, _XG, _DB, _DW, _DX, _W = range(8)
 
 
-def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, first=(), dw_signal=None) -> list:
+def skips_padding(f, dy) -> bool:
+    """Whether the weight gradient of plan ``f`` runs its tap table that skips the terms of x's padding (``f.dw_taps``):
+    where it skips any and dy is finite (an inf or a NaN times the padding's zeros is a NaN of dw, a term of the
+    definition; finite, those terms are zeros and skipping them changes no bit)."""
+    return f.dw_skips and all_finite(dy)
+
+
+def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, first=(), dw_signal=None,
+                skip: bool = False) -> list:
     """The jobs of samples [n0, n0 + m) as [(Jobs, {argument: base})] in run order: the parts ``first`` (jobs of
     phase 0: the weights' copy) and the copies (phase 0), then the sums, which wait for all of phase 0; the longest
     sums first (dw, counting in phase ``dw_signal``, then dx phases by number of taps), so that the threads finish
-    together. A sample of another dtype or layout is copied here by NumPy instead (no converted copy: the same
+    together; dw with the tap table ``f.dw_taps[skip]`` (:func:`skips_padding`). A sample of another dtype or layout is copied here by NumPy instead (no converted copy: the same
     scratch). Each job's addresses are absolute; the mappings say which array each one points into."""
     dx, dxb, dw_part, db_parts = outs
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
@@ -262,7 +272,7 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     if dw_part is not None:
         parts.append((Jobs(), {0: _DYG, 3: _XG, 15: _DW}))
         parts[-1][0].split("dw_rows", (address(dyG), ldy, Cog * ldy, address(xG), ldx, Xn * ldx, f.dw_step,
-                                       address(f.off_w), Cog, Cg, address(f.rdy), address(f.rx), m * f.dw_rows,
+                                       address(f.dw_taps[skip]), Cog, Cg, address(f.rdy), address(f.rx), m * f.dw_rows,
                                        f.dw_len, f.dw_seg, address(dw_part), K * Cog * Cg, f.dw_blocks), 18,
                            even_ranges(g * f.dw_blocks, TASKS_PER_WORKER * workers), wait=copies, signal=dw_signal)
     if dx is not None:
@@ -286,16 +296,17 @@ def _run_parts(parts, workers: int) -> None:
         Jobs.concatenated([jobs for jobs, _ in parts]).run(workers)
 
 
-def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None) -> None:
+def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None, skip: bool = False) -> None:
     """The call's one block (readable dy and x, a float32 dx) from its job template, made on its first call and kept
     on the plan per mask, worker count and weights' source: the jobs :func:`_block_jobs` makes, each address held as
     its offset from the array it points into (the same jobs, so the same bits; no Python per sample or job). In the
     same list: ``w_copy`` = (w, its copy w_jobs[0], flip, odd) by :func:`tap_major`'s jobs first (odd[0] set where w
     holds an inf or a NaN), and where ``dw`` (g, Cog, Cg, K) is given, the weight gradient's sums into it by
-    :func:`_taps_last`'s jobs last (they wait for the dw jobs: phase 1). One region of the team, not three."""
+    :func:`_taps_last`'s jobs last (they wait for the dw jobs: phase 1); ``skip``: :func:`skips_padding`. One region
+    of the team, not three."""
     dx, dxb, dw_part, db_parts = outs
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
-    kept, key, bases = _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers, w_copy, dw)
+    kept, key, bases = _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers, w_copy, dw, skip)
     if kept is None:
         src, out, flag = range(len(bases) - 3, len(bases))            # the numbers of w_src's, dw's and odd's
         first, table = [], None
@@ -303,7 +314,8 @@ def _run_planned(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=
             rows, table = _tap_major_rows(w_src, w_jobs[0], f.g, flip, workers)
             first.append((Jobs(), {0: src, 11: _W, 13: flag}))
             first[0][0].rows("x_to_grid", [row + [address(odd)] for row in rows], signal=0)
-        parts = _block_jobs(f, 0, f.N, dy, x, dyG, xG, outs, w_jobs, workers, first, 1 if dw is not None else None)
+        parts = _block_jobs(f, 0, f.N, dy, x, dyG, xG, outs, w_jobs, workers, first, 1 if dw is not None else None,
+                            skip)
         if dw is not None:                      # after every dw job: the sums (g, K, Cog, Cg) into dw, taps last
             n_dw = next(len(jobs) for jobs, bases in parts if bases.get(15) == _DW)
             rows, _ = _taps_last_rows(dw_part, dw, workers)
@@ -319,12 +331,12 @@ def _copies_weights(f, w, flip: bool) -> bool:
     return len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(f.K)) and _copyable(w, f.g, flip)
 
 
-def _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None) -> tuple:
+def _kept_template(f, dy, x, dyG, xG, outs, w_jobs, workers: int, w_copy=None, dw=None, skip: bool = False) -> tuple:
     """(the template kept on plan ``f`` for this call or None, its key, the call's bases by number: the arrays, None
     for none, whose addresses the template adds) of :func:`_run_planned` (its arguments)."""
     dx, dxb, dw_part, db_parts = outs
     w_src, _, flip, odd = (None, None, None, None) if w_copy is None else w_copy
-    key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None)
+    key = (dx is not None, dw_part is not None, db_parts is not None, workers, flip, dw is not None, skip)
     return f.templates.get(key), key, (dy, x, dyG, xG, db_parts, dw_part, dxb, *w_jobs, w_src, dw, odd)
 
 

@@ -53,7 +53,8 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
             w_copy = (w, np.empty((g, K, Cog, padded_row(Cg)), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \
                 if need_dx else None
             kept, _, bases = dense._kept_template(f, dy, x, dyG, xG, (dx, dx, dw_part, None),
-                                                  [w_copy[1]] if need_dx else [], workers, w_copy, dw)
+                                                  [w_copy[1]] if need_dx else [], workers, w_copy, dw,
+                                                  need_dw and dense.skips_padding(f, dy))
             if kept is None:
                 return None
             kept[0].run(bases, workers)
