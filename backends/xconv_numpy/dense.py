@@ -241,8 +241,9 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     """The jobs of samples [n0, n0 + m) as [(Jobs, {argument: base})] in run order: the parts ``first`` (jobs of
     phase 0: the weights' copy) and the copies (phase 0), then the sums, which wait for all of phase 0; the longest
     sums first (dw, counting in phase ``dw_signal``, then dx phases by number of taps), so that the threads finish
-    together; dw with the tap table ``f.dw_taps[skip]`` (:func:`skips_padding`). A sample of another dtype or layout is copied here by NumPy instead (no converted copy: the same
-    scratch). Each job's addresses are absolute; the mappings say which array each one points into."""
+    together; dw with the tap table ``f.dw_taps[skip]`` (:func:`skips_padding`). A sample of another dtype or
+    layout is copied here by NumPy instead (no converted copy: the same scratch). Each job's addresses are absolute;
+    the mappings say which array each one points into."""
     dx, dxb, dw_part, db_parts = outs
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
     ldy, Xn, Sn, ldx = f.ldy, f.Xn, f.Sn, f.ldx

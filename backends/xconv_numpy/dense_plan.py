@@ -116,43 +116,44 @@ def dx_tap_share(p: ConvParams) -> float:
     return run / total if total else 1.0
 
 
-def _dw_in_input(p: ConvParams, nb: int) -> tuple:
+def _dw_in_input(p: ConvParams) -> tuple:
     """Per tap (flat, C order) of ``p``'s weight gradient: the positions [lo, hi) of a dy row whose x column is in the
-    input (last dim), and per dy row of ``nb`` samples (leading dims, C order) and tap whether its x row is (K, rows)."""
+    input (last dim), and per dy row of one sample (leading dims, C order) and tap whether its x row is (K, rows)."""
     S, O, k, d, st, pre = (tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation),
                            tuple(p.stride), tuple(a for a, _ in p.padding))
     taps = np.array(list(np.ndindex(*k)), np.int64).reshape(-1, len(k))                    # (K, nd)
-    t, dd, ss, a, n = taps[:, -1] * d[-1], d[-1], st[-1], pre[-1], S[-1]
+    t, ss, a, n = taps[:, -1] * d[-1], st[-1], pre[-1], S[-1]
     lo = np.maximum(0, -((t - a) // ss))                  # o * s + t d - pre >= 0
     hi = np.minimum(O[-1], (n - 1 + a - t) // ss + 1)     # o * s + t d - pre < S
     cols = np.stack([lo, np.maximum(lo, hi)], 1)
     lead = np.indices(O[:-1]).reshape(len(O) - 1, -1).T if len(O) > 1 else np.zeros((1, 0), np.int64)
     xi = lead[None] * np.array(st[:-1], np.int64) + (taps[:, None, :-1] * np.array(d[:-1], np.int64)
                                                      - np.array(pre[:-1], np.int64))      # (K, rows, nd - 1)
-    rows = ((xi >= 0) & (xi < np.array(S[:-1], np.int64))).all(-1)
-    return cols, np.tile(rows, (1, nb))
+    return cols, ((xi >= 0) & (xi < np.array(S[:-1], np.int64))).all(-1)
 
 
-def _dw_taps(off: np.ndarray, p: ConvParams, nb: int, skip: bool) -> np.ndarray:
+def _dw_taps(off: np.ndarray, p: ConvParams, skip: bool) -> np.ndarray:
     """The weight gradient loops' tap table (csrc/direct_conv.c, dw_rows): the taps' offsets ``off``, per tap the
-    positions [lo, hi) of a row it runs, then per row and tap (bytes, K a row) whether it runs; with ``skip`` only the
-    terms whose x is in the input (the others multiply the padding's zeros), else every term."""
+    positions [lo, hi) of a row it runs, the rows R of a sample, then per row of a sample and tap (bytes, K a row)
+    whether it runs (row r of a block as row r % R); with ``skip`` only the terms whose x is in the input (the others
+    multiply the padding's zeros), else every term."""
     K = len(off)
-    cols, rows = _dw_in_input(p, nb)
+    cols, rows = _dw_in_input(p)
     if not skip:
         cols, rows = np.array([[0, p.output_shape[-1]]] * K, np.int64), np.ones_like(rows)
-    flags = np.ascontiguousarray(rows.T, np.uint8).ravel()                                  # (rows, K)
-    table = np.zeros(3 * K + -(-flags.size // 8), np.int64)
-    table[:K], table[K:3 * K] = off, cols.ravel()
-    table[3 * K:].view(np.uint8)[:flags.size] = flags
+    flags = np.ascontiguousarray(rows.T, np.uint8).ravel()                                  # (R, K)
+    table = np.zeros(3 * K + 1 + -(-flags.size // 8), np.int64)
+    table[:K], table[K:3 * K], table[3 * K] = off, cols.ravel(), rows.shape[1]
+    table[3 * K + 1:].view(np.uint8)[:flags.size] = flags
     return frozen(table)
 
 
 @functools.lru_cache(maxsize=256)
 def dw_tap_share(p: ConvParams) -> float:
     """The share of the weight gradient's (position, tap) terms the loops run where dy is finite (the others multiply
-    x's padding: :func:`_dw_taps`): 1.0 where no tap reads padding (the cost model's, a function of the geometry)."""
-    cols, rows = _dw_in_input(p, 1)
+    x's padding: :func:`_dw_taps`): 1.0 where no tap reads padding. A function of the geometry; the cost model's dense
+    estimate does not scale by it (docs/numpy-backend.md)."""
+    cols, rows = _dw_in_input(p)
     return float((rows * (cols[:, 1:] - cols[:, :1])).sum() / (rows.size * p.output_shape[-1]))
 
 
@@ -211,8 +212,9 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     f.dx_order = sorted(range(len(f.dx_jobs)), key=lambda j: -len(f.dx_jobs[j].taps) * f.dx_jobs[j].rows)
     if need_dw:
         off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
-        f.dw_taps = (_dw_taps(off_w, p, nb, False), _dw_taps(off_w, p, nb, True))   # by whether rows skip padding
-        f.dw_skips = dw_tap_share(p) < 1                 # whether the skipping table skips anything
+        f.dw_skips = dw_tap_share(p) < 1                 # whether a table that skips x's padding skips anything
+        every = _dw_taps(off_w, p, False)
+        f.dw_taps = (every, _dw_taps(off_w, p, True) if f.dw_skips else every)    # by dense.skips_padding
         # rows of dy (O[-1] positions each, not the grid's flat rows: those also cover the padding columns,
         # 3-14% more work on the suite for zeros, 7% slower on the dilated case)
         f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, dy_sample, strides=gY) + M

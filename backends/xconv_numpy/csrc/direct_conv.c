@@ -311,9 +311,10 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
  * x + (rx[r] + j * xs + off[t]) * ldx for position j of the row, xs the stride):
  *   dw[(t * Cog + co) * Cg + ci] = sum_r sum_{j < row_len} dy[co, row r, j] * x[row r, j * xs + off[t], ci]
  * over the terms whose x is in the input only where the tap table says so (off: per tap t < K its offset off[t], then
- * the positions [off[K + 2t], off[K + 2t + 1]) of a row whose x is in the input, then bytes, K a row: whether row r's
- * x row for tap t is; the caller's table says all where dy may hold an inf or a NaN, whose products with the
- * padding's zeros are terms of dw: the other products it skips are exact zeros, so no bit changes).
+ * the positions [off[K + 2t], off[K + 2t + 1]) of a row whose x is in the input, then the rows R of a sample, then
+ * bytes, K a row: whether row r's x row for tap t is, row r taken as r % R; the caller's table says all where dy may
+ * hold an inf or a NaN, whose products with the padding's zeros are terms of dw: the other products it skips are
+ * exact zeros, so no bit changes).
  * Blocks are 8 output x 32 input channels when Cg % 32 == 0 (half the loads per FMA), else 16 x 16: the same
  * number of tasks, (Cog / 16) * (Cg / 16) per tap. Rows and positions are taken in increasing order, in
  * segments of about OB positions (each segment for all the tasks: the caller sizes OB so that a segment's data
@@ -325,7 +326,8 @@ static void dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, i
     int64_t bco = wide ? 8 : 16, bci = wide ? 32 : 16;
     int64_t nco = Cog / bco, nci = Cg / bci;
     const int64_t *cols = off + K;                   /* per tap: the positions [lo, hi) whose x is in the input */
-    const uint8_t *ok = (const uint8_t *)(off + 3 * K);
+    const int64_t R = off[3 * K];                    /* rows of a sample: row r's bytes are those of r % R */
+    const uint8_t *ok = (const uint8_t *)(off + 3 * K + 1);
     for (int64_t k = k0; k < k1; k++) {
         int64_t t = k / (nco * nci), cb = (k / nco) % nci * bci, c0 = k % nco * bco;
         for (int c = 0; c < bco; c++) memset(dw + (t * Cog + c0 + c) * Cg + cb, 0, bci * sizeof(float));
@@ -345,12 +347,12 @@ static void dw_rows(const float *dy, int64_t ldy, const float *x, int64_t ldx, i
                 if (DENSE_V8) {          /* AVX2: the task in blocks of 4 output x 16 input channels */
                     for (int64_t c = 0; c < bco; c += 4)
                         for (int64_t i = 0; i < bci; i += 16)
-                            dw8_4x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, ok + t, K, r0, r1, a, b, c0 + c,
+                            dw8_4x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, ok + t, K, R, r0, r1, a, b, c0 + c,
                                     cb + i, out + c * Cg + i, Cg);
                 } else if (wide)
-                    dw_8x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, ok + t, K, r0, r1, a, b, c0, cb, out, Cg);
+                    dw_8x2(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, ok + t, K, R, r0, r1, a, b, c0, cb, out, Cg);
                 else
-                    dw_16x1(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, ok + t, K, r0, r1, a, b, c0, cb, out, Cg);
+                    dw_16x1(dy, ldy, x, ldx, xs * ldx, off[t], rdy, rx, ok + t, K, R, r0, r1, a, b, c0, cb, out, Cg);
             }
         }
     }
