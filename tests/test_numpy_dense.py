@@ -239,7 +239,9 @@ def test_the_avx2_builds_dense_loops_give_the_avx512_builds_bits(monkeypatch):
              ((2, 16, 4, 5, 5), (16, 16, 3, 3, 3), dict(padding=1)),
              ((8, 64, 2, 2), (64, 64, 3, 3), dict(padding=1)),
              ((2, 32, 19), (32, 32, 3), dict(stride=2)),                      # the strided forward, 1-D
-             ((2, 16, 11, 10), (32, 16, 3, 3), dict(stride=(2, 3), padding=2))]
+             ((2, 16, 11, 10), (32, 16, 3, 3), dict(stride=(2, 3), padding=2)),
+             ((2, 64, 5, 61), (32, 64, 3, 3), dict(padding=1)),                # long rows, 64 channels summed
+             ((2, 32, 203), (512, 32, 3), dict(padding=1))]                    # dx summed over 512 channels
     rng = np.random.default_rng(11)
     data = []
     for xs, ws, kw in cases:
