@@ -76,7 +76,7 @@ def test_a_non_finite_dy_meets_the_padding_as_the_definition_says(value, monkeyp
 
 
 def test_the_share_of_terms_run_counts_the_padding():
-    """dw_tap_share (the cost model's): 3x3 on 4x4 with padding 1 runs (10/12)^2 of the terms; without padding all."""
+    """dw_tap_share (the padding skip's share; not the cost model's): 3x3 on 4x4 with padding 1 runs (10/12)^2 of the terms; without padding all."""
     assert dense_plan.dw_tap_share(make_params((2, 32, 4, 4), (32, 32, 3, 3), padding=1)) == pytest.approx(100 / 144)
     assert dense_plan.dw_tap_share(make_params((2, 32, 4, 4), (32, 32, 3, 3))) == 1.0
     assert dense_plan.dw_tap_share(make_params((2, 32, 4, 4, 4), (32, 32, 3, 3, 3), padding=1)) == \

@@ -132,15 +132,11 @@ def _dw_in_input(p: ConvParams) -> tuple:
     return cols, ((xi >= 0) & (xi < np.array(S[:-1], np.int64))).all(-1)
 
 
-def _dw_taps(off: np.ndarray, p: ConvParams, skip: bool) -> np.ndarray:
+def _dw_taps(off: np.ndarray, cols: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The weight gradient loops' tap table (csrc/direct_conv.c, dw_rows): the taps' offsets ``off``, per tap the
-    positions [lo, hi) of a row it runs, the rows R of a sample, then per row of a sample and tap (bytes, K a row)
-    whether it runs (row r of a block as row r % R); with ``skip`` only the terms whose x is in the input (the others
-    multiply the padding's zeros), else every term."""
+    positions [lo, hi) of a row it runs (``cols``, (K, 2)), the rows R of a sample, then per row of a sample and tap
+    (bytes, K a row) whether it runs (``rows``, (K, R); row r of a block as row r % R)."""
     K = len(off)
-    cols, rows = _dw_in_input(p)
-    if not skip:
-        cols, rows = np.array([[0, p.output_shape[-1]]] * K, np.int64), np.ones_like(rows)
     flags = np.ascontiguousarray(rows.T, np.uint8).ravel()                                  # (R, K)
     table = np.zeros(3 * K + 1 + -(-flags.size // 8), np.int64)
     table[:K], table[K:3 * K], table[3 * K] = off, cols.ravel(), rows.shape[1]
@@ -148,13 +144,17 @@ def _dw_taps(off: np.ndarray, p: ConvParams, skip: bool) -> np.ndarray:
     return frozen(table)
 
 
+def _share(cols: np.ndarray, rows: np.ndarray, width: int) -> float:
+    """The share of (position, tap) terms that ``cols`` and ``rows`` (:func:`_dw_in_input`) run, rows of ``width``."""
+    return float((rows * (cols[:, 1:] - cols[:, :1])).sum() / (rows.size * width))
+
+
 @functools.lru_cache(maxsize=256)
 def dw_tap_share(p: ConvParams) -> float:
     """The share of the weight gradient's (position, tap) terms the loops run where dy is finite (the others multiply
     x's padding: :func:`_dw_taps`): 1.0 where no tap reads padding. A function of the geometry; the cost model's dense
     estimate does not scale by it (docs/numpy-backend.md)."""
-    cols, rows = _dw_in_input(p)
-    return float((rows * (cols[:, 1:] - cols[:, :1])).sum() / (rows.size * p.output_shape[-1]))
+    return _share(*_dw_in_input(p), p.output_shape[-1])
 
 
 @functools.lru_cache(maxsize=64)       # above a real model's dense configurations (ResNet-18: 12)
@@ -212,9 +212,10 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
     f.dx_order = sorted(range(len(f.dx_jobs)), key=lambda j: -len(f.dx_jobs[j].taps) * f.dx_jobs[j].rows)
     if need_dw:
         off_w = np.array([sum(t * dd * gg for t, dd, gg in zip(tt, d, gX)) for tt in np.ndindex(*k)], np.int64)
-        f.dw_skips = dw_tap_share(p) < 1                 # whether a table that skips x's padding skips anything
-        every = _dw_taps(off_w, p, False)
-        f.dw_taps = (every, _dw_taps(off_w, p, True) if f.dw_skips else every)    # by dense.skips_padding
+        cols, rows = _dw_in_input(p)                     # the terms whose x is in the input
+        f.dw_skips = _share(cols, rows, O[-1]) < 1      # whether a table of those skips anything
+        every = _dw_taps(off_w, np.array([[0, O[-1]]] * f.K, np.int64), np.ones_like(rows))
+        f.dw_taps = (every, _dw_taps(off_w, cols, rows) if f.dw_skips else every)    # by dense.skips_padding
         # rows of dy (O[-1] positions each, not the grid's flat rows: those also cover the padding columns,
         # 3-14% more work on the suite for zeros, 7% slower on the dilated case)
         f.rdy = _rows(nb, O[:-1], Y, (0,) * nd, dy_sample, strides=gY) + M
