@@ -407,25 +407,26 @@ def test_small_cols_is_weighed_with_its_python_steps_so_resnet_shortcuts_take_co
                     reason="the dense loops are a candidate only where the compiled loops hold them")
 def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart(monkeypatch):
     """cost.backward_pair (zen4 rates): ResNet-18's 8x256x4x4 256 3x3 costs the dense loops cheapest for dx and colgemm
-    for dw, each alone, but colgemm for both (one call: its fixed cost and its copy of dy shared) below the two apart
-    plus SPLIT_CALL, so both outputs take colgemm, whatever the mask (measured, two threads: 2.19-2.23 ms either path
-    for both, 2.43-2.49 apart); the ResNet stem keeps the stem loops' weight gradient (a first layer's only gradient)
-    beside colgemm's dx; intel-avx512 (no split_call) keeps each output's own cheapest."""
+    for dw, each alone, but one path for both (one call: its fixed cost, and colgemm's copy of dy, shared) below the
+    two apart plus SPLIT_CALL, so both outputs take that path, whatever the mask (measured, two threads: 1.82-2.1 ms
+    either path for both, 2.43-2.48 apart); the ResNet stem keeps the stem loops' weight gradient (a first layer's
+    only gradient) beside colgemm's dx; intel-avx512 (no split_call) keeps each output's own cheapest."""
     p = make_params((8, 256, 4, 4), (256, 256, 3, 3), padding=1)
     stem_call = make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3)
     cands = ["colgemm", "dense"]
     with cost.choosing("zen4"):
         assert cost.cheapest(p, "dx", cands) == "dense" and cost.cheapest(p, "dw", cands) == "colgemm"
         apart = cost.dense(p, "dx") + cost.colgemm(p, "dw")
-        assert apart < cost.together(p, "colgemm") < apart + cost.SPLIT_CALL         # SPLIT_CALL decides
-        assert cost.backward_pair(p, cands, cands) == ("colgemm", "colgemm")
+        one = min(cands, key=lambda name: cost.together(p, name))
+        assert apart < cost.together(p, one) < apart + cost.SPLIT_CALL         # SPLIT_CALL decides
+        assert cost.backward_pair(p, cands, cands) == (one, one)
         if cost.stem_loops.serves(stem_call):
             assert paths.cost_pick(stem_call, "dw") == "stem"
     with cost.choosing("intel-avx512"):
         a, b = cost.cheapest(p, "dx", cands), cost.cheapest(p, "dw", cands)
         assert cost.backward_pair(p, cands, cands) == (a, b)
     monkeypatch.setenv("XCONV_NUMPY_CPU", "zen4")        # the table's choice reads the setting (cached per kind)
-    assert paths.cost_pick(p, "dx") == paths.cost_pick(p, "dw") == "colgemm"
+    assert paths.cost_pick(p, "dx") == paths.cost_pick(p, "dw") == one
     for mask in ((True, False, False), (False, True, False), (True, True, True)):
         plan = paths.backward_plan(p, mask)
-        assert {run[0].name for run in plan[0]} == {"colgemm"}, (mask, plan)
+        assert {run[0].name for run in plan[0]} == {one}, (mask, plan)

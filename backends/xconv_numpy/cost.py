@@ -178,7 +178,7 @@ class Rates:
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
                   stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
-                  small_cols_call=60e-6, split_call=100e-6, strided_q0=5),
+                  small_cols_call=60e-6, split_call=250e-6, strided_q0=5),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -250,8 +250,10 @@ SMALL_COLS_CALL = 60e-6
 #: What a backward costs more when its dx and dw run on two paths (:func:`backward_pair`; ``Rates.split_call``, this
 #: value on ``zen4``): the second path's own dispatch, scratch and region, and its own pass over dy. ResNet-18's
 #: 8x256x4x4 256 3x3, two threads, ms: the dense loops' dx 0.98 and colgemm's dw 1.24 alone, 2.43-2.49 in one call
-#: (0.2-0.27 over their sum); either path for both 2.19-2.23.
-SPLIT_CALL = 100e-6
+#: (0.2-0.27 over their sum); either path for both 2.19-2.23. Once the loops skipped the padding's columns (issue 25's
+#: twelfth session): dx 0.74-0.88 and dw 0.93-1.04 alone, 2.43-2.48 in one call (0.5 over their sum), either path for
+#: both 1.82-2.1 (alternating in one process, min of 60: a tie), so 250 µs, not the 100 µs it was.
+SPLIT_CALL = 250e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
 #: threads of the other paths cost more than the arithmetic (a 1x1 at 32x16x4x4: 0.39 ms small, 0.87 pointwise).
 SMALL_MACS = 1 << 19

@@ -88,6 +88,17 @@ def row_taps(idx, lo, lead, O, k, d, rho, s) -> np.ndarray:
     return np.stack([t0, t1], 1).astype(np.int64)
 
 
+def dx_cols(idx, k, d, rho, s, lo: int, n: int, row_len: int) -> np.ndarray:
+    """Per tap of a dx phase (``idx``, flat tap indices): the positions [j0, j1) of a row (position j at m = lo + j of
+    the last dim) whose dy column m - q (q = (t d - rho) / s) lies in dy's ``n`` columns; the others read the dy
+    grid's zeros, and the loops skip their terms (csrc/direct_dx_block.h: +0 terms, as the weights are finite there
+    and a sum is never -0, so no bit changes). (T, 2) int64."""
+    taps = list(np.ndindex(*k))
+    q = np.array([(taps[i][-1] * d[-1] - rho[-1]) // s[-1] for i in idx], np.int64).reshape(-1)
+    j0 = np.clip(q - lo, 0, row_len)
+    return np.stack([j0, np.clip(n + q - lo, j0, row_len)], 1).astype(np.int64)
+
+
 def frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -105,13 +116,16 @@ def _grids(p: ConvParams) -> tuple:
 @functools.lru_cache(maxsize=256)
 def dx_tap_share(p: ConvParams) -> float:
     """The share of the input gradient's (position, tap) terms the loops run, each row skipping the taps that read
-    only dy's zero rows (:func:`row_taps`): 1.0 where no row skips (the cost model's, a function of the geometry)."""
+    only dy's zero rows (:func:`row_taps`) and each tap the positions that read only its zero columns
+    (:func:`dx_cols`): 1.0 where nothing is skipped (the cost model's, a function of the geometry)."""
     S, O, k, d, st, pre, X, Y = _grids(p)
     gY = [math.prod(Y[i + 1:]) for i in range(p.nd)]
     run = total = 0
     for rho, idx, _, lo, cnt in _phase_plan(S, X, Y, st, d, k, pre, gY):
         taps = row_taps(idx, lo, cnt[:-1], O, k, d, rho, st)
-        run += int((taps[:, 1] - taps[:, 0]).sum()) * cnt[-1]
+        cols = dx_cols(idx, k, d, rho, st, lo[-1], O[-1], cnt[-1])
+        upto = np.concatenate([[0], np.cumsum(cols[:, 1] - cols[:, 0])])      # positions run by taps [0, t)
+        run += int((upto[taps[:, 1]] - upto[taps[:, 0]]).sum())
         total += len(taps) * len(idx) * cnt[-1]
     return run / total if total else 1.0
 
@@ -207,7 +221,10 @@ def plan(p: ConvParams, need_dx: bool, need_dw: bool, budget: int) -> SimpleName
         rin[:, 1:] = np.tile(row_taps(idx, lo, lead, O, k, d, rho, st), (nb, 1))
         first = [ss * l + r - a for ss, l, r, a in zip(st, lo, rho, pre)]
         rout = _rows(nb, lead, S, first, C * Sn, st)
-        f.dx_jobs.append(SimpleNamespace(taps=idx, offs=frozen(offs), rin=frozen(rin.ravel()), rout=frozen(rout),
+        cols = dx_cols(idx, k, d, rho, st, lo[-1], O[-1], cnt[-1])
+        table = np.concatenate([offs, cols.ravel()]) if idx else offs       # offsets, then per tap its positions
+        f.dx_jobs.append(SimpleNamespace(taps=idx, offs=frozen(table),
+                                         rin=frozen(rin.ravel()), rout=frozen(rout),
                                          row_len=cnt[-1], rows=len(rin) // nb))
     f.dx_order = sorted(range(len(f.dx_jobs)), key=lambda j: -len(f.dx_jobs[j].taps) * f.dx_jobs[j].rows)
     if need_dw:

@@ -10,7 +10,8 @@ a register block reads its channels ``s_w lq`` floats apart, not a plane apart),
 (n, oh) reads a contiguous run at a constant offset from the row's start: the dx loops' form, with x's phase rows as
 their dy grid and the weights in the dual's tap-major layout (:func:`.dense.tap_major` with flip: taps in reverse
 order). A row runs only the tap rows whose input row lies inside x (the others read only the top or bottom padding:
-their terms are +0, and skipping them changes no bit: a sum is never -0). Each output element is one job's sum in
+their terms are +0, and skipping them changes no bit: a sum is never -0), and each tap only the positions whose input
+column does (:func:`tap_cols`). Each output element is one job's sum in
 one order whatever the workers, so the bits depend on the configuration and the values only. Served
 (:func:`computes`): float32, 1-D and 2-D, not transposed, a stride above 1, output channels per group a multiple of
 16; the weights finite (fast.fprop detours a non-finite weight, as for the stride-1 forward).
@@ -77,8 +78,17 @@ def plan(p: ConvParams, nb: int | None = None) -> SimpleNamespace:
     rin = np.stack([n * H * rs + sh * oh * rs,
                     np.where(empty, 0, K - kh1 * KW), np.where(empty, 0, K - kh0 * KW)], 1).astype(np.int64)
     rout = (n * p.output_shape[1] * Ho * Wo + oh * Wo).astype(np.int64)
+    offs = np.concatenate([offs, tap_cols(kw, dw, sw, pw, W, Wo).ravel()])
     return SimpleNamespace(N=N, C=C, H=H, Ho=Ho, Wo=Wo, K=K, lq=lq, ldy=ldy, rs=rs, offs=frozen(offs.astype(np.int64)),
                            rin=frozen(rin.ravel()), rout=frozen(rout))
+
+
+def tap_cols(kw: np.ndarray, dw: int, sw: int, pw: int, W: int, Wo: int) -> np.ndarray:
+    """Per tap (its column ``kw``): the output positions [j0, j1) whose input column s_w ow + kw d_w - p_w lies in
+    x's W columns; the others read the phase rows' zeros, and the loops skip their terms (csrc/direct_dx_block.h: +0
+    terms, as the weights are finite here and a sum is never -0, so no bit changes). (K, 2) int64."""
+    j0 = np.clip(-((kw * dw - pw) // sw), 0, Wo)
+    return np.stack([j0, np.clip((W - 1 + pw - kw * dw) // sw + 1, j0, Wo)], 1).astype(np.int64)
 
 
 def phase_floats(p: ConvParams) -> int:
@@ -97,9 +107,12 @@ def block_samples(p: ConvParams, limit: int | None) -> int:
 
 
 def tap_share(p: ConvParams) -> float:
-    """The share of the (output row, tap) pairs the loops run (rows skip tap rows outside x): the cost model's."""
+    """The share of the (output position, tap) terms the loops run (rows skip tap rows outside x, taps the positions
+    reading x's padding columns): the cost model's."""
     f = plan(p)
-    return float((f.rin[2::3] - f.rin[1::3]).sum()) / (len(f.rout) * f.K)
+    cols = f.offs[f.K:].reshape(f.K, 2)
+    upto = np.concatenate([[0], np.cumsum(cols[:, 1] - cols[:, 0])])           # positions run by taps [0, t)
+    return float((upto[f.rin[2::3]] - upto[f.rin[1::3]]).sum()) / (len(f.rout) * f.K * f.Wo)
 
 
 def block_jobs(f, g: int, m: int, xr, geo, phases, wt, y, workers: int, ready: int = 0) -> tuple:

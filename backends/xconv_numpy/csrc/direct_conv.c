@@ -149,55 +149,58 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
 #define NV 2
 #include "direct_dx_block.h"
 
-typedef void (*dx_block_fn)(const float *, int64_t, const float *, int64_t, const int64_t *, int64_t, int64_t, float *,
-                            int64_t, int64_t, int64_t, int64_t);
+typedef void (*dx_block_fn)(const float *, int64_t, const float *, int64_t, const int64_t *, const int64_t *, int64_t,
+                            int64_t, float *, int64_t, int64_t, int64_t, int64_t);
 
 /* A block of n positions (1..14), 32 channels: n in one block when n >= 5 (the weights read once for the row's
  * positions: 2x512x7x7 -> 512 3x3 forward, one thread, 36 -> 49 G multiply-adds/s against 4 + 2 + 1 blocks), else
  * 4 + 2 + 1 blocks. Each position's sums are the same whatever its block. */
-static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
-                     int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j, int64_t n, int64_t cb) {
+static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off,
+                     const int64_t *cr, int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j,
+                     int64_t n, int64_t cb) {
     static const dx_block_fn big[] = {dx_5x2, dx_6x2, dx_7x2, dx_8x2, dx_9x2, dx_10x2, dx_11x2, dx_12x2, dx_13x2,
                                       dx_14x2};
-    if (n >= 5) { big[n - 5](dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); return; }
-    if (n >= 4) { dx_4x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); j += 4; n -= 4; }
-    if (n >= 2) { dx_2x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb); j += 2; n -= 2; }
-    if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, T, Cog, dxr, ldx, os, j, cb);
+    if (n >= 5) { big[n - 5](dyr, ldy, w, ldw, off, cr, T, Cog, dxr, ldx, os, j, cb); return; }
+    if (n >= 4) { dx_4x2(dyr, ldy, w, ldw, off, cr, T, Cog, dxr, ldx, os, j, cb); j += 4; n -= 4; }
+    if (n >= 2) { dx_2x2(dyr, ldy, w, ldw, off, cr, T, Cog, dxr, ldx, os, j, cb); j += 2; n -= 2; }
+    if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, cr, T, Cog, dxr, ldx, os, j, cb);
 }
 
 /* One row's blocks for the input channels [cb, cb + 32) (AVX2 build: [cb, cb + 16)), or, with one = 1, for
  * [cb, cb + 16) in one vector of channels (the AVX-512 build's last 16 channels when Cg % 32 == 16). Row r: dy from
  * dy + rin[3 r], dx at dx + rout[r] with position step os, row_len positions; only taps [rin[3 r + 1], rin[3 r + 2])
  * of the phase's, the others reading only the dy grid's zero rows for this row: their terms are +0 and leave every
- * sum's bits as they are. */
-static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t Cog,
-                   float *dx, int64_t ldx, int64_t os, const int64_t *rin, const int64_t *rout, int64_t r,
-                   int64_t j0, int64_t n, int64_t cb, int one) {
+ * sum's bits as they are. The tap table off: the T taps' offsets, then per tap the positions [lo, hi) of a row that
+ * read dy's columns (the block skips the others' terms in the same way). */
+static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
+                   int64_t Cog, float *dx, int64_t ldx, int64_t os, const int64_t *rin, const int64_t *rout,
+                   int64_t r, int64_t j0, int64_t n, int64_t cb, int one) {
     const float *dyr = dy + rin[3 * r];
     float *dxr = dx + rout[r];
     const int64_t *offr = off + rin[3 * r + 1];                     /* the row's taps */
+    const int64_t *crr = off + T + 2 * rin[3 * r + 1];              /* and their positions reading dy's values */
     const float *wr = w + rin[3 * r + 1] * Cog * ldw;
     const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
     const int64_t row_len = j0 + n;                                 /* positions [j0, j0 + n) of the row */
     int64_t j = j0;
     if (DENSE_V8) {                      /* AVX2: 16 channels, 6 positions at a time, then 4, 2, 1 */
-        for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j + 2 <= row_len; j += 2) dx8_2x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j < row_len; j++) dx8_1x2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 2 <= row_len; j += 2) dx8_2x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j < row_len; j++) dx8_1x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
         return;
     }
     if (one) {                           /* one vector of channels: as many 12-blocks as fit (one load per FMA) */
-        for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j < row_len; j++) dx_1x1(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 12 <= row_len; j += 12) dx_12x1(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 4 <= row_len; j += 4) dx_4x1(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j + 2 <= row_len; j += 2) dx_2x1(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+        for (; j < row_len; j++) dx_1x1(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
         return;
     }
     int64_t nblk = (n + 13) / 14;        /* blocks of (nearly) equal length: 8 to 14 positions, no short one */
     for (int64_t b = 0; b < nblk; b++) {
         int64_t m = n / nblk + (b < n % nblk);
-        dx_span2(dyr, ldy, wr, ldw, offr, Tr, Cog, dxr, ldx, os, j, m, cb);
+        dx_span2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, m, cb);
         j += m;
     }
 }
@@ -219,12 +222,12 @@ static void dx_rows(const float *dy, int64_t ldy, const float *w, int64_t ldw, c
     if (4 * T * Cog * Cg > DX_BLOCKS_OUTER_BYTES) {
         for (int64_t cb = c0; cb < c1; cb += cb < wide ? step : 16)
             for (int64_t r = r0; r < r1; r++)
-                dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, 0, row_len, cb, cb >= wide);
+                dx_row(dy, ldy, w, ldw, off, T, Cog, dx, ldx, os, rin, rout, r, 0, row_len, cb, cb >= wide);
         return;
     }
     for (int64_t r = r0; r < r1; r++)
         for (int64_t cb = c0; cb < c1; cb += cb < wide ? step : 16)
-            dx_row(dy, ldy, w, ldw, off, Cog, dx, ldx, os, rin, rout, r, 0, row_len, cb, cb >= wide);
+            dx_row(dy, ldy, w, ldw, off, T, Cog, dx, ldx, os, rin, rout, r, 0, row_len, cb, cb >= wide);
 }
 
 /* The channel units of a phase's items (xconv_dx_rows): Cg / 32 where its rows run channel block by channel block
@@ -245,7 +248,7 @@ int64_t xconv_dx_units(int64_t T, int64_t Cog, int64_t Cg) {
 /* xconv_dx_rows's items [i0, i1) row by row, each row span by span, each span over the items' channel units: the
  * same blocks' sums (a position's sums are the same whatever its block), in another order. */
 static void dx_rows_spans(const float *dy, int64_t ldy, int64_t sdy, const float *w, int64_t ldw, int64_t sw,
-                          const int64_t *off, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
+                          const int64_t *off, int64_t T, int64_t Cog, int64_t Cg, float *dx, int64_t ldx, int64_t sdx,
                           int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
                           int64_t row_len, int64_t units, int64_t span) {
     const int64_t step = DENSE_V8 ? 16 : 32, wide = Cg / step * step, cu = Cg / units;
@@ -258,7 +261,7 @@ static void dx_rows_spans(const float *dy, int64_t ldy, int64_t sdy, const float
                     if (item < i0 || item >= i1)
                         continue;
                     for (int64_t cb = u * cu; cb < (u + 1) * cu; cb += cb < wide ? step : 16)
-                        dx_row(dy + gi * sdy, ldy, w + gi * sw, ldw, off, Cog, dx + gi * sdx, ldx, os, rin, rout, r,
+                        dx_row(dy + gi * sdy, ldy, w + gi * sw, ldw, off, T, Cog, dx + gi * sdx, ldx, os, rin, rout, r,
                                j0, n, cb, cb >= wide);
                 }
             }
@@ -274,7 +277,7 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
     const int64_t units = xconv_dx_units(T, Cog, Cg), cu = Cg / units;
     const int64_t span = DX_SPAN_FLOATS / Cog > DX_SPAN_MIN ? DX_SPAN_FLOATS / Cog : DX_SPAN_MIN;
     if (units > 1 && row_len > 2 * span) {
-        dx_rows_spans(dy, ldy, sdy, w, ldw, sw, off, Cog, Cg, dx, ldx, sdx, os, rin, rout, nr, i0, i1, row_len, units,
+        dx_rows_spans(dy, ldy, sdy, w, ldw, sw, off, T, Cog, Cg, dx, ldx, sdx, os, rin, rout, nr, i0, i1, row_len, units,
                       span);
         return;
     }

@@ -1,7 +1,11 @@
 /* A template (see template.h) of direct_conv.c: the input-gradient block dx_<NR>x<NV>, NR positions j.. of a row
  * and VW * NV input channels from cb (VW floats per vector: 16, or 8 in the AVX2 build's blocks):
  *   dx[rout + (cb + ci) * ldx + (j + k) * os] = sum_t sum_co dy[rin + co * ldy + j + k - off[t]] * w[(t * Cog + co) * ldw + cb + ci]
- * taps in order, channels in order within a tap (os: the output's position step, the stride on a phase). */
+ * taps in order, channels in order within a tap (os: the output's position step, the stride on a phase). Tap t runs
+ * only the positions [cr[2 t], cr[2 t + 1]) of the row (those reading dy's values; the others read the grid's zeros,
+ * and their terms, +0 with the finite weights the loops get, leave every sum's bits as they are: a sum that starts at
+ * +0 is never -0), at most 2 skipped at each end of the block (more run as zeros), the ranges' ends constants of an
+ * inlined copy of the tap's loop (the sums stay in registers). */
 
 #ifndef VW                 /* the vector: 16 floats (v16) unless the instantiation names another (VT, VW, LOADV) */
 #define VT v16
@@ -10,24 +14,51 @@
 #define PRE dx_
 #endif
 #define NAME XCONV_CAT(XCONV_CAT(XCONV_CAT(PRE, NR), x), NV)
-static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off, int64_t T,
-                        int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j, int64_t cb) {
+#define TAPS XCONV_CAT(NAME, _tap)
+/* one tap's terms for the block's positions [KLO, KHI) (constants where inlined: the accumulators stay registers) */
+static inline __attribute__((always_inline)) void TAPS(VT acc[NR][NV], const float *d, int64_t ldy,
+                                                       const float *wt, int64_t ldw, int64_t Cog, const int KLO,
+                                                       const int KHI) {
+    #pragma GCC unroll 2
+    for (int64_t co = 0; co < Cog; co++) {
+        VT wv[NV];
+        for (int v = 0; v < NV; v++) wv[v] = LOADV(wt + co * ldw + VW * v);
+        const float *dc = d + co * ldy;
+        #pragma GCC unroll 14
+        for (int k = KLO; k < KHI; k++) {
+            float b = dc[k];
+            for (int v = 0; v < NV; v++) acc[k][v] += b * wv[v];
+        }
+    }
+}
+
+static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off,
+                        const int64_t *cr, int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j,
+                        int64_t cb) {
     VT acc[NR][NV];
     for (int k = 0; k < NR; k++)
         for (int v = 0; v < NV; v++) acc[k][v] = (VT){0};
     for (int64_t t = 0; t < T; t++) {
         const float *d = dyr + j - off[t];
         const float *wt = w + t * Cog * ldw + cb;
-        #pragma GCC unroll 2
-        for (int64_t co = 0; co < Cog; co++) {
-            VT wv[NV];
-            for (int v = 0; v < NV; v++) wv[v] = LOADV(wt + co * ldw + VW * v);
-            const float *dc = d + co * ldy;
-            #pragma GCC unroll 14
-            for (int k = 0; k < NR; k++) {
-                float b = dc[k];
-                for (int v = 0; v < NV; v++) acc[k][v] += b * wv[v];
-            }
+        const int64_t a = cr[2 * t] - j, b = cr[2 * t + 1] - j;     /* positions [a, b) read dy's values */
+        if (a <= 0 && b >= NR) {
+            TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR);
+            continue;
+        }
+        if (a >= b || b <= 0 || a >= NR)
+            continue;                                           /* every position reads zeros only */
+        const int lo = a < 2 ? (int)a : 2, hi = NR - b < 2 ? (int)(NR - b) : 2;   /* at most 2 skipped a side */
+        switch (3 * (lo < 0 ? 0 : lo) + (hi < 0 ? 0 : hi)) {
+        case 0: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR); break;
+        case 1: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 1); break;
+        case 2: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 2); break;
+        case 3: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR); break;
+        case 4: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 1); break;
+        case 5: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 2); break;
+        case 6: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR); break;
+        case 7: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 1); break;
+        default: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 2); break;
         }
     }
 #if VW == 16
@@ -50,6 +81,7 @@ static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t l
 }
 
 #undef NAME
+#undef TAPS
 #undef NR
 #undef NV
 #undef VT
