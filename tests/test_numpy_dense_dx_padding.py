@@ -14,7 +14,7 @@ import xconv
 from xconv_numpy import dense, dense_plan, dense_strided, native, paths
 from xconv.params import make_params
 
-from core_helpers import load_avx2_build  # noqa: E402
+from core_helpers import load_avx2_build, validated  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dense.available(),
                                 reason=f"compiled loops unavailable: {dense.build_error()}")
@@ -85,6 +85,40 @@ def test_skipping_the_padding_columns_changes_no_bit(case):
     np.testing.assert_allclose(dx, exact_dx, rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture
+def every_column(monkeypatch):
+    """A function switching the loops' tables to every position of every tap (nothing skipped by column), the plans
+    made anew on both sides of the switch (and after the test)."""
+    def clear():
+        dense_plan.plan.cache_clear()
+        dense_plan.dx_tap_share.cache_clear()
+        dense_strided.plan.cache_clear()
+
+    def switch():
+        clear()
+        monkeypatch.setattr(dense_plan, "dx_cols", lambda idx, k, d, rho, s, lo, n, row_len:
+                            np.array([[0, row_len]] * len(idx), np.int64).reshape(-1, 2))
+        monkeypatch.setattr(dense_strided, "tap_cols", lambda kw, dw, sw, pw, W, Wo:
+                            np.array([[0, Wo]] * len(kw), np.int64).reshape(-1, 2))
+    clear()
+    yield switch
+    monkeypatch.undo()
+    clear()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c[0]) + f"k{c[2]}s{c[3]}" for c in CASES])
+def test_the_loops_give_the_bits_of_every_column_run(case, every_column):
+    """The forward and dx with the skip against the same loops running every position of every tap (x padded by
+    hand runs every term of the forward only: at padding 0, dx still skips the taps outside dy)."""
+    x, w, dy, kw = _arrays(case)
+    y = validated(_dense, xconv.conv_fprop, x, w, **kw)
+    dx = validated(_dense, xconv.convolution_backward, dy, x, w, output_mask=(True, False, False), **kw)[0]
+    every_column()
+    assert validated(_dense, xconv.conv_fprop, x, w, **kw).tobytes() == y.tobytes()
+    assert validated(_dense, xconv.convolution_backward, dy, x, w, output_mask=(True, False, False),
+                     **kw)[0].tobytes() == dx.tobytes()
+
+
 def test_the_avx2_build_skips_the_same_terms(monkeypatch):
     """The AVX2 build's 8-float blocks (6, 4, 2, 1 positions) skip as the AVX-512 build's: the same bits, with and
     without the padding."""
@@ -114,13 +148,18 @@ def test_the_tables_skip_the_columns_that_read_padding():
 
 
 @pytest.mark.parametrize("value", [np.inf, np.nan])
-def test_a_non_finite_weight_meets_the_padding_as_the_definition_says(value):
+def test_a_non_finite_weight_meets_the_padding_as_the_definition_says(value, monkeypatch):
     """A weight's inf or NaN times the padding's zeros is a NaN of y's border (docs/semantics.md; dx's sums have no
     padding term): the forward and dx give the oracle's NaNs and infinities though the loops skip those terms (they get finite weights only: the
     forward detours, the dense backward runs zeros in the weight's place and adds its terms after)."""
     x, w, dy, kw = _arrays(CASES[0])
     w[3, 5, 0, 0] = value
-    y = xconv.conv_fprop(x, w, backend="numpy", **kw)                 # the forward detours a non-finite weight
+    reached = []
+    real = dense.fprop
+    monkeypatch.setattr(dense, "fprop", lambda *a: reached.append(1) or real(*a))
+    with paths.force("dense"):                              # no trace open: dense.fprop runs, its copy finds the
+        y = validated(xconv.conv_fprop, x, w, backend="numpy", **kw)     # weight and the call detours
+    assert reached
     dx = _dense(xconv.convolution_backward, dy, x, w, output_mask=(True, False, False), **kw)[0]
     exact = (xconv.conv_fprop(x, w, backend="numpy-exact", **kw),
              xconv.convolution_backward(dy, x, w, output_mask=(True, False, False), backend="numpy-exact", **kw)[0])
@@ -132,3 +171,28 @@ def test_a_non_finite_weight_meets_the_padding_as_the_definition_says(value):
         np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
         finite = np.isfinite(ref)
         np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mask", [(True, False, False), (True, True, False), (True, True, True)])
+@pytest.mark.parametrize("dy_value", [-np.inf, np.nan])
+def test_a_non_finite_weight_meeting_a_non_finite_dy_gives_the_definitions_values(mask, dy_value):
+    """The loops run a non-finite weight as a zero and add its terms after; where dy holds an inf or a NaN too, that
+    zero times dy's would be a NaN the definition does not have (-inf * inf is -inf): dx then runs on the columns
+    (the trace says so), dw and db stay on the loops, and all three are the oracle's."""
+    x, w, dy, kw = _arrays(((2, 32, 5, 6), 32, (3, 3), 1, ((1, 1), (1, 1)), 1, 1))
+    w[0, 0, 1, 1] = np.inf
+    dy[0, 0, 2, 2] = dy_value
+    bias = [32] if mask[2] else None
+    with xconv.trace() as t, paths.force("dense"):
+        got = xconv.convolution_backward(dy, x, w, output_mask=mask, bias_sizes=bias, backend="numpy", **kw)
+    assert "non-finite detour" in t.records[-1].path and t.records[-1].path.startswith("dense")
+    exact = xconv.convolution_backward(dy, x, w, output_mask=mask, bias_sizes=bias, backend="numpy-exact", **kw)
+    if dy_value == -np.inf:
+        assert exact[0][0, 0, 2, 2] == -np.inf                      # -inf * inf plus finite terms
+    for a, b in zip(got, exact):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+            np.testing.assert_array_equal(np.isinf(a), np.isinf(b))
+            finite = np.isfinite(b)
+            np.testing.assert_allclose(a[finite], b[finite], rtol=1e-4, atol=1e-3)

@@ -252,7 +252,8 @@ SMALL_COLS_CALL = 60e-6
 #: 8x256x4x4 256 3x3, two threads, ms: the dense loops' dx 0.98 and colgemm's dw 1.24 alone, 2.43-2.49 in one call
 #: (0.2-0.27 over their sum); either path for both 2.19-2.23. Once the loops skipped the padding's columns (issue 25's
 #: twelfth session): dx 0.74-0.88 and dw 0.93-1.04 alone, 2.43-2.48 in one call (0.5 over their sum), either path for
-#: both 1.82-2.1 (alternating in one process, min of 60: a tie), so 250 µs, not the 100 µs it was.
+#: both 1.82-2.1 (alternating in one process, min of 60: a tie). The model keeps one path there from about 160 µs:
+#: 250 µs, half the excess measured, not the 100 µs it was.
 SPLIT_CALL = 250e-6
 #: Calls the small path serves with at most this many multiply-adds per output stay there, unestimated: the
 #: threads of the other paths cost more than the arithmetic (a 1x1 at 32x16x4x4: 0.39 ms small, 0.87 pointwise).

@@ -144,6 +144,10 @@ def _add_taps(dx, dy, w, which, p: ConvParams) -> None:
             dx[tuple(dst)] += dy[tuple(src)] * w[(co, ci, *t)]
 
 
+#: What :func:`backward` returns where both w and dy hold an inf or a NaN and dx is asked for.
+NONFINITE_BOTH = "w and dy not finite"
+
+
 def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: bool, workers: int, budget: int, lease,
              w_dual=None, check_first: bool = False):
     """(dx, dw, db) of ``p`` (see :func:`computes`), None where not needed; scratch about ``budget`` bytes or one
@@ -156,7 +160,9 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     and its terms are added after (:func:`_add_taps`). Whether w is finite is known from its copy where the call's
     one job list copies it (the copy jobs check what they copy), else (or with ``check_first``) from a pass over w
     first. None instead of the results where w (or w_dual) holds an inf or a NaN found in its copy, or w_dual one
-    found first: the caller detours (the forward) or calls again with ``check_first``."""
+    found first: the caller detours (the forward) or calls again with ``check_first``. :data:`NONFINITE_BOTH` where
+    w holds one and so does dy (the loops would multiply dy's by the zero in the weight's place, a NaN the
+    definition does not have): the caller computes dx on the columns."""
     f = plan(p, True, True, budget)                    # the full call's plan: blocks (dw's sum order) for any mask
     w_given, finite = w, None
     g, N, C, Co, Cg, Cog, K, S = f.g, f.N, f.C, f.Co, f.Cg, f.Cog, f.K, f.S
@@ -167,6 +173,8 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     if need_dx and not in_list and not all_finite(w_src):
         if w_dual is not None:
             return None
+        if not all_finite(dy):
+            return NONFINITE_BOTH                        # dy's inf times the zero in the weight's place: a NaN
         finite = np.isfinite(w)
         w = w_src = np.where(finite, w, 0).astype(w.dtype)
     Xn, nb = f.Xn, f.nb

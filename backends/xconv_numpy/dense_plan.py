@@ -99,6 +99,14 @@ def dx_cols(idx, k, d, rho, s, lo: int, n: int, row_len: int) -> np.ndarray:
     return np.stack([j0, np.clip(n + q - lo, j0, row_len)], 1).astype(np.int64)
 
 
+def run_width(cols: np.ndarray, row_len: int) -> np.ndarray:
+    """Per tap, the positions of a row of ``row_len`` the loops run given its range ``cols`` (T, 2) of
+    :func:`dx_cols`: none where the range is empty, else all but up to two at each end (csrc/direct_dx_block.h skips
+    at most two at each end of a block; the blocks inside a row skip nothing at their inner ends)."""
+    lo, hi = cols[:, 0], cols[:, 1]
+    return np.where(hi > lo, row_len - np.minimum(lo, 2) - np.minimum(row_len - hi, 2), 0)
+
+
 def frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -116,15 +124,16 @@ def _grids(p: ConvParams) -> tuple:
 @functools.lru_cache(maxsize=256)
 def dx_tap_share(p: ConvParams) -> float:
     """The share of the input gradient's (position, tap) terms the loops run, each row skipping the taps that read
-    only dy's zero rows (:func:`row_taps`) and each tap the positions that read only its zero columns
-    (:func:`dx_cols`): 1.0 where nothing is skipped (the cost model's, a function of the geometry)."""
+    only dy's zero rows (:func:`row_taps`) and each tap the positions that read only its zero columns, at most
+    two at each end of a row (:func:`dx_cols`, :func:`run_width`): 1.0 where nothing is skipped (the cost model's, a
+    function of the geometry)."""
     S, O, k, d, st, pre, X, Y = _grids(p)
     gY = [math.prod(Y[i + 1:]) for i in range(p.nd)]
     run = total = 0
     for rho, idx, _, lo, cnt in _phase_plan(S, X, Y, st, d, k, pre, gY):
         taps = row_taps(idx, lo, cnt[:-1], O, k, d, rho, st)
-        cols = dx_cols(idx, k, d, rho, st, lo[-1], O[-1], cnt[-1])
-        upto = np.concatenate([[0], np.cumsum(cols[:, 1] - cols[:, 0])])      # positions run by taps [0, t)
+        upto = np.concatenate([[0], np.cumsum(run_width(dx_cols(idx, k, d, rho, st, lo[-1], O[-1], cnt[-1]),
+                                                        cnt[-1]))])            # positions run by taps [0, t)
         run += int((upto[taps[:, 1]] - upto[taps[:, 0]]).sum())
         total += len(taps) * len(idx) * cnt[-1]
     return run / total if total else 1.0

@@ -11,7 +11,7 @@ a register block reads its channels ``s_w lq`` floats apart, not a plane apart),
 their dy grid and the weights in the dual's tap-major layout (:func:`.dense.tap_major` with flip: taps in reverse
 order). A row runs only the tap rows whose input row lies inside x (the others read only the top or bottom padding:
 their terms are +0, and skipping them changes no bit: a sum is never -0), and each tap only the positions whose input
-column does (:func:`tap_cols`). Each output element is one job's sum in
+column does (:func:`tap_cols`; at most two positions at each end of a block). Each output element is one job's sum in
 one order whatever the workers, so the bits depend on the configuration and the values only. Served
 (:func:`computes`): float32, 1-D and 2-D, not transposed, a stride above 1, output channels per group a multiple of
 16; the weights finite (fast.fprop detours a non-finite weight, as for the stride-1 forward).
@@ -28,7 +28,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import small_c
-from .dense_plan import dx_units, frozen
+from .dense_plan import dx_units, frozen, run_width
 from .dense_weights import ROW_TASKS_PER_WORKER
 from .jobs import Jobs
 from .native import address
@@ -108,10 +108,10 @@ def block_samples(p: ConvParams, limit: int | None) -> int:
 
 def tap_share(p: ConvParams) -> float:
     """The share of the (output position, tap) terms the loops run (rows skip tap rows outside x, taps the positions
-    reading x's padding columns): the cost model's."""
+    reading x's padding columns, at most two at each end of a row: :func:`.dense_plan.run_width`): the cost
+    model's."""
     f = plan(p)
-    cols = f.offs[f.K:].reshape(f.K, 2)
-    upto = np.concatenate([[0], np.cumsum(cols[:, 1] - cols[:, 0])])           # positions run by taps [0, t)
+    upto = np.concatenate([[0], np.cumsum(run_width(f.offs[f.K:].reshape(f.K, 2), f.Wo))])  # run by taps [0, t)
     return float((upto[f.rin[2::3]] - upto[f.rin[1::3]]).sum()) / (len(f.rout) * f.K * f.Wo)
 
 

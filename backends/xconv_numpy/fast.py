@@ -134,6 +134,12 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
             with Lease(p.workspace_limit) as lease:  # checking first, with the first run's scratch given back
                 results = dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease,
                                          check_first=check_first)
+            if results is dense.NONFINITE_BOTH:      # dx on the columns (as the definition has it); dw, db here
+                rx = _columns(dy, x, w, p, True, False, "non-finite detour")[0]
+                if not (need_dw or need_db):
+                    return rx, None, None
+                with Lease(p.workspace_limit) as lease:
+                    return (rx,) + dense.backward(dy, x, w, p, False, need_dw, need_db, workers, budget, lease)[1:]
             if results is not None:
                 return results
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
