@@ -3,7 +3,8 @@
 :func:`runner` runs :mod:`.fast`'s dispatch on the paths chosen when the lane opened; where the chosen path keeps job
 templates (the dense loops' one-block calls: :mod:`.dense_quick`; the pointwise sgemm jobs:
 :mod:`.grid.pointwise_planned`; colgemm's one-chunk calls: :mod:`.colgemm_quick`; the depthwise loops across
-channels: :mod:`.depthwise_quick`; the dense loops' strided forward: :mod:`.dense_strided_quick`), it runs them
+channels: :mod:`.depthwise_quick`; the dense loops' strided forward: :mod:`.dense_strided_quick`; the stem loops'
+forward: :mod:`.stem_quick`), it runs them
 straight, what depends on the configuration looked up once, and falls back to the dispatch for any call that is not
 the template's (the same jobs either way, so the same bits).
 """
@@ -16,7 +17,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
 from . import (bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, grid_blocks,
-               jobs, paths, small_c)
+               jobs, paths, small_c, stem_quick)
 from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
 from .fast import _backward_on, _fprop_on, share_of, work_of
 from .grid import pointwise_planned
@@ -107,7 +108,7 @@ def _pinned_numpy(run):
 def _quick_fprop(path, p: ConvParams):
     """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
     None where ``path`` keeps none (the dense loops at any stride, the pointwise sgemm jobs, colgemm's one-chunk
-    float32 jobs and the depthwise loops across channels do)."""
+    float32 jobs, the depthwise loops across channels and the stem loops do)."""
     if path.name == "pointwise" and _sgemm_jobs(p):
         return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
     if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
@@ -122,6 +123,9 @@ def _quick_fprop(path, p: ConvParams):
         return None if run is None else _plain_jobs(_quiet(run), p, "fprop")
     if path.name == "dense" and any(s != 1 for s in p.stride):
         run = dense_strided_quick.fprop_runner(p)
+        return None if run is None else _plain_jobs(run, p, "fprop")
+    if path.name == "stem":
+        run = stem_quick.fprop_runner(p)
         return None if run is None else _plain_jobs(run, p, "fprop")
     if path.name != "dense" or not dense.computes_fprop(p):
         return None
