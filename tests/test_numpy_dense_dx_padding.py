@@ -14,7 +14,8 @@ import xconv
 from xconv_numpy import dense, dense_plan, dense_strided, native, paths
 from xconv.params import make_params
 
-from core_helpers import load_avx2_build, validated  # noqa: E402
+from core_helpers import lane_conf, load_avx2_build, validated  # noqa: E402
+from xconv import lanes
 
 pytestmark = pytest.mark.skipif(not dense.available(),
                                 reason=f"compiled loops unavailable: {dense.build_error()}")
@@ -178,15 +179,35 @@ def test_a_non_finite_weight_meets_the_padding_as_the_definition_says(value, mon
 def test_a_non_finite_weight_meeting_a_non_finite_dy_gives_the_definitions_values(mask, dy_value):
     """The loops run a non-finite weight as a zero and add its terms after; where dy holds an inf or a NaN too, that
     zero times dy's would be a NaN the definition does not have (-inf * inf is -inf): dx then runs on the columns
-    (the trace says so), dw and db stay on the loops, and all three are the oracle's."""
+    (the trace names that detour for grad_input alone), dw stays on the loops with the bits of a finite weight's call
+    (dw does not read w), db on bias-sum, and all three are the oracle's; the same untraced (the loops find it) and
+    through a lane's repeated calls."""
     x, w, dy, kw = _arrays(((2, 32, 5, 6), 32, (3, 3), 1, ((1, 1), (1, 1)), 1, 1))
     w[0, 0, 1, 1] = np.inf
     dy[0, 0, 2, 2] = dy_value
     bias = [32] if mask[2] else None
     with xconv.trace() as t, paths.force("dense"):
         got = xconv.convolution_backward(dy, x, w, output_mask=mask, bias_sizes=bias, backend="numpy", **kw)
-    assert "non-finite detour" in t.records[-1].path and t.records[-1].path.startswith("dense")
+    record = t.records[-1].path
+    assert "columns: im2col columns (fallback) [grad_input: non-finite detour]" in record
+    assert ("dense: C direct loops [grad_weight" in record) == mask[1] and "dense: C direct loops [grad_input" not in record
     exact = xconv.convolution_backward(dy, x, w, output_mask=mask, bias_sizes=bias, backend="numpy-exact", **kw)
+    with paths.force("dense"):
+        untraced = validated(xconv.convolution_backward, dy, x, w, output_mask=mask, bias_sizes=bias, backend="numpy",
+                             **kw)
+        conf = lane_conf(2, 1, 1)
+        lanes.clear()
+        w_finite = np.where(np.isfinite(w), w, 0).astype(np.float32)
+        lanes.backward(conf, dy, x, w_finite, bias, mask, conf.kwargs)           # opens the lane (a public call)
+        laned = lanes.backward(conf, dy, x, w, bias, mask, conf.kwargs)          # its template, then the dispatch
+        lanes.clear()
+    for a, b in zip(untraced, laned):
+        assert (a is None and b is None) or a.tobytes() == b.tobytes()
+    assert [a is None or a.tobytes() for a in untraced] == [a is None or a.tobytes() for a in got]
+    if mask[1]:
+        finite_dw = validated(xconv.convolution_backward, dy, x, w_finite, output_mask=(False, True, False),
+                              backend="numpy", **kw)[1]
+        assert got[1].tobytes() == finite_dw.tobytes()
     if dy_value == -np.inf:
         assert exact[0][0, 0, 2, 2] == -np.inf                      # -inf * inf plus finite terms
     for a, b in zip(got, exact):

@@ -134,12 +134,12 @@ def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):
             with Lease(p.workspace_limit) as lease:  # checking first, with the first run's scratch given back
                 results = dense.backward(dy, x, w, p, need_dx, need_dw, need_db, workers, budget, lease,
                                          check_first=check_first)
-            if results is dense.NONFINITE_BOTH:      # dx on the columns (as the definition has it); dw, db here
+            if results is dense.NONFINITE_BOTH:      # dx on the columns (as the definition has it); dw here
                 rx = _columns(dy, x, w, p, True, False, "non-finite detour")[0]
-                if not (need_dw or need_db):
+                if not need_dw:
                     return rx, None, None
                 with Lease(p.workspace_limit) as lease:
-                    return (rx,) + dense.backward(dy, x, w, p, False, need_dw, need_db, workers, budget, lease)[1:]
+                    return rx, dense.backward(dy, x, w, p, False, True, False, workers, budget, lease)[1], None
             if results is not None:
                 return results
     with pinned_blas_workers() as workers, Lease(p.workspace_limit) as lease:
@@ -171,6 +171,8 @@ def _grads(path, rule, dy, x, w, p, gx, gw):
         bad_x, bad_w = _nonfinite(p, dy, x, w, True, True)
     elif path.nonfinite == "detour":
         bad_x, bad_w = _nonfinite(p, dy, x, w, gx, gw)
+    elif path.name == "dense" and gx and tracing.active():     # the record names dx's detour alone (untraced, the
+        bad_x = not all_finite(w) and not all_finite(dy)      # loops find it: dense.NONFINITE_BOTH, _run_grads)
     if bad_x or bad_w:
         rx, rw = _columns(dy, x, w, p, bad_x, bad_w, "non-finite detour")
         if (gx and not bad_x) or (gw and not bad_w):          # the other output: on its own path, as if alone

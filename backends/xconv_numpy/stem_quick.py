@@ -2,11 +2,11 @@
 
 :func:`.stem.fprop` finds x's geometry and builds its row jobs in Python on every call: in a model step, where the
 first layer runs right after torch's own operators have had the caches, 0.25-0.4 ms of Python per call against its
-0.9 ms of loops (ResNet-18 64's 8x3x64x64 7x7 stride 2; 90 µs hot). :func:`fprop_runner` keeps, per configuration,
-worker count and x's strides, one template of the same row jobs, so a call checks its weights (the stem loops take
+0.9 ms of loops (ResNet-18 64's 8x3x64x64 7x7 stride 2; 90 µs hot). :func:`fprop_runner` keeps, per configuration
+and worker count, one template of the same row jobs (x C-contiguous, so the geometry it reads is the configuration's), so a call checks its weights (the stem loops take
 finite weights only), fills in its arrays' addresses and runs one region: the same jobs, so the same bits. Where a
-call is not the template's (x, w or the bias not float32, C-contiguous and aligned; a float16 or bfloat16 call) or
-a weight is not finite, it returns None and the caller runs the dispatch (:func:`.fast._fprop_on`), which decides as
+call is not the template's (x, w or the bias not float32, C-contiguous and aligned; float16 and bfloat16 calls
+get no runner) or a weight is not finite, it returns None and the caller runs the dispatch (:func:`.fast._fprop_on`), which decides as
 always (the columns detour for such a weight).
 """
 
