@@ -431,3 +431,25 @@ def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart(mon
     for mask in ((True, False, False), (False, True, False), (True, True, True)):
         plan = paths.backward_plan(p, mask)
         assert {run[0].name for run in plan[0]} == {one}, (mask, plan)
+
+
+def test_the_stride_1_forward_weighs_big_weights_by_its_own_factor_on_the_avx512_build(monkeypatch):
+    """zen4: the dense forward's big-weights factor is loop_big_weights_fwd (1.2) on the AVX-512 build, the loops'
+    1.5 elsewhere and for the gradients: ResNet-18 224's 2x512x7x7 -> 512 3x3 forward takes the loops there (2.80 ms
+    against colgemm's 3.44, measured) and colgemm on the AVX2 build (whose loops ran it in 6.2 against 4.0); its
+    backward keeps colgemm on both (6.5-7.2 against the loops' 8.1-8.9)."""
+    from xconv_numpy import native
+    p = make_params((2, 512, 7, 7), (512, 512, 3, 3), padding=1)
+    r = cost.RATES["zen4"]
+    assert r.loop_big_weights_fwd < r.loop_big_weights
+    with cost.choosing("zen4"):
+        for isa, fwd in (("avx512", r.loop_big_weights_fwd), ("avx2", r.loop_big_weights)):
+            monkeypatch.setattr(native, "isa", lambda lib, isa=isa: isa)
+            assert cost.big_weights(p, r, forward=True) == fwd
+            assert cost.big_weights(p, r) == r.loop_big_weights                 # the gradients' factor
+            want = "dense" if isa == "avx512" else "colgemm"
+            assert cost.cheapest(p, "y", ["colgemm", "dense"]) == want
+            assert cost.backward_pair(p, ["colgemm", "dense"], ["colgemm", "dense"]) == ("colgemm", "colgemm")
+    with cost.choosing("intel-avx512"):                 # a kind without the forward's own factor: unchanged
+        assert cost.big_weights(p, cost.RATES["intel-avx512"], forward=True) == \
+            cost.big_weights(p, cost.RATES["intel-avx512"])

@@ -125,6 +125,14 @@ class Rates:
       gradients, 2.17 / 1.64 and 1.89 / 1.64, and the 1-D encoder's 512x512x2 (2^19) weight gradient 2.09 / 1.52 (so
       1-D keeps ``loop_weights``);
     - ``small_cols_call``: :data:`SMALL_COLS_CALL` where set (0: none);
+    - ``loop_big_weights_fwd``: the stride-1 forward's ``loop_big_weights`` where set (None: the same). Zen 4, issue
+      25's twelfth session, two threads, min of 40 alternating, ms (dense / colgemm / torch): ResNet-18 224's
+      2x512x7x7 -> 512 3x3 forward 2.80-2.82 / 3.44-3.49 / 2.63-2.67 once the loops skipped the padding's columns
+      (estimated at 1.5: 3.44 / 3.18); its backward keeps colgemm (6.5-7.2 against the loops' 8.1-8.9), so the factor
+      is the forward's alone: 1.2. Of 2823 random forwards the candidates weigh, 127 then pick the loops (from
+      small-c-blocks, colgemm, grid-forward); eight of them measured, the loops 15-60% faster each (8x512x4x4 -> 256
+      1.46 against colgemm's 2.14 ms, 16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7, 1x256x28x28 -> 512 9.0
+      against grid-forward's 15.0). AVX-512 builds only (:data:`BIG_WEIGHTS_FWD_ISAS`);
     - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
       :func:`backward_pair`);
     - ``strided_q0``: the Q0 of the dense loops' strided forward on rows shorter than ``dense.STRIDED_MIN_ROW`` (None:
@@ -151,6 +159,7 @@ class Rates:
     small_cols_call: float = 0.0
     split_call: float | None = None
     strided_q0: int | None = None
+    loop_big_weights_fwd: float | None = None
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -178,7 +187,7 @@ class Rates:
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
                   stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
-                  small_cols_call=60e-6, split_call=250e-6, strided_q0=5),
+                  small_cols_call=60e-6, split_call=250e-6, strided_q0=5, loop_big_weights_fwd=1.2),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -298,20 +307,31 @@ def _colgemm_blocks(p, cores: int = CORES) -> int:
     return min(cores, max(1, g * Cog * Cg * K * N * Q >> 22))
 
 
-def big_weights(p, r: Rates) -> float:
+#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512. The AVX2 build's 8-float
+#: blocks lost there (AVX2 stand-in on Zen 4, two threads, ms, dense / colgemm: 2x512x7x7 -> 512 3x3 6.2 / 4.0,
+#: 2x256x14x14 -> 512 8.0 / 6.3), so it keeps ``loop_big_weights``.
+BIG_WEIGHTS_FWD_ISAS = ("avx512",)
+
+
+def big_weights(p, r: Rates, forward: bool = False) -> float:
     """The dense loops' time factor for one group's weights of W elements (see :class:`Rates`): 1 below the
     threshold T (``r.loop_weights``; for 2-D and 3-D kernels ``r.loop_weights_2d`` where set); from there
-    ``r.loop_big_weights``, or, with a ramp and where a sample's x and dy (float32) fit in ``r.loop_sample_bytes``,
-    1 + (loop_big_weights - 1) * min(1, log2(W / T) / loop_weights_ramp)."""
+    ``r.loop_big_weights`` (the stride-1 ``forward``'s: ``r.loop_big_weights_fwd`` where set and the build is one
+    of :data:`BIG_WEIGHTS_FWD_ISAS`), or, with a ramp and
+    where a sample's x and dy (float32) fit in ``r.loop_sample_bytes``, 1 + (that factor - 1) * min(1, log2(W / T) /
+    loop_weights_ramp)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     W = Cog * Cg * K
     least = r.loop_weights if len(p.kernel) == 1 or r.loop_weights_2d is None else r.loop_weights_2d
     if W < least:
         return 1.0
+    factor = r.loop_big_weights
+    if forward and r.loop_big_weights_fwd is not None and native.isa(native.library()) in BIG_WEIGHTS_FWD_ISAS:
+        factor = r.loop_big_weights_fwd
     sample = 4 * max(p.input_shape[1] * math.prod(p.input_shape[2:]), p.output_shape[1] * Q)
     if r.loop_weights_ramp <= 0 or (r.loop_sample_bytes is not None and sample > r.loop_sample_bytes):
-        return r.loop_big_weights
-    return 1 + (r.loop_big_weights - 1) * min(1.0, math.log2(W / least) / r.loop_weights_ramp)
+        return factor
+    return 1 + (factor - 1) * min(1.0, math.log2(W / least) / r.loop_weights_ramp)
 
 
 def loops(p, output: str, cores: int = CORES, call: float = CALL) -> float:
@@ -394,6 +414,7 @@ def dense_forward(p, output: str = "y") -> float:
         sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (r.loop_macs * Q / (Q + q0))
         return CALL + (sums + copies) / CORES
     S = math.prod(p.input_shape[2:])
+    big = big_weights(p, r, forward=True)
     share = dx_tap_share(dense_loops.dual(p)) if dense_loops.computes_fprop(p) else 1.0
     return CALL + big * share * N * g * Cog * Cg * K * Q / (r.loop_macs * S / (S + q0)) / CORES
 
