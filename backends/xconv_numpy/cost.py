@@ -325,8 +325,8 @@ def big_weights(p, r: Rates, forward: bool = False) -> float:
     least = r.loop_weights if len(p.kernel) == 1 or r.loop_weights_2d is None else r.loop_weights_2d
     if W < least:
         return 1.0
-    factor = r.loop_big_weights
-    if forward and r.loop_big_weights_fwd is not None and native.isa(native.library()) in BIG_WEIGHTS_FWD_ISAS:
+    factor, lib = r.loop_big_weights, native.library() if forward else None
+    if lib is not None and r.loop_big_weights_fwd is not None and native.isa(lib) in BIG_WEIGHTS_FWD_ISAS:
         factor = r.loop_big_weights_fwd
     sample = 4 * max(p.input_shape[1] * math.prod(p.input_shape[2:]), p.output_shape[1] * Q)
     if r.loop_weights_ramp <= 0 or (r.loop_sample_bytes is not None and sample > r.loop_sample_bytes):
