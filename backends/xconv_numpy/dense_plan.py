@@ -88,15 +88,22 @@ def row_taps(idx, lo, lead, O, k, d, rho, s) -> np.ndarray:
     return np.stack([t0, t1], 1).astype(np.int64)
 
 
+def inside(base, step: int, n: int, row_len: int) -> np.ndarray:
+    """Per tap, the positions [j0, j1) of a row of ``row_len`` whose column ``step j + base`` (``base`` one per tap)
+    lies in [0, n): (T, 2) int64, j0 <= j1, both within [0, row_len]."""
+    base = np.asarray(base, np.int64).reshape(-1)
+    j0 = np.clip(-(base // step), 0, row_len)                             # step j + base >= 0
+    return np.stack([j0, np.clip((n - 1 - base) // step + 1, j0, row_len)], 1).astype(np.int64)   # ... < n
+
+
 def dx_cols(idx, k, d, rho, s, lo: int, n: int, row_len: int) -> np.ndarray:
     """Per tap of a dx phase (``idx``, flat tap indices): the positions [j0, j1) of a row (position j at m = lo + j of
-    the last dim) whose dy column m - q (q = (t d - rho) / s) lies in dy's ``n`` columns; the others read the dy
-    grid's zeros, and the loops skip their terms (csrc/direct_dx_block.h: +0 terms, as the weights are finite there
-    and a sum is never -0, so no bit changes). (T, 2) int64."""
+    the last dim) whose dy column m - q (q = (t d - rho) / s) lies in dy's ``n`` columns (:func:`inside`); the others
+    read the dy grid's zeros, and the loops skip their terms (csrc/direct_dx_block.h: +0 terms, as the weights are
+    finite there and a sum is never -0, so no bit changes). (T, 2) int64."""
     taps = list(np.ndindex(*k))
     q = np.array([(taps[i][-1] * d[-1] - rho[-1]) // s[-1] for i in idx], np.int64).reshape(-1)
-    j0 = np.clip(q - lo, 0, row_len)
-    return np.stack([j0, np.clip(n + q - lo, j0, row_len)], 1).astype(np.int64)
+    return inside(lo - q, 1, n, row_len)
 
 
 def run_width(cols: np.ndarray, row_len: int) -> np.ndarray:
@@ -145,10 +152,7 @@ def _dw_in_input(p: ConvParams) -> tuple:
     S, O, k, d, st, pre = (tuple(p.input_shape[2:]), tuple(p.output_shape[2:]), tuple(p.kernel), tuple(p.dilation),
                            tuple(p.stride), tuple(a for a, _ in p.padding))
     taps = np.array(list(np.ndindex(*k)), np.int64).reshape(-1, len(k))                    # (K, nd)
-    t, ss, a, n = taps[:, -1] * d[-1], st[-1], pre[-1], S[-1]
-    lo = np.maximum(0, -((t - a) // ss))                  # o * s + t d - pre >= 0
-    hi = np.minimum(O[-1], (n - 1 + a - t) // ss + 1)     # o * s + t d - pre < S
-    cols = np.stack([lo, np.maximum(lo, hi)], 1)
+    cols = inside(taps[:, -1] * d[-1] - pre[-1], st[-1], S[-1], O[-1])     # o * s + t d - pre in [0, S)
     lead = np.indices(O[:-1]).reshape(len(O) - 1, -1).T if len(O) > 1 else np.zeros((1, 0), np.int64)
     xi = lead[None] * np.array(st[:-1], np.int64) + (taps[:, None, :-1] * np.array(d[:-1], np.int64)
                                                      - np.array(pre[:-1], np.int64))      # (K, rows, nd - 1)

@@ -28,7 +28,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import small_c
-from .dense_plan import dx_units, frozen, run_width
+from .dense_plan import dx_units, frozen, inside, run_width
 from .dense_weights import ROW_TASKS_PER_WORKER
 from .jobs import Jobs
 from .native import address
@@ -85,10 +85,9 @@ def plan(p: ConvParams, nb: int | None = None) -> SimpleNamespace:
 
 def tap_cols(kw: np.ndarray, dw: int, sw: int, pw: int, W: int, Wo: int) -> np.ndarray:
     """Per tap (its column ``kw``): the output positions [j0, j1) whose input column s_w ow + kw d_w - p_w lies in
-    x's W columns; the others read the phase rows' zeros, and the loops skip their terms (csrc/direct_dx_block.h: +0
-    terms, as the weights are finite here and a sum is never -0, so no bit changes). (K, 2) int64."""
-    j0 = np.clip(-((kw * dw - pw) // sw), 0, Wo)
-    return np.stack([j0, np.clip((W - 1 + pw - kw * dw) // sw + 1, j0, Wo)], 1).astype(np.int64)
+    x's W columns (:func:`.dense_plan.inside`); the others read the phase rows' zeros, and the loops skip their terms
+    (csrc/direct_dx_block.h: +0 terms, as the weights are finite here and a sum is never -0, so no bit changes)."""
+    return inside(kw * dw - pw, sw, W, Wo)
 
 
 def phase_floats(p: ConvParams) -> int:

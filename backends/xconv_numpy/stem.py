@@ -106,14 +106,20 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     w = np.ascontiguousarray(w, np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, np.float32)
     y = np.empty(p.output_shape, np.float32)
-    rows, scratch = _rows(p), scratch_floats(p)
+    scratch = scratch_floats(p)
     tracing.note(workspace_bytes=4 * workers * scratch + _copies(given, (x, w, b)))
+    row_jobs(x, w, b, y, geo, p, workers).run(workers, scratch)
+    return y if p.dtype == "float32" else y.astype(DTYPES[p.dtype])
+
+
+def row_jobs(x, w, b, y, geo, p: ConvParams, workers: int) -> jobs.Jobs:
+    """The forward's jobs: y's rows in equal ranges, JOBS_PER_WORKER per worker (x float32 as ``geo`` says it lies,
+    w contiguous float32, b None or contiguous float32, y contiguous float32)."""
     run = jobs.Jobs()
     run.split("stem_rows", (native.address(x), native.address(w), 0 if b is None else native.address(b),
                             native.address(y), native.address(geo), p.output_shape[1]), 6,
-              jobs.ranges(rows, JOBS_PER_WORKER * workers))
-    run.run(workers, scratch)
-    return y if p.dtype == "float32" else y.astype(DTYPES[p.dtype])
+              jobs.ranges(_rows(p), JOBS_PER_WORKER * workers))
+    return run
 
 
 def wgrad(dy, x, p: ConvParams, workers: int):

@@ -16,10 +16,9 @@ import numpy as np
 
 from xconv import ConvParams
 
-from . import jobs, small_c, stem
+from . import small_c, stem
 from .dense_weights import _readable
 from .finite import all_finite
-from .native import address
 from .plans import per_params
 
 _F32 = np.dtype(np.float32)
@@ -33,8 +32,7 @@ def fprop_runner(p: ConvParams):
     the stem loops' forward of ``p``, or None where they do not serve ``p`` or its dtype is not float32."""
     if p.dtype != "float32" or not stem.serves(p):
         return None
-    xshape, wshape, Co = tuple(p.input_shape), tuple(p.weight_shape), p.output_shape[1]
-    rows, scratch = stem._rows(p), stem.scratch_floats(p)
+    xshape, wshape, scratch = tuple(p.input_shape), tuple(p.weight_shape), stem.scratch_floats(p)
     kept: dict = {}                                          # workers -> (template, the geometry its jobs read)
 
     def run(x, w, bias, workers: int):
@@ -54,9 +52,5 @@ def fprop_runner(p: ConvParams):
     def _template(x, w, bias, y, workers: int, bases):
         """(stem.fprop's row jobs for these arrays as a template, the geometry they read at its address)."""
         xr, geo = small_c.im2col_input(x, p, _F32)           # x itself (float32, C-contiguous: run checked)
-        run = jobs.Jobs()
-        run.split("stem_rows", (address(xr), address(w), 0 if bias is None else address(bias), address(y),
-                                address(geo), Co), 6,
-                  jobs.ranges(rows, stem.JOBS_PER_WORKER * workers))
-        return run.template({0: _X, 1: _W, 2: _B, 3: _Y}, bases), geo
+        return stem.row_jobs(xr, w, bias, y, geo, p, workers).template({0: _X, 1: _W, 2: _B, 3: _Y}, bases), geo
     return run
