@@ -86,6 +86,15 @@ def load_avx2_build(monkeypatch):
     return lib
 
 
+def count_dispatches(monkeypatch, owner, name: str, at: int = 3) -> list:
+    """The input shapes of the calls of ``owner.name`` (a path's full route, its ConvParams the argument ``at``), for
+    the test's duration: a lane's kept template leaves it empty."""
+    seen = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a: seen.append(a[at].input_shape) or real(*a))
+    return seen
+
+
 def count_calls(monkeypatch, owner, *names: str) -> list:
     """Wrap each ``owner.name`` (for the test's duration) so that each call of any appends to the returned list."""
     calls = []

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import assert_lane_forwards_replay, float32_operands, fresh_scratch, lane_conf, validated
+from core_helpers import (assert_lane_forwards_replay, count_dispatches, float32_operands, fresh_scratch,
+                          lane_conf, validated)
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import colgemm, colgemm_quick, jobs, lane_runner, paths
@@ -28,10 +29,7 @@ CASES = [((8, 128, 4, 4), (128, 128, 3, 3), 1, 1, 1), ((2, 32, 24, 24), (48, 32,
 def dispatched(monkeypatch):
     """The calls that reached colgemm.fprop (the full path), counted."""
     lanes.clear()
-    seen = []
-    real = colgemm.fprop
-    monkeypatch.setattr(colgemm, "fprop", lambda *a: seen.append(a[-2].input_shape) or real(*a))
-    yield seen
+    yield count_dispatches(monkeypatch, colgemm, "fprop", at=-2)
     lanes.clear()
 
 
@@ -77,10 +75,7 @@ def test_no_runner_for_calls_in_chunks_or_off_the_jobs():
 def dispatched_backward(monkeypatch):
     """The calls that reached colgemm.backward (the full path), counted."""
     lanes.clear()
-    seen = []
-    real = colgemm.backward
-    monkeypatch.setattr(colgemm, "backward", lambda *a: seen.append(a[3].input_shape) or real(*a))
-    yield seen
+    yield count_dispatches(monkeypatch, colgemm, "backward")
     lanes.clear()
 
 

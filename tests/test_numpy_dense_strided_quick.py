@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import assert_lane_forwards_replay, float32_operands, fresh_scratch, lane_conf, validated
+from core_helpers import (assert_lane_forwards_replay, count_dispatches, float32_operands, fresh_scratch,
+                          lane_conf, validated)
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import dense, dense_strided, dense_strided_quick, paths
@@ -30,10 +31,7 @@ CASES = [((8, 64, 16, 16), (128, 64, 3, 3), 2, 1, 1), ((2, 64, 99), (64, 64, 3),
 def dispatched(monkeypatch):
     """The calls that reached dense_strided.fprop (the full path), counted."""
     lanes.clear()
-    seen = []
-    real = dense_strided.fprop
-    monkeypatch.setattr(dense_strided, "fprop", lambda *a: seen.append(a[3].input_shape) or real(*a))
-    yield seen
+    yield count_dispatches(monkeypatch, dense_strided, "fprop")
     lanes.clear()
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import xconv
-from core_helpers import assert_lane_forwards_replay, float32_operands, lane_conf, validated
+from core_helpers import assert_lane_forwards_replay, count_dispatches, float32_operands, lane_conf, validated
 from xconv import lanes
 from xconv.params import make_params
 from xconv_numpy import paths, stem, stem_quick
@@ -28,10 +28,7 @@ CASES = [((4, 3, 32, 32), (64, 3, 7, 7), 2, 3), ((3, 3, 36, 36), (16, 3, 3, 3), 
 def dispatched(monkeypatch):
     """The calls that reached stem.fprop (the full path), counted."""
     lanes.clear()
-    seen = []
-    real = stem.fprop
-    monkeypatch.setattr(stem, "fprop", lambda *a: seen.append(a[3].input_shape) or real(*a))
-    yield seen
+    yield count_dispatches(monkeypatch, stem, "fprop")
     lanes.clear()
 
 
