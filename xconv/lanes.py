@@ -55,9 +55,10 @@ class _Lane:
 
     def usable(self) -> bool:
         b = self.backend
-        if (tracing.active() or registry.generation() != self.generation
+        if (tracing._open or registry._generation != self.generation        # tracing.active(), registry.generation()
                 or settings._raw() != self.env or limits.UNCHECKED_BYTES != self.unchecked
-                or not (_always_available(b) or availability_of(b)[0])):
+                or not (getattr(getattr(b, "availability", None), "__func__", None) is _BASE_AVAILABILITY  # in line:
+                        or availability_of(b)[0])):                                           # _always_available
             return False
         if b.capabilities is not self.caps:              # what it declares it runs may change: refused by name
             legalize.check_supported(b, self.params)    # (a Capabilities is frozen: the same object, the same check)
@@ -89,7 +90,10 @@ def fprop(owner, x, w, bias, kwargs):
     keywords (called only when the lane misses)."""
     if owner is None:
         return xconv.conv_fprop(x, w, bias=bias, **kwargs())
-    key = (owner, "fprop", _signature(x), _signature(w), _signature(bias))
+    key = (owner, "fprop",                               # _signature of each, x's and w's in line (the usual call)
+           (x.shape, x.dtype) if type(x) is _NDARRAY and x.flags.aligned and x.dtype.isnative else _NO,
+           (w.shape, w.dtype) if type(w) is _NDARRAY and w.flags.aligned and w.dtype.isnative else _NO,
+           None if bias is None else _signature(bias))
     lane = _lanes.get(key)
     if lane is not None and lane.usable():
         b = lane.backend

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 from torch.autograd import forward_ad as _forward_ad
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import interop, lanes, registry, settings, torch_ops
 
@@ -33,6 +32,7 @@ _function_mode = torch._C._is_torch_function_mode_enabled
 _functorch = torch._C._are_functorch_transforms_active
 _autocast = torch.is_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack    # what _get_current_dispatch_mode reads first
 
 
 def eager(input, weight, bias) -> bool:
@@ -40,14 +40,15 @@ def eager(input, weight, bias) -> bool:
     would return them as they are): a converted module's call takes :func:`eager_fprop` as it is. Inlined: it runs
     before every module call, right after a torch operator has had the caches."""
     return (type(input) in _PLAIN and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and input.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu) and not _traced()
+            and input.is_cpu and weight.is_cpu and (bias is None or bias.is_cpu)
+            and not (_is_compiling() or _function_mode() or _dispatch_modes() > 0 or _functorch())   # _traced()
             and not _autocast("cpu"))
 
 
 def _traced() -> bool:
     """Whether torch.compile/export, a torch function or dispatch mode, or a functorch transform is active: the
     operators' machinery is needed (both :func:`eager` and :func:`usable` step aside)."""
-    return _is_compiling() or _function_mode() or _get_current_dispatch_mode() is not None or _functorch()
+    return _is_compiling() or _function_mode() or _dispatch_modes() > 0 or _functorch()
 
 
 def eager_fprop(input, weight, bias, conf: torch_ops.Conf):
@@ -82,9 +83,16 @@ def fprop(input, weight, bias, conf: torch_ops.Conf):
 _TAKES_TORCH: dict = {}
 
 
+_last_takes = (None, None, None)        # (the last token given by name, its registry generation, the answer)
+
+
 def _takes_torch(token) -> bool:
     """Whether the call's backend (a name, a backend object's token, or None: ``$XCONV_BACKEND``, else none)
     declares the torch family (see :func:`interop._families_of`); by name, kept per registry generation."""
+    global _last_takes
+    last = _last_takes
+    if token is last[0] and token is not None and last[1] == registry._generation:     # a module's repeated calls
+        return last[2]
     name = token if token is not None else settings.current().backend
     if type(name) is not str or name in torch_ops._OBJECTS:
         return "torch" in interop._families_of(torch_ops._backend(token))
@@ -95,6 +103,8 @@ def _takes_torch(token) -> bool:
         if len(_TAKES_TORCH) > 64:
             _TAKES_TORCH.clear()
         _TAKES_TORCH[key] = takes
+    if token is not None:
+        _last_takes = (token, key[1], takes)
     return takes
 
 
@@ -113,7 +123,7 @@ def _as_numpy(conf: torch_ops.Conf, *tensors) -> list | None:
             return None
         else:
             try:                    # refuses what interop resolves: a negative bit, a layout other than strided
-                views.append(t.detach().numpy())
+                views.append((t.detach() if t.requires_grad else t).numpy())   # (detach: a new tensor each call)
             except (RuntimeError, TypeError):
                 return None
     return views
@@ -130,8 +140,10 @@ def _memory_format(input, weight) -> torch.memory_format:
 def _fprop_kernel(input, weight, bias, conf: torch_ops.Conf):
     views = _as_numpy(conf, input, weight, bias)
     if views is not None:
-        y = lanes.fprop(conf if conf.exact else None, *views, conf.kwargs)
-        return torch_ops._as(torch.from_numpy(y), _memory_format(input, weight))
+        y = torch.from_numpy(lanes.fprop(conf if conf.exact else None, *views, conf.kwargs))
+        if input.is_contiguous() and weight.is_contiguous():         # _memory_format's usual case, in line
+            return y
+        return torch_ops._as(y, torch_ops.memory_format(input, weight))
     fmt = _memory_format(input, weight)
     with torch_ops._plain(input.device):
         y = torch_ops.xconv.conv_fprop(input, weight, bias=bias, **conf.kwargs())

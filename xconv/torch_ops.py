@@ -97,6 +97,17 @@ class Conf:
                   *self.output_padding)
         return all(type(v) is int for v in counts)
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (a converted module's every call looks its lane up by its Conf); never
+        pickled (a string's hash differs between processes)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def args(self) -> tuple:
         """The ops' trailing arguments."""
         return (list(self.stride), [v for pair in self.padding for v in pair], list(self.dilation), self.groups,

@@ -156,7 +156,12 @@ class _Blas:
         with self.lock:
             self.depth -= 1
             if self.depth == 0:
-                self._restore()
+                libs, saved = self.libs, self.saved
+                if len(libs) == 1 and len(saved) == 1:     # _restore's one library, in line (every pinned call)
+                    if saved[0] != 1 and libs[0].threading not in _UNPINNED:
+                        libs[0].set(saved[0])
+                else:
+                    self._restore()
 
     def _restore(self):
         for lib, n in zip(self.libs or (), self.saved):
@@ -172,9 +177,14 @@ class _Blas:
         """The number of workers ``with`` would give, without setting BLAS to one thread (for calls that run no
         BLAS: the compiled loops)."""
         with self.lock:
-            if self.libs is None:
-                self.libs = _find()
-            return self.workers if self.depth else self._workers([lib.count() for lib in self.libs])
+            libs = self.libs
+            if libs is None:
+                libs = self.libs = _find()
+            if self.depth:
+                return self.workers
+            if len(libs) == 1:                           # the usual case, as __enter__'s short path
+                return min(libs[0].count(), MAX_WORKERS, _CPUS)
+            return self._workers([lib.count() for lib in libs])
 
     def control(self) -> str:
         with self.lock:

@@ -21,7 +21,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import colgemm, jobs, small
-from .grid.scratch import Lease
+from .grid.scratch import ARENA, Lease
 from .plans import per_params
 
 _F32 = np.dtype(np.float32)
@@ -47,13 +47,16 @@ def fprop_runner(p: ConvParams):
     kept: dict = {}                                 # workers -> (template, threads, geometry kept alive) or None
 
     def run(x, w, bias, workers: int):
-        if not (_plain(x) and _plain(w)):
+        # _plain(x) and _plain(w), and a lease, in line: inside a model each call finds the caches cold, and every
+        # Python call then costs a few µs (dense_quick's docstring)
+        if not (x.dtype == _F32 and w.dtype == _F32 and (fx := x.flags).c_contiguous and fx.aligned
+                and (fw := w.flags).c_contiguous and fw.aligned):
             return None
         wm = w.reshape(f.g, f.Cog, f.Cg * f.K)
-        with Lease() as lease:                      # what colgemm.fprop leases, in its order
-            bufs = colgemm._Buffers(lease)
-            y = np.empty(p.output_shape, _F32) if direct else bufs.get("y", (f.g, f.Cog, f.N * f.Q), _F32)
-            cols = bufs.get("cols", (f.C * f.K, f.N * f.Q), _F32)
+        bufs, (yc, cols) = ARENA.views((None if direct else (f.g, f.Cog, f.N * f.Q),   # what colgemm.fprop leases,
+                                        (f.C * f.K, f.N * f.Q)), _F32)                  # in its order
+        try:
+            y = np.empty(p.output_shape, _F32) if direct else yc
             bases = (wm, cols, y, x)
             entry = kept.get(workers, False)
             if entry is False:
@@ -63,8 +66,10 @@ def fprop_runner(p: ConvParams):
             template, threads, _geometry = entry
             if one_tap:                             # the columns are x's channel-major copy (colgemm's own step)
                 small.channel_major_into(x, cols.reshape(f.C, f.N, f.Q))
-            template.run(bases, threads)
+            jobs._execute_template(template, bases, threads, 0)             # template.run(bases, threads)
             return colgemm.finish_forward(y, bias, p, f, direct)
+        finally:
+            ARENA.give(bufs)
     return run
 
 

@@ -17,10 +17,10 @@ import numpy as np
 
 from xconv import ConvParams
 
-from . import dense_strided, small_c
+from . import dense_strided, jobs, small_c
 from .dense_plan import padded_row
-from .dense_weights import _copyable, _readable, _tap_major_rows
-from .grid.scratch import Lease
+from .dense_weights import _tap_major_rows
+from .grid.scratch import ARENA
 from .jobs import Jobs, Template
 from .native import address
 from .plans import per_params
@@ -42,20 +42,27 @@ def fprop_runner(p: ConvParams):
     Cg, Cog, K = f.C // g, Co // g, f.K
     nd, xshape, wshape = p.nd, tuple(p.input_shape), tuple(p.weight_shape)
     kept: dict = {}                                          # workers -> (template, what its jobs read)
+    copy_shapes = (wshape[0] // g) % 16 == 0 and wshape[1] % 16 == 0   # _copyable's shape test (w.shape == wshape)
+    row = padded_row(Cog)
 
     def run(x, w, bias, workers: int):
-        if not (x.shape == xshape and w.shape == wshape and _readable(x) and _copyable(w, g, True)):
+        # _readable(x) and _copyable(w, g, True), and a lease, in line (dense_quick's docstring)
+        if not (x.shape == xshape and w.shape == wshape and x.dtype == _F32 and w.dtype == _F32
+                and (fx := x.flags).c_contiguous and fx.aligned and (fw := w.flags).c_contiguous and fw.aligned
+                and copy_shapes):
             return None
-        wt = np.empty((g, K, Cg, padded_row(Cog)), _F32)[..., :Cog]     # dense_weights.tap_major(flip, padded)'s
+        wt = np.empty((g, K, Cg, row), _F32)[..., :Cog]      # dense_weights.tap_major(flip, padded)'s
         bad = np.zeros(1, np.int64)
         y = np.empty(p.output_shape, _F32)
-        with Lease() as lease:                               # what dense_strided.fprop leases
-            phases = lease.empty((f.N * f.H * f.rs,), _F32)
+        bufs, (phases,) = ARENA.views(((f.N * f.H * f.rs,),), _F32)     # what dense_strided.fprop leases
+        try:
             bases = (w, wt, x, phases, y, bad)
             entry = kept.get(workers, False)
             if entry is False:
                 entry = kept[workers] = _template(x, w, wt, phases, y, bad, workers, bases)
-            entry[0].run(bases, workers)
+            jobs._execute_template(entry[0], bases, workers, 0)              # entry[0].run(bases, workers)
+        finally:
+            ARENA.give(bufs)
         if bad[0]:
             return None                                      # a weight not finite: the dispatch detours
         if bias is not None:                                 # as dense_strided.fprop adds it

@@ -18,7 +18,7 @@ import numpy as np
 
 from xconv import ConvParams
 
-from . import depthwise_cv
+from . import depthwise_cv, jobs
 from .finite import all_finite
 from .plans import per_params
 
@@ -55,9 +55,9 @@ def fprop_runner(p: ConvParams):
         bases = (x, y, wt)
         template = kept.get(workers)
         if template is None:
-            jobs = depthwise_cv.gather_jobs(x, y, wt, t, t.f_rows, t.f_cols, t.f_reg, step, grid_in, grid_out, workers)
-            template = kept[workers] = jobs.template({0: 0, 4: 1, 7: 2}, bases)
-        template.run(bases, workers, size)
+            made = depthwise_cv.gather_jobs(x, y, wt, t, t.f_rows, t.f_cols, t.f_reg, step, grid_in, grid_out, workers)
+            template = kept[workers] = made.template({0: 0, 4: 1, 7: 2}, bases)
+        jobs._execute_template(template, bases, workers, size)             # template.run(bases, workers, size)
         if bias is not None:                             # as depthwise_cv.fprop adds it
             y += np.asarray(bias, np.float32).reshape((1, -1, 1, 1))
         return y.reshape(p.output_shape)

@@ -38,7 +38,7 @@ from xconv import ConvParams, tracing
 
 from . import (bias, colgemm, columns, cost, dense, depthwise, grid_blocks, jobs, omp_team, paths, small,
                small_c, small_numpy, stem, tuning)
-from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
+from .blas import _BLAS, blas_workers, single_threaded_blas as pinned_blas_workers
 from .budget import check_im2col
 from .finite import all_finite
 from .grid import forward, pointwise, pointwise_planned, strategy_a, strategy_b
@@ -103,6 +103,17 @@ def share_of(work: int, workers: int, as_jobs: bool) -> int:
         return workers
     least = tuning.get("team_min_work") if as_jobs and omp_team.available() else tuning.get("parallel_min_work")
     return workers if work >= least else 1
+
+
+def team_share(work: int) -> int:
+    """``share_of(work, blas_workers(), True)`` in one step: the workers of a lane's path of C jobs that calls no
+    BLAS (read anew each call: the BLAS thread count, the team, the knobs)."""
+    workers = _BLAS.worker_count()
+    if workers <= 1:
+        return workers
+    over = tuning._overrides                                     # tuning.get, in line
+    name = "team_min_work" if omp_team.available() else "parallel_min_work"
+    return workers if work >= (over[name] if name in over else tuning.KNOBS[name][0]) else 1
 
 
 def _run_grads(path, dy, x, w, p, need_dx, need_dw, need_db):

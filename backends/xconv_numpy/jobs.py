@@ -149,7 +149,7 @@ _TEMPLATE_RUN: dict = {}
 
 def _template_run():
     """xconv_template_run of the loaded build (Template.run's one C call), or None (no compiled loops)."""
-    lib = native.library()
+    lib = native.LIBRARY._value or native.LIBRARY.get()     # native.library() (Lazy.get's loaded case in line)
     if lib is None:
         return None
     fn = _TEMPLATE_RUN.get(lib._name)

@@ -18,8 +18,8 @@ from xconv.dtypes import DTYPES
 
 from . import (bias, colgemm, colgemm_quick, dense, dense_quick, dense_strided_quick, depthwise_quick, grid_blocks,
                jobs, paths, small_c, stem_quick)
-from .blas import blas_workers, single_threaded_blas as pinned_blas_workers
-from .fast import _backward_on, _fprop_on, share_of, work_of
+from .blas import _BLAS, single_threaded_blas as pinned_blas_workers
+from .fast import _backward_on, _fprop_on, share_of, team_share, work_of
 from .grid import pointwise_planned
 from .grid.chunks import budget as _budget
 from .grid.geometry import geom, io_bytes
@@ -41,7 +41,7 @@ def runner(p: ConvParams, op: str, mask=None):
         quick = _quick_backward(*chosen, p)
 
     def run_lane(*arrays):
-        if not (default and paths.unforced()) and paths._state() != forced:
+        if not (default and (paths._open_blocks[0] == 0 or paths.unforced())) and paths._state() != forced:
             return NotImplemented
         if quick is not None:                        # its NumPy arithmetic under errstate: see _quiet
             results = quick(*arrays)
@@ -62,6 +62,16 @@ def _quiet(fn):
     return quiet
 
 
+def _quiet_bias(fn):
+    """:func:`_quiet` for a forward ``fn(x, w, bias, *rest)`` whose one NumPy arithmetic is adding the bias: under
+    errstate only with a bias (three calls fewer a call without: inside a model, caches cold, a few µs each)."""
+    quiet = _quiet(fn)
+
+    def run(x, w, bias, *rest):
+        return fn(x, w, bias, *rest) if bias is None else quiet(x, w, bias, *rest)
+    return run
+
+
 def _sgemm_jobs(p: ConvParams) -> bool:
     """Whether ``p``'s pointwise path runs its sgemm jobs (float32, NumPy's ILP64 sgemm found, tables within their
     bounds), as the dispatch would."""
@@ -70,14 +80,19 @@ def _sgemm_jobs(p: ConvParams) -> bool:
 
 def _pinned(products, p: ConvParams, op: str):
     """``products(*arrays, workers)`` with BLAS pinned to one thread and the workers :func:`.fast._share` gives, as
-    the dispatch runs the pointwise path; None while a trace is open (the dispatch records the call)."""
-    work = work_of(p, op)
+    the dispatch runs the pointwise path; None while a trace is open (the dispatch records the call). A forward's
+    products are C jobs and NumPy copies: its one arithmetic that may warn is the bias, so a forward without one
+    runs without ``np.errstate`` (three calls fewer: inside a model every call costs a few µs, caches cold)."""
+    work, fprop = work_of(p, op), op == "fprop"
 
     def quick(*arrays):
-        if tracing.active():
+        if tracing._open:                            # tracing.active()
             return None
-        with pinned_blas_workers() as workers, np.errstate(all="ignore"):
-            return products(*arrays, share_of(work, workers, True))
+        with _BLAS as workers:                       # pinned_blas_workers()
+            if fprop and arrays[2] is None:
+                return products(*arrays, share_of(work, workers, True))
+            with np.errstate(all="ignore"):
+                return products(*arrays, share_of(work, workers, True))
     return quick
 
 
@@ -88,9 +103,9 @@ def _plain_jobs(run, p: ConvParams, op: str):
     work = work_of(p, op)
 
     def quick(*arrays):
-        if tracing.active():
+        if tracing._open:                            # tracing.active()
             return None
-        return run(*arrays, share_of(work, blas_workers(), True))
+        return run(*arrays, team_share(work))
     return quick
 
 
@@ -98,7 +113,7 @@ def _pinned_numpy(run):
     """``run(*arrays)`` with BLAS pinned to one thread and NumPy's floating-point warnings off, as the dispatch runs
     the small-call paths from Python; None while a trace is open (the dispatch records the call)."""
     def quick(*arrays):
-        if tracing.active():
+        if tracing._open:                            # tracing.active()
             return None
         with pinned_blas_workers(), np.errstate(all="ignore"):
             return run(*arrays)
@@ -118,9 +133,9 @@ def _quick_fprop(path, p: ConvParams):
         return _quiet(small_c.grid_fprop_runner(p))
     if path.name == "small-cols":
         return _pinned_numpy(lambda x, w, b: small_c.cols_fprop(x, w, b, p))
-    if path.name == "depthwise":
+    if path.name == "depthwise":                    # (C jobs and NumPy copies: the bias alone may warn)
         run = depthwise_quick.fprop_runner(p)
-        return None if run is None else _plain_jobs(_quiet(run), p, "fprop")
+        return None if run is None else _plain_jobs(_quiet_bias(run), p, "fprop")
     if path.name == "dense" and any(s != 1 for s in p.stride):
         run = dense_strided_quick.fprop_runner(p)
         return None if run is None else _plain_jobs(run, p, "fprop")
@@ -133,11 +148,12 @@ def _quick_fprop(path, p: ConvParams):
     loops = dense_quick.runner(q, True, False, flip=True)
     if loops is None:
         return None
-    nbytes, nd = io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), p.nd
-    dual_forward = _plain_jobs(lambda x, w, workers: loops(x, None, w, workers, _budget(nbytes, q)), p, "fprop")
+    nbytes, nd, work = io_bytes(geom(q), DTYPES[p.dtype].itemsize, True, True), p.nd, work_of(p, "fprop")
 
-    def quick(x, w, b):
-        out = dual_forward(x, w)
+    def quick(x, w, b):                              # (_plain_jobs, in line: one call fewer on the hot path)
+        if tracing._open:
+            return None
+        out = loops(x, None, w, team_share(work), _budget(nbytes, q))
         if out is None:
             return None
         y = out[0]

@@ -16,7 +16,7 @@ import numpy as np
 
 from xconv import ConvParams
 
-from . import small_c, stem
+from . import jobs, small_c, stem
 from .dense_weights import _readable
 from .finite import all_finite
 from .plans import per_params
@@ -36,8 +36,9 @@ def fprop_runner(p: ConvParams):
     kept: dict = {}                                          # workers -> (template, the geometry its jobs read)
 
     def run(x, w, bias, workers: int):
-        if not (x.shape == xshape and w.shape == wshape and _readable(x) and _readable(w)
-                and (bias is None or _readable(bias))):
+        if not (x.shape == xshape and w.shape == wshape and x.dtype == _F32 and w.dtype == _F32     # _readable,
+                and (fx := x.flags).c_contiguous and fx.aligned and (fw := w.flags).c_contiguous and fw.aligned  # in
+                and (bias is None or _readable(bias))):                                         # line (dense_quick)
             return None
         if not all_finite(w):
             return None                                      # the dispatch detours (fast._fprop_on)
@@ -46,7 +47,7 @@ def fprop_runner(p: ConvParams):
         entry = kept.get(workers)
         if entry is None:
             entry = kept[workers] = _template(x, w, bias, y, workers, bases)
-        entry[0].run(bases, workers, scratch)
+        jobs._execute_template(entry[0], bases, workers, scratch)            # entry[0].run(bases, ...)
         return y
 
     def _template(x, w, bias, y, workers: int, bases):
