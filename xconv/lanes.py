@@ -115,7 +115,10 @@ def backward(owner, dy, x, w, bias_sizes, mask: tuple, kwargs):
     lane (see :func:`fprop`); ``mask`` a tuple of three bools, ``bias_sizes`` None or a list of ints."""
     if owner is None:
         return xconv.convolution_backward(dy, x, w, bias_sizes=bias_sizes, output_mask=mask, **kwargs())
-    key = (owner, mask, _signature(dy), _signature(x), _signature(w),
+    key = (owner, mask,                                  # _signature of each, in line (see fprop)
+           (dy.shape, dy.dtype) if type(dy) is _NDARRAY and dy.flags.aligned and dy.dtype.isnative else _NO,
+           (x.shape, x.dtype) if type(x) is _NDARRAY and x.flags.aligned and x.dtype.isnative else _NO,
+           (w.shape, w.dtype) if type(w) is _NDARRAY and w.flags.aligned and w.dtype.isnative else _NO,
            None if bias_sizes is None else tuple(bias_sizes))
     lane = _lanes.get(key)
     if lane is not None and lane.usable():

@@ -128,6 +128,7 @@ def from_environ(environ) -> Settings:
 # of os.environ.get, which decodes each value. Anything else (another platform, os.environ replaced) reads
 # through the mapping.
 _BYTE_NAMES = tuple(os.fsencode(n) for n in NAMES) if os.name == "posix" else None
+_FIELD_BYTES = {n[len("XCONV_"):].lower(): os.fsencode(n) for n in NAMES} if os.name == "posix" else None
 _snapshots: dict = {}                 # raw values -> Settings
 _lock = threading.Lock()
 _MAX_SNAPSHOTS = 64
@@ -156,6 +157,23 @@ def _snapshot(raw: tuple) -> Settings:
 def current() -> Settings:
     """The settings of the environment now (validated; ConfigError naming the first bad variable)."""
     return _snapshot(_raw())
+
+
+_one_seen: dict = {}                  # field -> (its variable's raw value last read, the field's value for it)
+
+
+def one(field: str):
+    """``current().<field>`` (a :class:`Settings` field: ``numpy_openmp`` is ``$XCONV_NUMPY_OPENMP``'s), reading that
+    one variable: for the hot paths inside a call, whose settings were validated where it entered xconv. Reading all
+    of them costs a few µs a call inside a model, caches cold. ConfigError naming the variable for a bad value."""
+    data = getattr(os.environ, "_data", None)
+    if _BYTE_NAMES is None or type(data) is not dict:
+        return getattr(current(), field)
+    raw = data.get(_FIELD_BYTES[field])
+    seen = _one_seen.get(field)
+    if seen is None or raw is not seen[0]:
+        seen = _one_seen[field] = (raw, getattr(read(["XCONV_" + field.upper()]), field))
+    return seen[1]
 
 
 def problems(environ=None, names=NAMES) -> list[str]:

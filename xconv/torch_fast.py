@@ -156,13 +156,15 @@ def _backward_kernel(grad_output, input, weight, mask, conf: torch_ops.Conf):
     fmt = _memory_format(input, weight)
     views = _as_numpy(conf, grad_output, input, weight)
     if views is not None:
-        results = [None if r is None else torch.from_numpy(r)
-                   for r in lanes.backward(conf if conf.exact else None, *views, bias_sizes, tuple(mask),
-                                           conf.kwargs)]
+        gx, gw, gb = lanes.backward(conf if conf.exact else None, *views, bias_sizes, tuple(mask), conf.kwargs)
+        results = (None if gx is None else torch.from_numpy(gx), None if gw is None else torch.from_numpy(gw),
+                   None if gb is None else torch.from_numpy(gb))
     else:
         with torch_ops._plain(input.device):
             results = torch_ops.xconv.convolution_backward(grad_output, input, weight, bias_sizes=bias_sizes,
                                                            output_mask=tuple(mask), **conf.kwargs())
+    if fmt == torch.contiguous_format:                  # torch_ops._as returns them as they are
+        return tuple(results)
     return tuple(None if r is None else (torch_ops._as(r, fmt) if i < 2 else r) for i, r in enumerate(results))
 
 

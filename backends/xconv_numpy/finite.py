@@ -32,7 +32,7 @@ def all_finite(a, cdt=None) -> bool:
         return True
     name = _COMPILED.get(a.dtype)
     if name is not None and a.size >= COMPILED_MIN and a.flags.c_contiguous and native.part_on(SWITCH):
-        return bool(getattr(native.library(), name)(native.address(a), a.size))
+        return bool(getattr(native.LIBRARY._value or native.library(), name)(native.address(a), a.size))
     if cdt is None or np.dtype(cdt).itemsize < a.dtype.itemsize:
         return bool(np.isfinite(a).all())
     with np.errstate(over="ignore", invalid="ignore"):

@@ -185,7 +185,12 @@ def _quick_backward(runs, bias_path, p: ConvParams):
         grads = _pinned_numpy(lambda dy, x, w: small_c.cols_backward(dy, x, w, p, gx, gw))
     elif path.name == "dense" and (loops := dense_quick.runner(p, gx, gw)) is not None:
         nbytes = io_bytes(geom(p), DTYPES[p.dtype].itemsize, True, True)          # the full call's: any mask
-        grads = _plain_jobs(lambda dy, x, w, workers: loops(dy, x, w, workers, _budget(nbytes, p)), p, "backward")
+        work = work_of(p, "backward")
+
+        def grads(dy, x, w):                         # (_plain_jobs, in line: two calls fewer on the hot path)
+            if tracing._open:
+                return None
+            return loops(dy, x, w, team_share(work), _budget(nbytes, p))
     else:
         return None
 

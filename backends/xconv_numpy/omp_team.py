@@ -59,8 +59,8 @@ def _torch_libgomp_path() -> str | None:
 
 def _library():
     """torch's libgomp as a ctypes library, or None; looked up once per process, once torch is imported. Every call
-    reads ``XCONV_NUMPY_OPENMP`` anew (alone: :func:`_switched_on`) and the pid (a forked child's differs)."""
-    if _state["pid"] == os.getpid() and _switched_on():          # (the usual call: looked up here already)
+    reads ``XCONV_NUMPY_OPENMP`` anew (alone: :func:`xconv.settings.one`) and the pid (a forked child's differs)."""
+    if _state["pid"] == os.getpid() and settings.one("numpy_openmp"):      # (the usual call: looked up already)
         return _state["lib"]
     if not settings.current().numpy_openmp or "torch" not in sys.modules or forking.forked():
         return None
@@ -76,24 +76,6 @@ def _library():
         elif _state["pid"] != pid:
             return None                                 # a forked child: libgomp's pool did not survive the fork
         return _state["lib"]
-
-
-_OPENMP_NAME = os.fsencode("XCONV_NUMPY_OPENMP")
-_switch_seen = (object(), False)           # (the raw value last read, settings' numpy_openmp for it): one tuple
-
-
-def _switched_on() -> bool:
-    """``settings.current().numpy_openmp``, reading that one variable (a call's settings are validated where it
-    enters xconv; reading all of them again here cost each call a few µs, caches cold, in a model)."""
-    global _switch_seen
-    data = getattr(os.environ, "_data", None)
-    if type(data) is not dict:
-        return settings.current().numpy_openmp
-    raw = data.get(_OPENMP_NAME)
-    seen = _switch_seen
-    if raw is not seen[0]:
-        seen = _switch_seen = (raw, settings.read(["XCONV_NUMPY_OPENMP"]).numpy_openmp)
-    return seen[1]
 
 
 def _load():
@@ -122,7 +104,7 @@ def gomp_parallel_address() -> int | None:
 def team_functions() -> tuple:
     """(GOMP_parallel's address, omp_in_parallel's) of torch's libgomp for C code that checks whether it may start a
     region itself (csrc/template_run.c), or (None, None) where :func:`parallel` would never run on the team."""
-    lib = _state["lib"] if _state["pid"] == os.getpid() and _switched_on() else _library()   # (_library's usual case)
+    lib = _state["lib"] if _state["pid"] == os.getpid() and settings.one("numpy_openmp") else _library()   # (_library's usual case)
     if lib is None:
         return None, None
     return _state["address"], _state["in_parallel"]
@@ -130,7 +112,7 @@ def team_functions() -> tuple:
 
 def available() -> bool:
     """Whether :func:`parallel` would run on torch's OpenMP threads from this thread."""
-    lib = _state["lib"] if _state["pid"] == os.getpid() and _switched_on() else _library()   # (_library's usual case)
+    lib = _state["lib"] if _state["pid"] == os.getpid() and settings.one("numpy_openmp") else _library()   # (_library's usual case)
     return lib is not None and not lib.omp_in_parallel()
 
 
