@@ -381,3 +381,90 @@ def test_a_numpy_backend_subclass_keeps_its_overrides_on_every_call(public_calls
     plain = NumpyBackend()
     plain.fprop = lambda *a: NumpyBackend.fprop(plain, *a)         # an instance override
     assert plain._overridden() and not NumpyBackend()._overridden()
+
+
+TRANSPOSED = [  # (x shape, w shape, stride, padding, output_padding, groups, dilation, a runner expected)
+    ((4, 32, 8, 8), (32, 16, 2, 2), (2, 2), ((0, 0), (0, 0)), (0, 0), 1, (1, 1), True),        # U-Net's up-sampling
+    ((2, 32, 6, 6), (32, 32, 3, 3), (1, 1), ((1, 1), (1, 1)), (0, 0), 1, (1, 1), True),        # the dense template
+    ((2, 32, 6, 6), (32, 16, 3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 2, (1, 1), True),        # output_padding
+    ((2, 8, 5, 5), (8, 4, 3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 1, (2, 2), False),          # x extended: legalized
+    ((2, 8, 5, 7), (8, 3, 3, 2), (2, 1), ((1, 1), (0, 0)), (0, 0), 2, (2, 1), True),           # grouped, dilated
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED, ids=range(len(TRANSPOSED)))
+def test_a_transposed_forward_runs_the_backends_dgrad_runner_with_the_public_bits(case, public_calls, monkeypatch):
+    """A transposed forward that legalization runs as one data gradient (the NumPy backend has no transposed
+    primitive) gets the backend's dgrad runner (Backend.lane(q, "dgrad")) where x needs no extension: the public call's
+    bits with and without bias, non-finite weights included, the primitive no longer called; where x is extended, no
+    runner (the legalization runs); inside paths.force the runner declines and the forced path's bits come back."""
+    from xconv_numpy import backend as numpy_backend, paths
+
+    xs, ws, stride, padding, out_pad, groups, dilation, expect_runner = case
+    conf = torch_ops.Conf(stride, padding, dilation, groups, True, out_pad, False, "keep_dtype", "numpy")
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    bias = rng.standard_normal(ws[1] * groups, dtype=np.float32)
+    dgrads = []
+    real = numpy_backend.NumpyBackend.dgrad
+    monkeypatch.setattr(numpy_backend.NumpyBackend, "dgrad", lambda *a: dgrads.append(1) or real(*a))
+    bad = w.copy()
+    bad[0, 0, 0, 0], bad[-1, -1, -1, -1] = np.inf, np.nan
+    for weights in (w, bad):
+        for b in (None, bias):
+            lanes.clear()
+            want = xconv.conv_fprop(x, weights, bias=b, **conf.kwargs())
+            got = [lanes.fprop(conf, x, weights, b, conf.kwargs) for _ in range(3)]
+            assert all(g.dtype == want.dtype and g.tobytes() == want.tobytes() for g in got)
+            assert (next(iter(lanes._lanes.values())).runner is not None) == expect_runner
+    dgrads.clear()
+    lanes.fprop(conf, x, w, bias, conf.kwargs)
+    assert dgrads == ([] if expect_runner else [1])                # the runner stands in for the primitive
+    with paths.force("columns"):
+        y = lanes.fprop(conf, x, w, bias, conf.kwargs)
+        with xconv.trace() as t:
+            forced = xconv.conv_fprop(x, w, bias=bias, **conf.kwargs())
+    assert "columns" in t.records[-1].path and y.tobytes() == forced.tobytes()
+
+
+def test_a_backends_dgrad_runner_serves_its_transposed_lane_or_declines():
+    """The core asks ``lane(q, "dgrad")`` of a backend without a transposed primitive, q the direct convolution;
+    its runner's result gets the bias as the legalization adds it; NotImplemented sends the call to the legalization
+    (the dgrad primitive); a runner raising is the backend's failure, named."""
+    x, w = _arrays(c=4, co=6)
+    w = np.ascontiguousarray(w.transpose(1, 0, 2, 3))                 # (C_in, C_out, k, k): transposed weights
+    conf = _conf(transposed=True, padding=((1, 1), (1, 1)))
+    b = np.linspace(-1, 1, 6, dtype=np.float32)
+
+    class Laned(SpyBackend):
+        mode = "serve"
+        asked = ()
+
+        def lane(self, p, op, mask=None):
+            self.asked += ((op, p.transposed),)
+            if op != "dgrad":
+                return None
+            if self.mode == "serve":                 # the reference's dgrad, not the recorded primitive
+                return lambda dy, w: SpyBackend.__mro__[1].dgrad(self, dy, w, p)
+            if self.mode == "decline":
+                return lambda dy, w: NotImplemented
+            return lambda dy, w: (_ for _ in ()).throw(RuntimeError("dgrad runner broke"))
+
+    for mode in ("serve", "decline", "raise"):
+        lanes.clear()
+        backend = Laned(f"laned-dgrad-{mode}")
+        backend.mode = mode
+        kw = dict(conf.kwargs(), backend=backend.name)
+        with registered(backend):
+            want = xconv.conv_fprop(x, w, bias=b, **kw)
+            c = torch_ops.Conf(conf.stride, conf.padding, conf.dilation, 1, True, conf.output_padding, False,
+                               "keep_dtype", backend.name)
+            lanes.fprop(c, x, w, b, c.kwargs)                          # opens the lane
+            assert ("dgrad", False) in backend.asked
+            if mode == "raise":
+                with pytest.raises(BackendFailedError, match="dgrad runner broke"):
+                    lanes.fprop(c, x, w, b, c.kwargs)
+                continue
+            backend.calls.clear()
+            assert np.array_equal(lanes.fprop(c, x, w, b, c.kwargs), want)
+            assert [call[0] for call in backend.calls] == ([] if mode == "serve" else ["dgrad"])   # the primitive

@@ -117,7 +117,8 @@ class Backend:
 
     def lane(self, p: ConvParams, op: str, mask: tuple[bool, bool, bool] | None = None):
         """Optional: a runner for the repeated calls of one configuration that :mod:`xconv.lanes` makes (op
-        ``"fprop"``: ``runner(x, w, bias)``; ``"backward"``: ``runner(dy, x, w)`` for ``mask``), asked once when a
+        ``"fprop"``: ``runner(x, w, bias)``; ``"backward"``: ``runner(dy, x, w)`` for ``mask``; ``"dgrad"``:
+        ``runner(dy, w)``, in place of ``dgrad``, for a transposed forward that legalization runs as one), asked once when a
         lane opens on ``p`` and called with arrays of the signatures the lane was opened for, in place of
         ``fprop``/``backward`` (which the lane reaches only where legalization rewrites nothing). It returns what the
         primitive returns (the same values, bits and errors), or ``NotImplemented`` to decline that call (the lane

@@ -146,12 +146,38 @@ def _open(key, tensors: dict, backend, outputs, args: dict, op: str, mask=None) 
     if plan is None or plan.guard_each_call or plan.family != "numpy":
         return
     b, p = plan.backend, plan.params                     # no runner on any failure: the lane calls the primitive
-    lane = _Lane(env, registry.generation(), b, p, plan_cache.backend_runner(b, p, op, mask))
+    runner = plan_cache.backend_runner(b, p, op, mask)
+    if runner is None and op == "fprop" and p.transposed:
+        runner = _transposed_runner(b, p)
+    lane = _Lane(env, registry.generation(), b, p, runner)
     with _lock:
         _lanes.pop(key, None)                          # reopened: counts as the newest
         _lanes[key] = lane
         while len(_lanes) > MAX_LANES:
             del _lanes[next(iter(_lanes))]
+
+
+def _transposed_runner(b, p):
+    """A transposed forward's runner where legalization runs it as one data gradient of the direct convolution
+    (:func:`xconv.legalize.transposed_dgrad`) and the backend offers a runner for that (``b.lane(q, "dgrad")``):
+    what :func:`xconv.legalize.fprop` does (the dgrad primitive's call, its result checked, the bias added), without
+    the legalization's per-call decisions; else None."""
+    try:
+        q = legalize.transposed_dgrad(b, p)
+        make = getattr(b, "lane", None)
+        dgrad = make(q, "dgrad") if q is not None and callable(make) else None
+    except Exception:
+        return None
+    if not callable(dgrad):
+        return None
+    shape = q.input_shape
+
+    def run(x, w, bias):
+        dx = guard.call(b, "dgrad", dgrad, x, w)
+        if dx is NotImplemented:
+            return NotImplemented
+        return legalize._add_bias(legalize._expect(b, dx, shape, "grad_input"), bias, (x, w))
+    return run
 
 
 def clear() -> None:

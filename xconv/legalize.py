@@ -108,6 +108,22 @@ def fprop(b: Backend, x, w, bias, p: ConvParams):
                    "fprop output")
 
 
+def transposed_dgrad(b: Backend, p: ConvParams) -> ConvParams | None:
+    """The direct params ``q`` whose data gradient :func:`fprop` computes for the transposed ``p`` where nothing else
+    is rewritten (not empty, not lifted, x not extended: output_padding below the stride) and ``b.dgrad`` takes
+    ``q``'s arrays as they are (:func:`_kept_direct`); else None. :mod:`xconv.lanes` runs such a forward as the
+    backend's dgrad runner, then :func:`_add_bias`, as :func:`fprop` does."""
+    if not p.transposed or _empty(p):
+        return None
+    caps = capabilities(b, p, "fprop")
+    if caps.transposed or _lift(caps, p):
+        return None
+    q = p.as_direct()
+    if tuple(q.output_shape) != tuple(p.input_shape) or not _kept_direct(b, q, "dgrad"):
+        return None
+    return q
+
+
 def dgrad(b: Backend, dy, w, p: ConvParams):
     if _empty(p):
         tracing.legalized(EMPTY)

@@ -31,6 +31,8 @@ def runner(p: ConvParams, op: str, mask=None):
     NotImplemented (the lane then calls the primitive, which chooses again) once this thread's forced paths
     (:func:`paths.force`) differ from now. The choice reads nothing else that a lane does not check (the settings) or
     hold (the build); the paths read the tuning knobs when they run."""
+    if op == "dgrad":
+        return _dgrad_runner(p)
     forced = paths._state()
     default = forced == ((), ())
     if op == "fprop":
@@ -49,6 +51,28 @@ def runner(p: ConvParams, op: str, mask=None):
                 return results
         with np.errstate(all="ignore"):
             return run(*chosen, *arrays, p)
+    return run_lane
+
+
+def _dgrad_runner(p: ConvParams):
+    """``runner(dy, w) -> dx``: :func:`.fast.dgrad` (the backward of mask (T, F, F) without x) on the path chosen
+    now, as :func:`runner` (NotImplemented once this thread's forced paths differ); the kept template only on the
+    dense loops, whose runner reads no x without dw (others' runners take an x)."""
+    forced = paths._state()
+    default = forced == ((), ())
+    chosen = paths.backward_plan(p, (True, False, False))
+    runs = chosen[0]
+    quick = _quick_backward(*chosen, p) if len(runs) == 1 and runs[0][0].name == "dense" else None
+
+    def run_lane(dy, w):
+        if not (default and (paths._open_blocks[0] == 0 or paths.unforced())) and paths._state() != forced:
+            return NotImplemented
+        if quick is not None:
+            results = quick(dy, None, w)
+            if results is not None:
+                return results[0]
+        with np.errstate(all="ignore"):
+            return _backward_on(*chosen, dy, None, w, p)[0]
     return run_lane
 
 
