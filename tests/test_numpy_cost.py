@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -435,9 +436,9 @@ def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart(mon
 
 def test_the_stride_1_forward_weighs_big_weights_by_its_own_factor_on_the_avx512_build(monkeypatch):
     """zen4: the dense forward's big-weights factor is loop_big_weights_fwd (1.2) on the AVX-512 build, the loops'
-    1.5 elsewhere and for the gradients: ResNet-18 224's 2x512x7x7 -> 512 3x3 forward takes the loops there (2.80 ms
-    against colgemm's 3.44, measured) and colgemm on the AVX2 build (whose loops ran it in 6.2 against 4.0); its
-    backward keeps colgemm on both (6.5-7.2 against the loops' 8.1-8.9)."""
+    1.5 elsewhere and for the gradients; with the weights' copy each call (cost.WEIGHT_COPY: cold in a model) ResNet-18
+    224's 2x512x7x7 -> 512 3x3 forward takes colgemm on both builds (cold, ms: 3.24 against the loops' 3.69 on
+    AVX-512, 4.0 against 6.2 on AVX2), and its backward too (6.5-7.2 against the loops' 8.1-8.9)."""
     from xconv_numpy import native
     if native.library() is None:
         pytest.skip(f"the compiled loops are not loaded here: {native.load_error()}")
@@ -449,9 +450,32 @@ def test_the_stride_1_forward_weighs_big_weights_by_its_own_factor_on_the_avx512
             monkeypatch.setattr(native, "isa", lambda lib, isa=isa: isa)
             assert cost.big_weights(p, r, forward=True) == fwd
             assert cost.big_weights(p, r) == r.loop_big_weights                 # the gradients' factor
-            want = "dense" if isa == "avx512" else "colgemm"
-            assert cost.cheapest(p, "y", ["colgemm", "dense"]) == want
+            assert cost.cheapest(p, "y", ["colgemm", "dense"]) == "colgemm"
             assert cost.backward_pair(p, ["colgemm", "dense"], ["colgemm", "dense"]) == ("colgemm", "colgemm")
     with cost.choosing("intel-avx512"):                 # a kind without the forward's own factor: unchanged
         assert cost.big_weights(p, cost.RATES["intel-avx512"], forward=True) == \
             cost.big_weights(p, cost.RATES["intel-avx512"])
+
+
+@pytest.mark.parametrize("xs, ws, kw, cold", [
+    ((2, 512, 7, 7), (512, 512, 3, 3), dict(padding=1), "colgemm"),        # cold, ms: 3.24 against the loops' 3.69
+    ((8, 512, 4, 4), (256, 512, 3, 3), dict(padding=1), "colgemm"),        # 2.27 against 2.38
+    ((2, 256, 14, 14), (256, 256, 3, 3), dict(padding=1), "dense"),        # 3.06 against colgemm's 4.13
+    ((8, 256, 4, 4), (256, 256, 3, 3), dict(padding=1), "dense"),          # 1.11 against 1.20
+])
+def test_the_dense_forward_pays_its_copy_of_the_weights(xs, ws, kw, cold, monkeypatch):
+    """The dense forward's estimate counts its tap-major copy of the weights each call (cost.WEIGHT_COPY per element,
+    over the cores), which a model pays with the weights cold: zen4 on the AVX-512 build picks what ran faster with a
+    64 MB sweep before each call (Zen 4, two threads, median of 30)."""
+    from xconv_numpy import native
+    if native.library() is None:
+        pytest.skip(f"the compiled loops are not loaded here: {native.load_error()}")
+    monkeypatch.setattr(native, "isa", lambda lib: "avx512")
+    p = make_params(xs, ws, **kw)
+    with cost.choosing("zen4"):
+        without = cost.dense(p, "y")
+        monkeypatch.setattr(cost, "WEIGHT_COPY", 0.0)
+        assert without - cost.dense(p, "y") == pytest.approx(2 * cost.COPY * math.prod(ws) / cost.CORES)
+        monkeypatch.undo()
+        monkeypatch.setattr(native, "isa", lambda lib: "avx512")
+        assert cost.cheapest(p, "y", ["colgemm", "dense"]) == cold

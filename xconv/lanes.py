@@ -11,7 +11,11 @@ afterwards runs :mod:`xconv.legalize` on it (which calls the backend's primitive
 nothing: :func:`xconv.legalize.run_fprop`). Where it rewrites nothing and the backend offers one
 (:meth:`xconv.backend.Backend.lane`), the lane calls the backend's runner for the configuration instead: what the
 primitive does without the per-call decisions the backend can make once (the NumPy backend's path choice; 20-30 us
-of Python per call on a MobileNet layer).
+of Python per call on a MobileNet layer). A transposed forward that legalization runs as one data gradient of the
+direct convolution (the NumPy backend's ConvTranspose2d) calls the backend's runner for that dgrad
+(``Backend.lane(q, "dgrad")``) and adds the bias as the legalization does. Inside a model each call finds the caches
+cold (the layers before it streamed their weights through them) and every Python call costs a few µs: the lane's
+checks are written in line where they run on every call.
 
 Contract: :func:`fprop` and :func:`backward` return what ``xconv.conv_fprop`` / ``xconv.convolution_backward``
 return for the same arguments: the same backend, params, error wrapping (:func:`xconv.guard.call`), output
@@ -54,21 +58,18 @@ class _Lane:
         self.caps = getattr(backend, "capabilities", None)               # what the opening call was checked against
 
     def usable(self) -> bool:
+        # (tracing.active() and registry.generation() read in line: each call here finds the caches cold in a model)
         b = self.backend
-        if (tracing._open or registry._generation != self.generation        # tracing.active(), registry.generation()
+        # b.availability is the base class's (always available)? Read anew each call: a backend or a test may
+        # replace it on the object or its class at any time
+        base = getattr(getattr(b, "availability", None), "__func__", None) is _BASE_AVAILABILITY
+        if (tracing._open or registry._generation != self.generation
                 or settings._raw() != self.env or limits.UNCHECKED_BYTES != self.unchecked
-                or not (getattr(getattr(b, "availability", None), "__func__", None) is _BASE_AVAILABILITY  # in line:
-                        or availability_of(b)[0])):                                           # _always_available
+                or not (base or availability_of(b)[0])):
             return False
         if b.capabilities is not self.caps:              # what it declares it runs may change: refused by name
             legalize.check_supported(b, self.params)    # (a Capabilities is frozen: the same object, the same check)
         return True
-
-
-def _always_available(b) -> bool:
-    """Whether ``b.availability`` is the base class's (always available), read anew each call: a backend or a test may
-    replace it on the object or its class at any time."""
-    return getattr(getattr(b, "availability", None), "__func__", None) is _BASE_AVAILABILITY
 
 
 _BASE_AVAILABILITY = Backend.availability

@@ -25,7 +25,8 @@ the path keeps busy, :data:`CORES` assumed):
   and the forward only the multiply-adds the loops run (``dense_plan.dx_tap_share``: taps that read only padding rows
   are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build) over the output positions, the
   tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
-  ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never exempt);
+  ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never exempt); the forward
+  also its copy of the weights (``WEIGHT_COPY`` per element: cold in a model);
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, in sample blocks): the forward's, the small
   path's estimate over the cores; the backward is not weighed: it replaces ``small-c`` where the model picks that
   for an output and the samples make two or more blocks (``paths.cost_pick``);
@@ -90,6 +91,12 @@ COPY = 0.25e-9
 #: Per element of column matrices past COPY_CACHED elements (they leave the caches: the products slow down too).
 COPY_BIG = 1e-9
 COPY_CACHED = 1 << 20
+#: Per weight element of the dense forward's tap-major copy of the weights each call: read, then written, at COPY each
+#: (colgemm reads them in place). In a model a layer's weights are cold at each call (the layers before streamed
+#: theirs): Zen 4, two threads, a 64 MB sweep before each call, median of 30, ms (dense / colgemm): 2x512x7x7 -> 512
+#: 3x3 forward 3.69 / 3.24 (estimated 2.75 / 3.18 without this term: fitted on warm calls), 8x512x4x4 -> 256 2.38 /
+#: 2.27 (2.06 / 2.11); the loops stay ahead at 2x256x14x14 -> 256 (3.06 / 4.13) and 8x256x4x4 -> 256 (1.11 / 1.20).
+WEIGHT_COPY = 2 * COPY
 #: Q0 of the dense loops per number of spatial dims (3-D: short rows of few planes pad the grid more: a 2x7x7 output
 #: ran them at 29 GMAC/s against 47-51 at 4x14x14 and 8x28x28).
 LOOP_Q0 = {1: 10, 2: 10, 3: 70}
@@ -128,8 +135,9 @@ class Rates:
     - ``loop_big_weights_fwd``: the stride-1 forward's ``loop_big_weights`` where set (None: the same). Zen 4, issue
       25's twelfth session, two threads, min of 40 alternating, ms (dense / colgemm / torch): ResNet-18 224's
       2x512x7x7 -> 512 3x3 forward 2.80-2.82 / 3.44-3.49 / 2.63-2.67 once the loops skipped the padding's columns
-      (estimated at 1.5: 3.44 / 3.18); its backward keeps colgemm (6.5-7.2 against the loops' 8.1-8.9), so the factor
-      is the forward's alone: 1.2. Of 2823 random forwards the candidates weigh, 127 then pick the loops (from
+      (warm: with its weights cold, as in a model, 3.69 / 3.24, and WEIGHT_COPY picks colgemm again); its backward
+      keeps colgemm (6.5-7.2 against the loops' 8.1-8.9): the factor is the forward's alone, 1.2. Of 2823 random
+      forwards the candidates weigh, 127 then pick the loops (from
       small-c-blocks, colgemm, grid-forward); eight of them measured, the loops 15-60% faster each (8x512x4x4 -> 256
       1.46 against colgemm's 2.14 ms, 16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7, 1x256x28x28 -> 512 9.0
       against grid-forward's 15.0). AVX-512 builds only (:data:`BIG_WEIGHTS_FWD_ISAS`);
@@ -307,9 +315,8 @@ def _colgemm_blocks(p, cores: int = CORES) -> int:
     return min(cores, max(1, g * Cog * Cg * K * N * Q >> 22))
 
 
-#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512. The AVX2 build's 8-float
-#: blocks lost there (AVX2 stand-in on Zen 4, two threads, ms, dense / colgemm: 2x512x7x7 -> 512 3x3 6.2 / 4.0,
-#: 2x256x14x14 -> 512 8.0 / 6.3), so it keeps ``loop_big_weights``.
+#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512 (the AVX2 build's 8-float blocks
+#: lost: stand-in on Zen 4, two threads, ms, dense / colgemm: 2x512x7x7 -> 512 3x3 6.2 / 4.0, 2x256x14x14 8.0 / 6.3).
 BIG_WEIGHTS_FWD_ISAS = ("avx512",)
 
 
@@ -401,6 +408,7 @@ def dense_forward(p, output: str = "y") -> float:
     N, Cg, Cog, g, K, Q = _sizes(p)
     q0, r = LOOP_Q0[len(p.kernel)], rates()
     big = big_weights(p, r)
+    weights = WEIGHT_COPY * g * Cog * Cg * K          # their tap-major copy, each call (dense_weights.tap_major)
     if any(s != 1 for s in p.stride):          # x's phase rows copied, then the loops over the output's positions
         if not dense_strided.computes(p):
             return math.inf
@@ -412,11 +420,11 @@ def dense_forward(p, output: str = "y") -> float:
                 return math.inf
             q0 = r.strided_q0
         sums = big * dense_strided.tap_share(p) * N * g * Cog * Cg * K * Q / (r.loop_macs * Q / (Q + q0))
-        return CALL + (sums + copies) / CORES
+        return CALL + (sums + copies + weights) / CORES
     S = math.prod(p.input_shape[2:])
     big = big_weights(p, r, forward=True)
     share = dx_tap_share(dense_loops.dual(p)) if dense_loops.computes_fprop(p) else 1.0
-    return CALL + big * share * N * g * Cog * Cg * K * Q / (r.loop_macs * S / (S + q0)) / CORES
+    return CALL + (big * share * N * g * Cog * Cg * K * Q / (r.loop_macs * S / (S + q0)) + weights) / CORES
 
 
 def dense(p, output: str) -> float:
