@@ -34,21 +34,25 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
     if p.workspace_limit is not None or p.dtype != "float32" or not (need_dx or need_dw):
         return None
     N = p.input_shape[0]
-    last = [None, None, False, 0]   # budget, plan(p, True, True, budget), its copy taking all taps at once, padded row
+    # (budget, plan(p, True, True, budget), whether its dx copies the weights among its jobs, their padded row): one
+    # tuple, replaced whole, so that a thread reads one budget's values together
+    last = [(None, None, False, 0)]
 
     def run(dy, x, w, workers: int, budget: int):
         # Checks and lookups in line, not by helper calls: inside a model the caches are cold at each call and
         # every Python call costs a few µs more (the module docstring).
-        f = last[1]
-        if last[0] != budget:
+        kept_plan = last[0]
+        if kept_plan[0] != budget:
             f = plan(p, True, True, budget)
-            last[:] = budget, f, len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(f.K)), padded_row(f.Cg)
+            kept_plan = last[0] = (budget, f, len(f.dx_jobs) == 1 and f.dx_jobs[0].taps == list(range(f.K)),
+                                   padded_row(f.Cg))
+        _, f, copies_weights, row = kept_plan
         if f.nb < N or not (dy.dtype == _F32 and (fl := dy.flags).c_contiguous and fl.aligned):     # _readable(dy)
             return None
         if need_dw and not (x.dtype == _F32 and (fl := x.flags).c_contiguous and fl.aligned):
             return None
         g, K, Cog, Cg = f.g, f.K, f.Cog, f.Cg
-        if need_dx and not (last[2] and w.dtype == _F32 and (fl := w.flags).c_contiguous and fl.aligned
+        if need_dx and not (copies_weights and w.dtype == _F32 and (fl := w.flags).c_contiguous and fl.aligned
                             and (w.shape[0] // g) % 16 == 0 and w.shape[1] % 16 == 0):   # dense._copies_weights
             return None
         dx = np.empty(p.input_shape, _F32) if need_dx else None
@@ -57,7 +61,7 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
                                                 (f.nb, g, f.Xn, f.ldx) if need_dw else None,
                                                 (g, K, Cog, Cg) if need_dw else None), _F32)
         try:
-            w_copy = (w, np.empty((g, K, Cog, last[3]), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \
+            w_copy = (w, np.empty((g, K, Cog, row), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \
                 if need_dx else None
             skip = need_dw and dense.skips_padding(f, dy)
             kept = f.templates.get((need_dx, need_dw, False, workers, flip if need_dx else None, need_dw, skip))
