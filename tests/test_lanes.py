@@ -383,6 +383,27 @@ def test_a_numpy_backend_subclass_keeps_its_overrides_on_every_call(public_calls
     assert plain._overridden() and not NumpyBackend()._overridden()
 
 
+def test_a_numpy_backend_subclass_keeps_its_dgrad_override_under_a_transposed_lane(public_calls):
+    """The transposed forward's lane runs the backend's dgrad runner: a subclass overriding ``_dgrad`` (what that
+    runner stands in for) gets none, and its override runs on every call."""
+    from xconv_numpy.backend import NumpyBackend
+
+    class Sevens(NumpyBackend):
+        def __init__(self):
+            super().__init__()
+            self.name = "numpy-sevens"
+
+        def _dgrad(self, dy, w, p):
+            return np.full(p.input_shape, 7, np.float32)
+
+    backend = Sevens()
+    x, w = _arrays(c=32, co=32)
+    conf = _conf(transposed=True, backend=backend.name)
+    with registered(backend):
+        got = [lanes.fprop(conf, x, w, None, conf.kwargs) for _ in range(3)]
+    assert all(np.all(y == 7) for y in got)
+
+
 TRANSPOSED = [  # (x shape, w shape, stride, padding, output_padding, groups, dilation, a runner expected)
     ((4, 32, 8, 8), (32, 16, 2, 2), (2, 2), ((0, 0), (0, 0)), (0, 0), 1, (1, 1), True),        # U-Net's up-sampling
     ((2, 32, 6, 6), (32, 32, 3, 3), (1, 1), ((1, 1), (1, 1)), (0, 0), 1, (1, 1), True),        # the dense template
@@ -439,6 +460,7 @@ def test_a_backends_dgrad_runner_serves_its_transposed_lane_or_declines():
     class Laned(SpyBackend):
         mode = "serve"
         asked = ()
+        lane_dgrad = True
 
         def lane(self, p, op, mask=None):
             self.asked += ((op, p.transposed),)
@@ -468,3 +490,24 @@ def test_a_backends_dgrad_runner_serves_its_transposed_lane_or_declines():
             backend.calls.clear()
             assert np.array_equal(lanes.fprop(c, x, w, b, c.kwargs), want)
             assert [call[0] for call in backend.calls] == ([] if mode == "serve" else ["dgrad"])   # the primitive
+
+
+def test_a_backend_whose_lane_knows_two_ops_is_never_asked_for_dgrad(public_calls):
+    """``lane(q, "dgrad")`` is asked only of a backend declaring ``lane_dgrad = True``: a plugin's ``lane`` written
+    for fprop and backward alone (here: a backward runner for any other op) keeps working on transposed calls."""
+    x, w = _arrays(c=4, co=6)
+    w = np.ascontiguousarray(w.transpose(1, 0, 2, 3))
+
+    class Older(SpyBackend):
+        asked = ()
+
+        def lane(self, p, op, mask=None):
+            self.asked += (op,)
+            return None if op == "fprop" else (lambda dy, x, w: self.backward(dy, x, w, p, mask))
+
+    backend = Older("older-lane")
+    conf = torch_ops.Conf((1, 1), ((1, 1), (1, 1)), (1, 1), 1, True, (0, 0), False, "keep_dtype", backend.name)
+    with registered(backend):
+        want = xconv.conv_fprop(x, w, **conf.kwargs())
+        got = [lanes.fprop(conf, x, w, None, conf.kwargs) for _ in range(3)]
+    assert all(np.array_equal(y, want) for y in got) and "dgrad" not in backend.asked

@@ -437,8 +437,8 @@ def test_dx_and_dw_take_one_path_where_the_two_together_cost_less_than_apart(mon
 def test_the_stride_1_forward_weighs_big_weights_by_its_own_factor_on_the_avx512_build(monkeypatch):
     """zen4: the dense forward's big-weights factor is loop_big_weights_fwd (1.2) on the AVX-512 build, the loops'
     1.5 elsewhere and for the gradients; with the weights' copy each call (cost.WEIGHT_COPY: cold in a model) ResNet-18
-    224's 2x512x7x7 -> 512 3x3 forward takes colgemm on both builds (cold, ms: 3.24 against the loops' 3.69 on
-    AVX-512, 4.0 against 6.2 on AVX2), and its backward too (6.5-7.2 against the loops' 8.1-8.9)."""
+    224's 2x512x7x7 -> 512 3x3 forward takes colgemm on both builds (ms: cold 3.24 against the loops' 3.69 on
+    AVX-512; warm 4.0 against 6.2 on AVX2), and its backward too (6.5-7.2 against the loops' 8.1-8.9)."""
     from xconv_numpy import native
     if native.library() is None:
         pytest.skip(f"the compiled loops are not loaded here: {native.load_error()}")

@@ -180,3 +180,34 @@ def test_repeated_pointwise_calls_skip_the_dispatch_with_its_bits(groups, monkey
             xconv.conv_fprop(x, w, bias=b, **conf.kwargs())
         assert t.records[-1].path.startswith("pointwise") and dispatched == ["fprop"]
     lanes.clear()
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: f"{c[0]}")
+def test_the_runner_hands_the_kept_template_its_own_key_and_bases(case, monkeypatch):
+    """The runner writes dense._kept_template's lookup in line (its key, its bases in order): each repeated call runs
+    the very template the dispatch kept, with bases of the same kinds in the same places as the dispatch's
+    (a template given another array in a place would read or write the wrong memory)."""
+    from xconv_numpy import jobs
+
+    runs = []
+    real = jobs._execute_template
+    kinds = lambda bases: [None if b is None else (type(b).__name__, getattr(b, "shape", None)) for b in bases]
+
+    def checked(t, bases, *args):                # compared before the template runs: a wrong base would corrupt memory
+        runs.append((t, bases))
+        if len(runs) == 2:
+            assert runs[1][0] is runs[0][0] and kinds(runs[1][1]) == kinds(runs[0][1])
+        return real(t, bases, *args)
+    monkeypatch.setattr(jobs, "_execute_template", checked)
+    xs, ws, stride, padding, dilation, groups = case
+    conf = _conf(len(xs) - 2, stride, padding, dilation, groups)
+    x, w, _, dy = _data(*case)
+    lanes.clear()
+    with paths.force("dense"):
+        for call in [lambda: lanes.fprop(conf, x, w, None, conf.kwargs)] + [
+                lambda m=m: lanes.backward(conf, dy, x, w, None, m, conf.kwargs) for m in MASKS if not m[2]]:
+            runs.clear()
+            call()                                   # the public call: the dispatch (its template kept)
+            call()                                   # the lane's: the runner
+            assert len(runs) == 2
+    lanes.clear()

@@ -4,6 +4,10 @@ Truth: the documented unit table (every unit a power of 1024), hand-computed byt
 does after the environment changes (the plan cache must key on the settings snapshot).
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -169,3 +173,38 @@ def test_cudnn_plugin_reads_its_own_variables_at_use_only(monkeypatch):
 @pytest.mark.parametrize("text", ["AVX2", "Avx512", " BASELINE "])
 def test_numpy_isa_takes_any_case_like_the_switches(text):
     assert settings.from_environ({"XCONV_NUMPY_ISA": text}).numpy_isa == text.strip().lower()
+
+
+def test_one_reads_a_single_variable_and_follows_it(monkeypatch):
+    """settings.one(field) is current().<field> from that variable alone: it follows the variable's changes and names
+    it when bad, while another variable's bad value is left to the calls that validate them all."""
+    monkeypatch.delenv("XCONV_NUMPY_OPENMP", raising=False)
+    assert settings.one("numpy_openmp") is True
+    monkeypatch.setenv("XCONV_NUMPY_OPENMP", "off")
+    assert settings.one("numpy_openmp") is False
+    monkeypatch.setenv("XCONV_NUMPY_OPENMP", "maybe")
+    with pytest.raises(ConfigError, match="XCONV_NUMPY_OPENMP"):
+        settings.one("numpy_openmp")
+    monkeypatch.setenv("XCONV_NUMPY_OPENMP", "1")
+    monkeypatch.setenv("XCONV_NUMPY_ISA", "bogus")
+    assert settings.one("numpy_openmp") is True
+    with pytest.raises(ConfigError, match="XCONV_NUMPY_ISA"):
+        settings.current()
+
+
+def test_a_bad_variable_never_leaves_the_compiled_loops_unloaded():
+    """Before the compiled library is loaded, the compiled parts' switch (native.part_on) validates every variable:
+    a bad XCONV_NUMPY_ISA at a helper's first call raises, and does not become the library's lasting load failure
+    (a fresh process: the library loads once per process)."""
+    from xconv_numpy import native
+    if native.library() is None:
+        pytest.skip(f"the compiled loops are not built here: {native.load_error()}")
+    code = ("import os; from xconv import ConfigError; from xconv_numpy import dense, native\n"
+            "os.environ['XCONV_NUMPY_ISA'] = 'bogus'\n"
+            "try:\n    dense.available(); print('no error')\nexcept ConfigError as e:\n    print('ConfigError')\n"
+            "del os.environ['XCONV_NUMPY_ISA']\n"
+            "print(dense.available(), native.load_error())\n")
+    env = {k: v for k, v in os.environ.items() if k != "XCONV_NUMPY_ISA"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ConfigError", "True", "None"], out.stdout

@@ -115,14 +115,18 @@ class Backend:
                 self.wgrad(x, dy, p) if mask[1] else None,
                 self.bgrad(dy, p) if mask[2] else None)
 
+    #: Whether :meth:`lane` serves op ``"dgrad"``: set True next to the ``lane`` that does (in the class that defines
+    #: it; a subclass overriding ``lane`` does not inherit it), else that op is never asked (an older ``lane`` knows two).
+    lane_dgrad: bool = False
+
     def lane(self, p: ConvParams, op: str, mask: tuple[bool, bool, bool] | None = None):
         """Optional: a runner for the repeated calls of one configuration that :mod:`xconv.lanes` makes (op
-        ``"fprop"``: ``runner(x, w, bias)``; ``"backward"``: ``runner(dy, x, w)`` for ``mask``; ``"dgrad"``:
-        ``runner(dy, w)``, in place of ``dgrad``, for a transposed forward that legalization runs as one), asked once when a
-        lane opens on ``p`` and called with arrays of the signatures the lane was opened for, in place of
-        ``fprop``/``backward`` (which the lane reaches only where legalization rewrites nothing). It returns what the
-        primitive returns (the same values, bits and errors), or ``NotImplemented`` to decline that call (the lane
-        then calls the primitive). None (the default): no runner."""
+        ``"fprop"``: ``runner(x, w, bias)``; ``"backward"``: ``runner(dy, x, w)`` for ``mask``; ``"dgrad"``, where
+        :attr:`lane_dgrad`: ``runner(dy, w)`` in place of ``dgrad``, for a transposed forward that legalization runs
+        as one), asked once when a lane opens on ``p`` and called with arrays of the signatures the lane was opened
+        for, in place of ``fprop``/``backward`` (which the lane reaches only where legalization rewrites nothing). It
+        returns what the primitive returns (the same values, bits and errors), or ``NotImplemented`` to decline that
+        call (the lane then calls the primitive). None (the default): no runner."""
         return None
 
     def info(self) -> BackendInfo:

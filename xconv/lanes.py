@@ -163,6 +163,8 @@ def _transposed_runner(b, p):
     (:func:`xconv.legalize.transposed_dgrad`) and the backend offers a runner for that (``b.lane(q, "dgrad")``):
     what :func:`xconv.legalize.fprop` does (the dgrad primitive's call, its result checked, the bias added), without
     the legalization's per-call decisions; else None."""
+    if not _lane_serves_dgrad(b):                        # a backend's lane that knows only fprop and backward
+        return None
     try:
         q = legalize.transposed_dgrad(b, p)
         make = getattr(b, "lane", None)
@@ -179,6 +181,17 @@ def _transposed_runner(b, p):
             return NotImplemented
         return legalize._add_bias(legalize._expect(b, dx, shape, "grad_input"), bias, (x, w))
     return run
+
+
+def _lane_serves_dgrad(b) -> bool:
+    """Whether the ``lane`` that ``b`` has declares op "dgrad": ``lane_dgrad = True`` where that ``lane`` is defined
+    (the instance, or the class of its type's MRO that defines it), so that a subclass overriding ``lane`` with one
+    of two ops does not inherit its base's declaration."""
+    for owner in (b, *type(b).__mro__):
+        found = vars(owner) if hasattr(owner, "__dict__") else {}
+        if "lane" in found:
+            return found.get("lane_dgrad") is True
+    return False
 
 
 def clear() -> None:

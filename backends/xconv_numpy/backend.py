@@ -133,6 +133,9 @@ class NumpyBackend(Backend):
             return reference.bgrad(dy, p, self._acc(p))
         return fast.bgrad(dy, p)
 
+    #: Its lane serves op "dgrad" (:meth:`xconv.backend.Backend.lane`): the transposed forwards' runner.
+    lane_dgrad = True
+
     def lane(self, p, op, mask=None):
         """A runner for a lane's repeated calls of ``p`` (:meth:`xconv.backend.Backend.lane`): the fast path's on the
         paths chosen once (:func:`.lane_runner.runner`); None for numpy-exact, where a call of ``p`` is refused or runs
@@ -146,7 +149,7 @@ class NumpyBackend(Backend):
 
     def _overridden(self) -> bool:
         """Whether a primitive a runner stands in for is not NumpyBackend's own (on the class or the instance)."""
-        names = ("fprop", "backward", "dgrad", "wgrad", "bgrad", "_fprop", "_backward", "_begin")
+        names = ("fprop", "backward", "dgrad", "wgrad", "bgrad", "_fprop", "_backward", "_dgrad", "_begin")
         return any(name in vars(self) or getattr(type(self), name) is not getattr(NumpyBackend, name)
                    for name in names)
 

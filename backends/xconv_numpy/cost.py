@@ -134,13 +134,12 @@ class Rates:
     - ``small_cols_call``: :data:`SMALL_COLS_CALL` where set (0: none);
     - ``loop_big_weights_fwd``: the stride-1 forward's ``loop_big_weights`` where set (None: the same). Zen 4, issue
       25's twelfth session, two threads, min of 40 alternating, ms (dense / colgemm / torch): ResNet-18 224's
-      2x512x7x7 -> 512 3x3 forward 2.80-2.82 / 3.44-3.49 / 2.63-2.67 once the loops skipped the padding's columns
-      (warm: with its weights cold, as in a model, 3.69 / 3.24, and WEIGHT_COPY picks colgemm again); its backward
-      keeps colgemm (6.5-7.2 against the loops' 8.1-8.9): the factor is the forward's alone, 1.2. Of 2823 random
-      forwards the candidates weigh, 127 then pick the loops (from
-      small-c-blocks, colgemm, grid-forward); eight of them measured, the loops 15-60% faster each (8x512x4x4 -> 256
-      1.46 against colgemm's 2.14 ms, 16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7, 1x256x28x28 -> 512 9.0
-      against grid-forward's 15.0). AVX-512 builds only (:data:`BIG_WEIGHTS_FWD_ISAS`);
+      2x512x7x7 -> 512 3x3 forward, warm, 2.80-2.82 / 3.44-3.49 / 2.63-2.67 once the loops skipped the padding's
+      columns (its backward keeps colgemm, 6.5-7.2 against the loops' 8.1-8.9: the factor is the forward's alone,
+      1.2); of 2823 random forwards the candidates weigh, 127 then picked the loops, eight measured warm 15-60% faster
+      (16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7 ms, 1x256x28x28 -> 512 9.0 against grid-forward's
+      15.0). With its weights cold, as in a model, that forward ran 3.69 / 3.24 and 8x512x4x4 -> 256 2.38 / 2.27:
+      :data:`WEIGHT_COPY` now gives both to colgemm. AVX-512 builds only (:data:`BIG_WEIGHTS_FWD_ISAS`);
     - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
       :func:`backward_pair`);
     - ``strided_q0``: the Q0 of the dense loops' strided forward on rows shorter than ``dense.STRIDED_MIN_ROW`` (None:
@@ -315,8 +314,9 @@ def _colgemm_blocks(p, cores: int = CORES) -> int:
     return min(cores, max(1, g * Cog * Cg * K * N * Q >> 22))
 
 
-#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512 (the AVX2 build's 8-float blocks
-#: lost: stand-in on Zen 4, two threads, ms, dense / colgemm: 2x512x7x7 -> 512 3x3 6.2 / 4.0, 2x256x14x14 8.0 / 6.3).
+#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512 (the AVX2 build's 8-float
+#: blocks lost: stand-in on Zen 4, two threads, ms, dense / colgemm: 2x512x7x7 -> 512 3x3 6.2 / 4.0, 2x256x14x14 8.0 /
+#: 6.3).
 BIG_WEIGHTS_FWD_ISAS = ("avx512",)
 
 

@@ -5,8 +5,8 @@ samples from a job template kept on its plan (:func:`.dense._run_planned`). Betw
 nothing it decides changes but the arrays' addresses, yet each call decides it all again in Python: 50-80 µs of a
 model step's convolution, as much as a small layer's loops. Inside a model each call also finds the caches cold (the
 layers before it streamed their weights and activations through them), and every Python call then costs a few µs
-more than it does hot: :func:`runner`'s checks are written in line. :func:`runner` makes, once per configuration and mask,
-a function that takes the arrays, leases the same scratch and runs the kept template: the same jobs on the same
+more than it does hot: :func:`runner`'s checks are written in line. :func:`runner` makes, once per configuration and
+mask, a function that takes the arrays, leases the same scratch and runs the kept template: the same jobs on the same
 kinds of buffers, so the same bits. Where a call is not the template's (another dtype or layout, weights the copy
 jobs do not take, no template kept yet for the workers and budget of this call, or a weight found not finite in its
 copy) it returns None and the caller runs :func:`.dense.backward` / :func:`.dense.fprop`, which decide as always.

@@ -43,6 +43,7 @@ def runner(p: ConvParams, op: str, mask=None):
         quick = _quick_backward(*chosen, p)
 
     def run_lane(*arrays):
+        # (paths._open_blocks[0] == 0: no force block open in any thread, unforced()'s first test, in line)
         if not (default and (paths._open_blocks[0] == 0 or paths.unforced())) and paths._state() != forced:
             return NotImplemented
         if quick is not None:                        # its NumPy arithmetic under errstate: see _quiet
@@ -65,6 +66,7 @@ def _dgrad_runner(p: ConvParams):
     quick = _quick_backward(*chosen, p) if len(runs) == 1 and runs[0][0].name == "dense" else None
 
     def run_lane(dy, w):
+        # (paths._open_blocks[0] == 0: no force block open in any thread, unforced()'s first test, in line)
         if not (default and (paths._open_blocks[0] == 0 or paths.unforced())) and paths._state() != forced:
             return NotImplemented
         if quick is not None:

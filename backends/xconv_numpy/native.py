@@ -139,7 +139,9 @@ def load_error() -> str | None:
 def part_on(switch: str) -> bool:
     """Whether a compiled part may run: its switch (a :class:`xconv.settings.Settings` field, ``numpy_c`` or
     ``numpy_direct``: ``$XCONV_NUMPY_C``, ``$XCONV_NUMPY_DIRECT``) is on and the library loaded."""
-    return settings.one(switch) and (LIBRARY._value or LIBRARY.get()) is not None      # (library(), in line)
+    if LIBRARY._value is None:                           # load() reads every setting: validate them all first
+        return getattr(settings.current(), switch) and library() is not None
+    return settings.one(switch)                          # loaded: read this switch alone (the hot paths' call)
 
 
 def switch_variable(switch: str) -> str:

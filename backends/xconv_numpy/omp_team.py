@@ -60,7 +60,7 @@ def _torch_libgomp_path() -> str | None:
 def _library():
     """torch's libgomp as a ctypes library, or None; looked up once per process, once torch is imported. Every call
     reads ``XCONV_NUMPY_OPENMP`` anew (alone: :func:`xconv.settings.one`) and the pid (a forked child's differs)."""
-    if _state["pid"] == os.getpid() and settings.one("numpy_openmp"):      # (the usual call: looked up already)
+    if _looked_up_here():                                # the usual call
         return _state["lib"]
     if not settings.current().numpy_openmp or "torch" not in sys.modules or forking.forked():
         return None
@@ -76,6 +76,12 @@ def _library():
         elif _state["pid"] != pid:
             return None                                 # a forked child: libgomp's pool did not survive the fork
         return _state["lib"]
+
+
+def _looked_up_here() -> bool:
+    """:func:`_library`'s usual case, its lookup made in this process (not a forked child), the team switched on:
+    ``_state["lib"]`` is the answer. Reads ``XCONV_NUMPY_OPENMP`` alone (:func:`xconv.settings.one`)."""
+    return _state["pid"] == os.getpid() and not forking._forked and settings.one("numpy_openmp")
 
 
 def _load():
@@ -104,7 +110,7 @@ def gomp_parallel_address() -> int | None:
 def team_functions() -> tuple:
     """(GOMP_parallel's address, omp_in_parallel's) of torch's libgomp for C code that checks whether it may start a
     region itself (csrc/template_run.c), or (None, None) where :func:`parallel` would never run on the team."""
-    lib = _state["lib"] if _state["pid"] == os.getpid() and settings.one("numpy_openmp") else _library()   # (_library's usual case)
+    lib = _state["lib"] if _looked_up_here() else _library()
     if lib is None:
         return None, None
     return _state["address"], _state["in_parallel"]
@@ -112,7 +118,7 @@ def team_functions() -> tuple:
 
 def available() -> bool:
     """Whether :func:`parallel` would run on torch's OpenMP threads from this thread."""
-    lib = _state["lib"] if _state["pid"] == os.getpid() and settings.one("numpy_openmp") else _library()   # (_library's usual case)
+    lib = _state["lib"] if _looked_up_here() else _library()
     return lib is not None and not lib.omp_in_parallel()
 
 
