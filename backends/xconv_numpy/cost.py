@@ -17,54 +17,37 @@ the path keeps busy, :data:`CORES` assumed):
   the columns it builds or folds back;
 - ``colgemm``'s column elements past ``COPY_CACHED`` cost ``COPY_BIG`` each (a 1-D k=5 layer of 16x1024
   positions: 81 ms against the dense loops' 58);
-- ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS * Q / (Q + LOOP_Q0)`` multiply-adds
-  per second, Q the output positions per sample (the loops vectorize and block along a sample's
-  positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their
-  grids more: a larger Q0), times up to ``Rates.loop_big_weights`` when one group's weights outgrow a core's L2
-  (:func:`big_weights`); for dx
-  and the forward only the multiply-adds the loops run (``dense_plan.dx_tap_share``: taps that read only padding rows
-  are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build) over the output positions, the
-  tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY`` per element, without
-  ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never exempt); the forward
-  also its copy of the weights (``WEIGHT_COPY`` per element: cold in a model);
+- ``dense`` (the dense C loops, csrc/direct_conv.c; the forward through the dual call's input gradient): ``LOOP_MACS *
+  Q / (Q + LOOP_Q0)`` multiply-adds per second, Q the output positions per sample (the loops vectorize and block along
+  a sample's positions: a 2x2 output runs them at a fifth of their rate; 3-D outputs of few short rows pad their grids
+  more: a larger Q0), times up to ``Rates.loop_big_weights`` when one group's weights outgrow a core's L2
+  (:func:`big_weights`); for dx and the forward only the multiply-adds the loops run (``dense_plan.dx_tap_share``:
+  taps that read only padding rows are skipped); the forward at strides above 1 (``dense_strided``, the AVX-512 build)
+  over the output positions, the tap rows inside x only (``dense_strided.tap_share``), plus x's phase rows at ``COPY``
+  per element, without ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never
+  exempt); the forward also its copy of the weights (``WEIGHT_COPY`` per element: cold in a model);
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, in sample blocks): the forward's, the small
   path's estimate over the cores; the backward is not weighed: it replaces ``small-c`` where the model picks that
   for an output and the samples make two or more blocks (``paths.cost_pick``);
 - ``grid-forward`` (the grid engine's x-columns forward): colgemm's product model, columns only for kernels with
   several taps;
-- ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R * Q/(Q+Q0) *
-  K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
-  gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's
-  0.14), else colgemm's model on one core; ``small-cols`` weighed against the others ``Rates.small_cols_call``
-  more (its Python steps in a model step);
-- ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies;
+- ``small-c`` / ``small-cols`` (the small paths: one core, ``SMALL_CALL`` per call): at stride 1 its loops at ``R *
+  Q/(Q+Q0) * K/(K+K0)`` per output (:data:`SMALL_LOOPS`: they block over taps, so few taps, above all for the weight
+  gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's 0.14), else
+  colgemm's model on one core; ``small-cols`` weighed against the others ``Rates.small_cols_call`` more (its Python
+  steps in a model step);
+- ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies, one job per sample and group (fewer
+  jobs than cores keep fewer cores busy); the forward's at ``Rates.pointwise_fwd`` times their estimate;
 - every other path pays ``CALL`` per output.
 
-Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core
-at a time (thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel): ResNet-18 at 64 and
-224 pixels, MobileNetV2 0.5 expansion and projection 1x1s, U-Net 3x3s and its 2x2 stride-2 transposed
-convolutions, the wav2vec 1-D encoder, a 3-D conv net. RMS error of log time: colgemm 0.19, direct 0.32,
-small 0.23 (forward), 0.47 (dx), 0.30 (dw) (a factor of about 1.2-1.6). benchmarks/models.py --breakdown shows each layer's path and rate.
+Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core at a time
+(thread CPU time; AMD Zen 4, AVX-512 build, OpenBLAS SkylakeX kernel): ResNet-18 at 64 and 224 pixels, MobileNetV2 0.5
+expansion and projection 1x1s, U-Net 3x3s and its 2x2 stride-2 transposed convolutions, the wav2vec 1-D encoder, a 3-D
+conv net. RMS error of log time: colgemm 0.19, direct 0.32, small 0.23 (forward), 0.47 (dx), 0.30 (dw) (a factor of
+about 1.2-1.6). benchmarks/models.py --breakdown shows each layer's path and rate.
 
-Refit of the dense loops (issue 25, second pass; AMD EPYC Zen 4, AVX-512 build, OpenBLAS SkylakeX; one
-thread, process CPU time, best of 5, machine load 1.5-3): per output, measured ms of one core against the
-estimate of two (colgemm came out at 1.8-2.1x its estimate on every shape, the dense loops at 1.4-1.6x
-where Q >= 16 with small weights: they were costed 25% too slow, so colgemm won shapes the loops run
-faster; 128x128x3x3x3, 2^18.8 weight elements, still runs them at 47-51). Rates of the loops (one core,
-GMAC/s): Q=4 (2-D) 10-17, Q=16 31-33, Q=64 36-48, Q>=256 45-51; 3-D Q=98 26-32, Q=784 47-51; weights of 2^19
-elements or more: 512x512x3x3 at 2x7x7 9, 256->512 3x3 s2 15, 1-D 512x512x2 s2 29.
-
-=========================================  =================  ==========  =========  =========
-shape (x; w; stride), ResNet-18 / 224 px   dx+dw ms, 1 core   colgemm     dense      pick now
-=========================================  =================  ==========  =========  =========
-8x128x8x8; 128x128x3x3                     dx / dw            2.13/2.34   1.58/1.80  dense
-8x64x16x16; 128x64x3x3; s2                 dx / dw            1.13/1.21   1.06/1.02  dense
-8x256x4x4; 256x256x3x3                     dx / dw            2.05/2.18   2.42/2.26  colgemm
-2x512x7x7; 512x512x3x3                     dx + dw            13.6        50.0       colgemm
-2x256x14x14; 512x256x3x3; s2               dx + dw            6.75        10.3       colgemm
-4x512x99; 512x512x2; s2 (1-D)              dx + dw            5.37        7.10       colgemm
-4x512x3199; 512x512x3; s2 (1-D)            dx + dw            225         231        colgemm
-=========================================  =================  ==========  =========  =========
+The dense loops' refit of issue 25's second pass (the rates per output on ResNet-18's shapes) is in
+docs/numpy-backend.md, *The cost model*.
 """
 
 from __future__ import annotations
@@ -137,19 +120,26 @@ class Rates:
       2x512x7x7 -> 512 3x3 forward, warm, 2.80-2.82 / 3.44-3.49 / 2.63-2.67 once the loops skipped the padding's
       columns (its backward keeps colgemm, 6.5-7.2 against the loops' 8.1-8.9: the factor is the forward's alone,
       1.2); of 2823 random forwards the candidates weigh, 127 then picked the loops, eight measured warm 15-60% faster
-      (16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7 ms, 1x256x28x28 -> 512 9.0 against grid-forward's
-      15.0). With its weights cold, as in a model, that forward ran 3.69 / 3.24 and 8x512x4x4 -> 256 2.38 / 2.27:
+      (16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7 ms, 1x256x28x28 -> 512 9.0 against grid-forward's 15.0).
+      With its weights cold, as in a model, that forward ran 3.69 / 3.24 and 8x512x4x4 -> 256 2.38 / 2.27:
       :data:`WEIGHT_COPY` now gives both to colgemm. AVX-512 builds only (:data:`BIG_WEIGHTS_FWD_ISAS`);
     - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
       :func:`backward_pair`);
     - ``strided_q0``: the Q0 of the dense loops' strided forward on rows shorter than ``dense.STRIDED_MIN_ROW`` (None:
-      such rows cost infinity, never picked). Zen 4, issue 25's ninth
-      session, each in lane runs (the public call's repeated form), alternating in one process, ms, loops / colgemm /
-      torch: ResNet-18 64's 8x128x8x8 -> 256 3x3 stride 2 (4x4 outputs, rows of 4) two threads 0.58-1.07 / 0.73-1.32 /
-      0.46-0.75 over four rounds, one thread 0.88 / 1.11-1.24; Q0 10 costed the loops 0.59 against colgemm's 0.55, 5
-      costs them 0.49. Rows of 2 keep colgemm (8x256x4x4 -> 512 s2: 0.93 / 0.68 / 0.62) and so do 512x256x3x3
-      weights at 7x7 outputs (2x256x14x14 s2: 2.32 / 2.13 / 1.53).
-    ``small_cols_call`` and ``split_call`` were measured on Zen 4 only: Intel keeps the picks it had without them."""
+      such rows cost infinity, never picked). Zen 4, issue 25's ninth session, each in lane runs (the public call's
+      repeated form), alternating in one process, ms, loops / colgemm / torch: ResNet-18 64's 8x128x8x8 -> 256 3x3
+      stride 2 (4x4 outputs, rows of 4) two threads 0.58-1.07 / 0.73-1.32 / 0.46-0.75 over four rounds, one thread
+      0.88 / 1.11-1.24; Q0 10 costed the loops 0.59 against colgemm's 0.55, 5 costs them 0.49. Rows of 2 keep colgemm
+      (8x256x4x4 -> 512 s2: 0.93 / 0.68 / 0.62) and so do 512x256x3x3 weights at 7x7 outputs (2x256x14x14 s2: 2.32 /
+      2.13 / 1.53).
+    - ``pointwise_fwd``: the pointwise forward's products at this times their estimate (where set). Zen 4, issue 25's
+      fourteenth session, two threads, min of 9 alternating: over 29 1x1 stride-1 forwards (MobileNetV2's, ResNet-50's
+      bottleneck 1x1s, U-Net's head) measured/estimated 0.25-1.14, median 0.79 (no copies: x and y read and written in
+      place, where colgemm and the grid engine copy both); the model had picked colgemm or the grid engine for 12 of
+      them at 1.4-3.4x pointwise's time (32x64x8x8 -> 64: 443 against 130 us; 8x128x64x64 -> 8: 2.26 against 1.46 ms),
+      geomean regret 1.23, now 1.03 (the largest, 1.54, two small calls the small path's size rule keeps).
+    ``small_cols_call``, ``split_call`` and ``pointwise_fwd`` were measured on Zen 4 only: Intel keeps the picks it
+    had."""
 
     blas_macs: float
     loop_macs: float
@@ -167,6 +157,7 @@ class Rates:
     split_call: float | None = None
     strided_q0: int | None = None
     loop_big_weights_fwd: float | None = None
+    pointwise_fwd: float = 1.0
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -194,7 +185,8 @@ class Rates:
 RATES = {
     "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
                   stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
-                  small_cols_call=60e-6, split_call=250e-6, strided_q0=5, loop_big_weights_fwd=1.2),
+                  small_cols_call=60e-6, split_call=250e-6, strided_q0=5, loop_big_weights_fwd=1.2,
+                  pointwise_fwd=0.8),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -369,11 +361,14 @@ POINTWISE_CALL = 60e-6
 
 
 def pointwise(p, output: str) -> float:
-    """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small."""
+    """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small; one job
+    per sample and group (the forward's N * g jobs take ceil(N * g / CORES) rounds of the cores)."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
     planned = pointwise_planned.takes(p)[output == "dw"]           # its job tables kept: float32, within bounds
     call = CALL if planned else POINTWISE_CALL
+    if output == "y":                  # measured (Rates.pointwise_fwd); the backward's as fitted before
+        return call + rates().pointwise_fwd * -(-N * g // CORES) * _blas(m, n, k)
     return call + N * g * _blas(m, n, k) / CORES
 
 
