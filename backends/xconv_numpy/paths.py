@@ -1,9 +1,8 @@
 """Which path of the fast NumPy backend computes a call, and why: one table, read top to bottom.
 
-A :class:`Path` says how an output is computed; :data:`RULES` lists, per op, the rules in the order they are
-tried; :func:`choose` (cached) is the only place a path is picked, once per output (``grad_input``,
-``grad_weight``, ``grad_bias``; ``output`` for the forward) and returns the path and the rule that chose it.
-``docs/numpy-backend.md`` shows the table and how to add a path.
+A :class:`Path` says how an output is computed; :data:`RULES` lists, per op, the rules in the order they are tried;
+:func:`choose` (cached) is the only place a path is picked, once per output (``grad_input``, ``grad_weight``,
+``grad_bias``; ``output`` for the forward) and returns the path and the rule that chose it (docs/numpy-backend.md).
 
 Cross-cutting rules, written once here:
 
@@ -13,17 +12,16 @@ Cross-cutting rules, written once here:
 - **non-finite detour**: a path with ``nonfinite="detour"`` multiplies zeros the definition never multiplies, so a
   call whose inputs hold a NaN or an infinity runs on ``columns`` instead (checked in :mod:`.fast` at run time;
   ``"self-check"``: the path checks on the way and says so; ``"keeps"``: the path keeps them as the reference);
-- **BLAS policy**: ``"pinned"`` runs under one BLAS thread per worker (:mod:`.blas`), ``"none"`` calls no BLAS
-  and is not pinned, ``"own"`` pins inside the path;
-- **trace note**: the path's ``note`` and the rule's name go to the trace record (``xconv.trace()``,
-  ``xconv run --explain``).
+- **BLAS policy**: ``"pinned"`` runs under one BLAS thread per worker (:mod:`.blas`), ``"none"`` calls no BLAS and
+  is not pinned, ``"own"`` pins inside the path; **trace note**: the path's ``note`` and the rule's name go to the
+  trace record (``xconv.trace()``, ``xconv run --explain``).
 
-**Determinism** (docs/semantics.md): no rule reads the output mask or the operands' layout. Every output's path
-is the one the full call (all three outputs) would take for it, so which outputs are requested never changes
-how one of them is computed; grad_bias always has its own path (``bias-sum``: one order for every call).
+**Determinism** (docs/semantics.md): no rule reads the output mask or the operands' layout. Every output's path is
+the one the full call (all three outputs) would take for it, so which outputs are requested never changes how one of
+them is computed; grad_bias always has its own path (``bias-sum``: one order for every call).
 
-Tests and experiments pick a path through :func:`force`, and set how it runs through :func:`tune` (the knobs of
-:mod:`.tuning`), never by patching modules.
+Tests and experiments pick a path through :func:`force` and set how it runs through :func:`tune` (:mod:`.tuning`),
+never by patching modules.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ from xconv.dtypes import DTYPES
 
 from . import bounds, colgemm, columns, cost, dense, depthwise, native, small, stem
 from .tuning import tuned as tune  # noqa: F401  (public: the paths' tuning knobs, tuning.KNOBS)
+from .grid import pointwise_planned
 from .grid.geometry import compute_dtype, geom
 
 OUTPUTS = ("grad_input", "grad_weight", "grad_bias")
@@ -181,21 +180,17 @@ def _grid_without_dense(p, mask):      # not a stem (stem.serves): its weight gr
 #: the dense loops -> 2.55).
 BLOCKS_MIN_MACS = 1 << 22
 
-# (cost_pick) colgemm's forward is a candidate in ``cost.rates().forward_chunks`` chunks of samples (Zen 4: one), or
-# in up to cost.CORES chunks where the dense loops cannot take the forward (stride 2: 8x64x16x16 -> 128 3x3 0.93 ms on
-# the small path's columns -> 0.69 in two chunks, 2x64x56x56 -> 128 2.67 -> 1.6; a stride-1 2x256x14x14 in two chunks
-# 2.8 against the dense loops' 2.45), and of at most ``cost.rates().forward_columns`` output positions (N x spatial;
-# Zen 4: 4096, past which the copy back to (N, C, spatial) costs more than the model counts: a 1x1 at 8x28x28,
-# 256 -> 128, 10-16 ms against the grid's 6).
+# (cost_pick) colgemm's forward is a candidate in at most ``cost.rates().forward_chunks`` sample chunks where the dense
+# loops can take it (else cost.CORES) and at most ``forward_columns`` output positions: measured in cost.Rates.
 
 
 def cost_pick(p, output: str):
-    """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that
-    can run it, as a table path name (a gradient's ``small-c`` as ``small-c-blocks`` where :func:`_in_blocks` and
-    two or more blocks); None where the model does not decide (the rules below it do). A function
-    of the configuration, the build and the kind of CPU (``cost.cpu_kind``: ``$XCONV_NUMPY_CPU`` or read from the CPU;
-    never a clock) only (cached with the table's choice). A backward output's path is the full call's: dx's and dw's
-    are chosen together (``cost.backward_pair``), whatever the mask asks for."""
+    """The path the cost model (:mod:`.cost`) picks for ``output`` ("y", "dx", "dw") of ``p`` among those that can run
+    it, as a table path name (a gradient's ``small-c`` as ``small-c-blocks`` where :func:`_in_blocks` and two or more
+    blocks); None where the model does not decide (the rules below it do). A function of the configuration, the build
+    and the kind of CPU (``cost.cpu_kind``: ``$XCONV_NUMPY_CPU`` or read from the CPU; never a clock) only (cached
+    with the table's choice). A backward output's path is the full call's: dx's and dw's are chosen together
+    (``cost.backward_pair``), whatever the mask asks for."""
     if p.transposed or not small.compiled_available() or columns.serves(p) \
             or (depthwise.serves(p) and not small.before_depthwise(p, output != "y")):
         return None     # the rules above it decide; a depthwise-shaped call that they pass on to the small path
@@ -226,6 +221,12 @@ def _in_blocks(p) -> bool:
             and cost.macs(p) >= BLOCKS_MIN_MACS)
 
 
+def _pointwise_forward(p) -> bool:
+    """A small 1x1 forward on the pointwise path's kept sgemm table (float32; no columns): 12-47% faster than the small
+    path on each one measured (docs/numpy-backend.md, fourteenth session); the backward keeps the small path."""
+    return geom(p).pointwise and pointwise_planned.takes(p)[0]
+
+
 def _candidates(p, output: str):
     """The paths that can run ``output`` of ``p`` for the cost model to weigh (a list), or the one path the small
     path's size rule gives it (a name)."""
@@ -236,7 +237,7 @@ def _candidates(p, output: str):
     small_path = "small-c" if loops else "small-cols"
     cands = [small_path] if served or (same and loops) else []      # its stride-1 loops at any size
     if served and cost.macs(p) <= cost.SMALL_MACS:                  # per-call work decides at this size
-        return small_path
+        return "pointwise" if output == "y" and _pointwise_forward(p) else small_path
     if output == "y":
         dense_fwd = dense.serves_fprop(p)
         chunks = len(colgemm.sample_chunks(p, False, False, True))    # 0: colgemm does not fit the contract

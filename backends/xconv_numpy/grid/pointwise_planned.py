@@ -62,8 +62,12 @@ def _apart(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def fprop(p, x, w, bias, workers: int):
-    """y as :func:`.pointwise.fprop` computes it (the same sgemm calls), or None (see the module docstring)."""
-    return fprop_runner(p)(x, w, bias, workers)
+    """y as :func:`.pointwise.fprop` computes it (the same sgemm calls), or None (see the module docstring); the
+    trace record's scratch: none (the products write y in place)."""
+    y = fprop_runner(p)(x, w, bias, workers)
+    if y is not None:
+        tracing.workspace(0)
+    return y
 
 
 @per_params
