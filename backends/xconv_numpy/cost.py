@@ -36,8 +36,8 @@ the path keeps busy, :data:`CORES` assumed):
   gradient, run them slowly: a 1x1 MobileNet projection at 3x3 pixels measured 1.5 ms against colgemm's 0.14), else
   colgemm's model on one core; ``small-cols`` weighed against the others ``Rates.small_cols_call`` more (its Python
   steps in a model step);
-- ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies, one job per sample and group (fewer
-  jobs than cores keep fewer cores busy); the forward's at ``Rates.pointwise_fwd`` times their estimate;
+- ``pointwise`` (1x1, stride 1, no padding): per-sample products, no copies; where ``Rates.pointwise_fwd`` is set
+  the forward's at that times their estimate, one job per sample and group in rounds of the cores;
 - every other path pays ``CALL`` per output.
 
 Constants fitted (least squares on log time) to 45 real-model layer shapes x 4 outputs measured one core at a time
@@ -132,12 +132,13 @@ class Rates:
       0.88 / 1.11-1.24; Q0 10 costed the loops 0.59 against colgemm's 0.55, 5 costs them 0.49. Rows of 2 keep colgemm
       (8x256x4x4 -> 512 s2: 0.93 / 0.68 / 0.62) and so do 512x256x3x3 weights at 7x7 outputs (2x256x14x14 s2: 2.32 /
       2.13 / 1.53).
-    - ``pointwise_fwd``: the pointwise forward's products at this times their estimate (where set). Zen 4, issue 25's
+    - ``pointwise_fwd``: where set, the pointwise forward's products at this times their estimate, its jobs in rounds
+      of the cores, where its sgemm table builds (None: as fitted before, N * g / CORES). Zen 4, issue 25's
       fourteenth session, two threads, min of 9 alternating: over 29 1x1 stride-1 forwards (MobileNetV2's, ResNet-50's
       bottleneck 1x1s, U-Net's head) measured/estimated 0.25-1.14, median 0.79 (no copies: x and y read and written in
       place, where colgemm and the grid engine copy both); the model had picked colgemm or the grid engine for 12 of
       them at 1.4-3.4x pointwise's time (32x64x8x8 -> 64: 443 against 130 us; 8x128x64x64 -> 8: 2.26 against 1.46 ms),
-      geomean regret 1.23, now 1.03 (the largest, 1.54, two small calls the small path's size rule keeps).
+      geomean regret 1.23, now 1.03 (the largest two small calls, now on pointwise too: paths._pointwise_forward).
     ``small_cols_call``, ``split_call`` and ``pointwise_fwd`` were measured on Zen 4 only: Intel keeps the picks it
     had."""
 
@@ -157,7 +158,7 @@ class Rates:
     split_call: float | None = None
     strided_q0: int | None = None
     loop_big_weights_fwd: float | None = None
-    pointwise_fwd: float = 1.0
+    pointwise_fwd: float | None = None
 
 
 #: Per kind of CPU (:data:`xconv.settings.NUMPY_CPUS`), its rates:
@@ -361,14 +362,16 @@ POINTWISE_CALL = 60e-6
 
 
 def pointwise(p, output: str) -> float:
-    """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small; one job
-    per sample and group (the forward's N * g jobs take ceil(N * g / CORES) rounds of the cores)."""
+    """Per-sample products on the native layout (1x1, stride 1, no padding): no copies, thin when Q is small; where
+    ``Rates.pointwise_fwd`` is set, the forward's table (one job per sample and group, up to 64 samples) in
+    ceil(N * g / CORES) rounds of the cores."""
     N, Cg, Cog, g, K, Q = _sizes(p)
     m, n, k = {"y": (Cog, Q, Cg), "dw": (Cg, Cog, Q), "dx": (Cg, Q, Cog)}[output]
     planned = pointwise_planned.takes(p)[output == "dw"]           # its job tables kept: float32, within bounds
     call = CALL if planned else POINTWISE_CALL
-    if output == "y":                  # measured (Rates.pointwise_fwd); the backward's as fitted before
-        return call + rates().pointwise_fwd * -(-N * g // CORES) * _blas(m, n, k)
+    rate = rates().pointwise_fwd
+    if output == "y" and rate is not None and pointwise_planned.builds_forward(p):      # measured: Rates.pointwise_fwd
+        return call + rate * -(-N * g // CORES) * _blas(m, n, k)
     return call + N * g * _blas(m, n, k) / CORES
 
 

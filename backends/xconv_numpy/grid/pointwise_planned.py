@@ -42,6 +42,14 @@ def takes(p) -> tuple:
     return small, small and p.workspace_limit is None and per <= max(PER_SAMPLE_ELEMENTS, io // 2)
 
 
+def builds_forward(p) -> bool:
+    """Whether the forward's sgemm table can be built for ``p`` (:func:`takes`, NumPy's ILP64 sgemm found, and no
+    product with a dimension of 1, which :func:`..jobs.sgemm_calls` refuses: 8x256x1x1 -> 64, a 1-channel head or
+    input, take the chunked path instead); a call may still be refused by its arrays' layout."""
+    geo = geom(p)
+    return takes(p)[0] and jobs.sgemm_available() and min(geo.Cg, geo.Cog, geo.P) > 1
+
+
 @per_params
 def _templates(p) -> dict:
     """{(op, workers, mask): jobs.Template or None (the sgemm jobs refused)} of configuration ``p``."""
