@@ -150,7 +150,7 @@ def _quick_fprop(path, p: ConvParams):
     """The forward's runner of a template path, ``quick(x, w, b) -> y`` (None: that call is not its template's), or
     None where ``path`` keeps none (the dense loops at any stride, the pointwise sgemm jobs, colgemm's one-chunk
     float32 jobs, the depthwise loops across channels and the stem loops do)."""
-    if path.name == "pointwise" and _sgemm_jobs(p):
+    if path.name == "pointwise" and pointwise_planned.builds_forward(p):    # (a table refused: the primitive runs)
         return _pinned(pointwise_planned.fprop_runner(p), p, "fprop")
     if path.name == "colgemm" and p.dtype == "float32" and colgemm.runs_as_jobs(p):
         run = colgemm_quick.fprop_runner(p)
