@@ -275,7 +275,8 @@ void xconv_dx_rows(const float *dy, int64_t ldy, int64_t sdy, const float *w, in
                    int64_t os, const int64_t *rin, const int64_t *rout, int64_t nr, int64_t i0, int64_t i1,
                    int64_t row_len) {
     const int64_t units = xconv_dx_units(T, Cog, Cg), cu = Cg / units;
-    const int64_t span = DX_SPAN_FLOATS / Cog > DX_SPAN_MIN ? DX_SPAN_FLOATS / Cog : DX_SPAN_MIN;
+    const int64_t block = DENSE_V8 ? 6 : 14;                       /* a span of whole blocks: the widest */
+    const int64_t span = (DX_SPAN_FLOATS / Cog > DX_SPAN_MIN ? DX_SPAN_FLOATS / Cog : DX_SPAN_MIN) / block * block;
     if (units > 1 && row_len > 2 * span) {
         dx_rows_spans(dy, ldy, sdy, w, ldw, sw, off, T, Cog, Cg, dx, ldx, sdx, os, rin, rout, nr, i0, i1, row_len, units,
                       span);
