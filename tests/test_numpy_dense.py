@@ -432,18 +432,21 @@ def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dila
     np.testing.assert_allclose(skipping[0], exact, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel", [(3, 2), (3, 3), (1, 1)])
 @pytest.mark.parametrize("groups, a, b, flip", [(1, 32, 16, True), (2, 16, 48, True), (1, 32, 16, False),
                                                (3, 16, 32, False)])
-def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip):
-    """dense.tap_major and dense._taps_last (one C copy each) hold exactly NumPy's transposes."""
-    w = np.random.default_rng(2).standard_normal((groups * a, b, 3, 2)).astype(np.float32)
-    t = w.reshape(groups, a, b, 6)
+def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip, kernel):
+    """dense.tap_major and dense._taps_last (one C copy each) hold exactly NumPy's transposes (without flip, a
+    16-channel block's K < 16 taps are one zero-filled tile)."""
+    K = math.prod(kernel)
+    w = np.random.default_rng(2).standard_normal((groups * a, b) + kernel).astype(np.float32)
+    t = w.reshape(groups, a, b, K)
     want = t[..., ::-1].transpose(0, 3, 2, 1) if flip else t.transpose(0, 3, 1, 2)
     for workers in (1, 2):
         assert dense.tap_major(w, groups, flip, workers).tobytes() == np.ascontiguousarray(want).tobytes()
         back = dense._taps_last(np.ascontiguousarray(t.transpose(0, 3, 1, 2)), workers)
         assert back.tobytes() == w.tobytes()
-    assert dense.tap_major(w[:, :, ::-1], groups, flip, 1) is None           # not contiguous: NumPy's copy instead
+    assert dense.tap_major(w[:, ::-1], groups, flip, 1) is None           # not contiguous: NumPy's copy instead
 
 
 def test_weight_rows_are_padded_to_an_odd_number_of_cache_lines():

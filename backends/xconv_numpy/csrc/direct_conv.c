@@ -404,6 +404,24 @@ void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int6
             transpose16(t);
             for (int i = 0; i < 16; i++) store16(d + pos[u + i] * ps, t[i]);
         }
+        if (u < u1) {                    /* the last 1..15 positions: one tile, zero-filled (a weight's K taps) */
+            const int64_t m = u1 - u;
+            v16i keep;                   /* lanes [0, m): a row's 16-float load past them is masked to +0 */
+            for (int k = 0; k < 16; k++) keep[k] = k < m ? -1 : 0;
+            v16 t[16];
+            for (int i = 0; i < 16; i++) {
+                if (i * ldc + u + 16 <= 15 * ldc + u1) {     /* 16 floats inside the block's last row */
+                    t[i] = (v16)((v16i)load16(s + i * ldc + u) & keep);
+                } else {
+                    t[i] = (v16){0};
+                    memcpy(&t[i], s + i * ldc + u, (size_t)m * sizeof(float));
+                }
+                if (bad) odd |= ((v16i)t[i] & 0x7f800000) == 0x7f800000;
+            }
+            transpose16(t);
+            for (int64_t i = 0; i < m; i++) store16(d + pos[u + i] * ps, t[i]);
+            u = u1;
+        }
         for (int i = 0; i < 16; i++) any |= (uint32_t)odd[i];
 #endif
         for (; u < u1; u++)
