@@ -90,15 +90,18 @@ def computes(p: ConvParams) -> bool:
 
 def serves(p: ConvParams) -> bool:
     """Whether the fast path uses these loops for ``p`` by default (``paths.force("dense")`` takes them for all they
-    compute): stride 1, and strides of at most 2 with C_in/g a multiple of 32 (8x32 weight-gradient blocks).
+    compute): stride 1, and strides of at most 2 (all they compute: channels per group multiples of 16).
     Measured against the BLAS path (2 workers, ms): 3x3 stride 2 at 256, 64->128, 32 channels 25 vs 28, 4.9 vs 6.8,
-    4.6 vs 5.5; 16 channels 3.0 vs 3.0; 3x3 stride 3 at 32 channels 6.4 vs 5.7 (x loads at the stride waste most of
-    each cache line)."""
+    4.6 vs 5.5; 3x3 stride 3 at 32 channels 6.4 vs 5.7 (x loads at the stride waste most of each cache line). At 16
+    and 48 input channels (16x16 weight-gradient blocks) they once tied (3.0 vs 3.0) and were left to BLAS; issue
+    25's fifteenth session, Zen 4, the full backward, min of 7 alternating: CIFAR ResNet's 32x16x32x32 -> 32 3x3
+    stride 2 2.45 vs 4.56, 8x16x64x64 -> 32 2.23 vs 4.09, 32x48x16x16 -> 96 3.77 vs 5.04, 8x16x56x56 -> 64 5x5 4.68
+    vs 8.93, 3-D 2x16x8x28x28 -> 32 1.44 vs 2.64, 1-D 4x16x1000 -> 32 k5 0.46 vs 0.95 (grad_input alone 1.2-1.7x,
+    grad_weight alone 1.5-2.4x): the cost model weighs them there too."""
     if not computes(p):
         return False
-    if any(s != 1 for s in p.stride):
-        if max(p.stride) > 2 or (p.input_shape[1] // p.groups) % 32:
-            return False
+    if any(s != 1 for s in p.stride) and max(p.stride) > 2:
+        return False
     return available()
 
 
