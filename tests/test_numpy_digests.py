@@ -22,7 +22,10 @@ dy grid of interleaved rows (dense_plan.plan; its rows unpadded under a workspac
 as before) holds no more than the channel-major one, often less (no margin per channel), so random 49's input
 gradient under a 65536-byte limit (67648 bytes before: refused) now runs: 2 entries, no other (also none under the
 AVX2 build, compared with the previous commit's); the corpus gained BLOCKED's weight gradients, whose samples the
-dense loops take in blocks (4 entries, the previous commit's bits on both builds). After an intended change,
+dense loops take in blocks (4 entries, the previous commit's bits on both builds). Issue 25's fifteenth session: the
+dense loops serve stride 2 at 16 and 48 input channels per group too (dense.serves: they lead the columns there), so
+13 entries of 7 such configurations, all stride 2 with C_in/g = 16 or 48, moved to them (corpus batch_invariant/1d-s2,
+s2, T-s2, large/2d-T-s2, 3d-16-T-bf16; random 6 and 290's gradients); no other entry changed. After an intended change,
 regenerate with
 ``python tests/numpy_digests.py OUT.json --manifest tests/data/numpy_digests.json`` (it replaces this build's
 entry) and say why in the commit. On a build the manifest does not list, the test skips and names the build.
