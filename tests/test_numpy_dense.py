@@ -615,3 +615,34 @@ def test_a_workspace_limit_fits_rows_of_128_positions_as_before():
         want = xconv.convolution_backward(dy, x, w, **kw)[0]
     assert all(r.path.startswith("dense") for r in t.records)
     assert got.tobytes() == want.tobytes()
+
+
+def test_a_call_in_several_sample_blocks_reads_its_arrays_in_place_or_by_numpy_alike():
+    """A call whose samples the plan takes in blocks (96 8x8 images: two blocks of 48; 4 64x64 ones under a 1 MB
+    workspace limit: four blocks of one, each sample's copies in four parts) builds each block's copy jobs from one table per array read in place, and
+    sample by sample where an array is not (a Fortran-ordered x or dy is copied by NumPy): the same grids, so the
+    same bits, and the definition's values."""
+    from xconv.params import make_params
+    from xconv_numpy import dense_plan
+    from xconv_numpy.fast import io_bytes
+    from xconv_numpy.grid.chunks import budget
+    from xconv_numpy.grid.geometry import geom
+
+    rng = np.random.default_rng(5)
+    for N, S, limit, parts in ((96, 8, None, 1), (4, 64, 1 << 20, 4)):
+        x = rng.standard_normal((N, 16, S, S)).astype(np.float32)
+        w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+        dy = rng.standard_normal((N, 32, S, S)).astype(np.float32)
+        p = make_params(x.shape, w.shape, padding=1, workspace_limit=limit)
+        f = dense_plan.plan(p, True, True, budget(io_bytes(geom(p), 4, True, True), p))
+        assert f.nb < N and f.copy_parts == parts
+        with paths.force("dense"):
+            runs = [xconv.convolution_backward(a, b, w, padding=1, output_mask=(True, True, True), bias_sizes=[32],
+                                               workspace_limit=limit, backend="numpy")
+                    for a, b in ((dy, x), (dy, np.asfortranarray(x)), (np.asfortranarray(dy), x))]
+        for r in runs[1:]:
+            assert [u.tobytes() for u in r] == [u.tobytes() for u in runs[0]]
+        exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, True), bias_sizes=[32],
+                                           backend="numpy-exact")
+        for u, v in zip(runs[0], exact):
+            np.testing.assert_allclose(u, v, rtol=1e-4, atol=2e-3)

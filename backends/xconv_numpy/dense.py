@@ -21,8 +21,8 @@ Each output element is computed by one task in a fixed order; tasks are ranges o
 items (dx) and (group, tap, channel block) items (dw); blocks of samples add their dw in block
 order. So results are bitwise reproducible and do not depend on the number of workers. Sums run
 in float32 (float16 and bfloat16 are computed in float32, as on the BLAS path); float64 keeps the
-BLAS path. By default stride 1, and stride 2 with 32k input channels per group, use these loops
-(see :func:`serves`).
+BLAS path. By default strides 1 and 2 may use these loops (channels per group multiples of 16; see
+:func:`serves`).
 
 A call of one block of samples whose arrays the copies read in place (C-contiguous, aligned float32, a float32
 result) runs the job list kept on its plan (:func:`_run_planned`: made on its first call per mask and worker count,
@@ -279,30 +279,31 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
     ldy, Xn, Sn, ldx = f.ldy, f.Xn, f.Sn, f.ldx
     dy_copies, x_copies = [], []                         # one row of arguments per copy job
-    one_by_one = m                                       # samples whose copy rows are made one by one, below
-    if _readable(dy) and (dw_part is None or _readable(x)):        # every sample read in place: a table each
+    dy_table, x_table = _readable(dy), dw_part is not None and _readable(x)     # every sample read in place
+    if dy_table:
         dy_copies = _per_sample(dy, n0, m, dyG, [0, Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1],
                                                  O[-1], f.M, f.dy_sample, 0, 0, 0, 0],
                                 even_ranges(len(f.dy_rows), f.copy_parts), 9, db_parts)
-        if dw_part is not None:
-            x_copies = _per_sample(x, n0, m, xG, [0, Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), 0, 0, address(f.x_pad),
-                                                  len(f.x_pad), 0, ldx], even_ranges(Sn, f.copy_parts), 7, pad=True)
-        one_by_one = 0
-    for i in range(one_by_one):
+    if x_table:
+        x_copies = _per_sample(x, n0, m, xG, [0, Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), 0, 0, address(f.x_pad),
+                                              len(f.x_pad), 0, ldx], even_ranges(Sn, f.copy_parts), 7, pad=True)
+    for i in range(0 if dy_table and (x_table or dw_part is None) else m):    # the others, sample by sample
         n = n0 + i
-        if _readable(dy[n]):
-            dy_copies += [[address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1], O[-1],
-                           f.M, f.dy_sample, r0, r1, address(dyG[i]),
-                           0 if db_parts is None else address(db_parts[n, part])]
-                          for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts))]
-        else:
-            _dy_to_grid(dy[n], dyG[i], f, None if db_parts is None else db_parts[n])
-        if dw_part is not None and _readable(x[n]):
-            x_copies += [[address(x[n]), Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), u0, u1, address(f.x_pad),
-                          len(f.x_pad) if part == 0 else 0, address(xG[i]), ldx]
-                         for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts))]
-        elif dw_part is not None:
-            _x_to_grid(x[n], xG[i], f)
+        if not dy_table:
+            if _readable(dy[n]):
+                dy_copies += [[address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1], O[-1],
+                               f.M, f.dy_sample, r0, r1, address(dyG[i]),
+                               0 if db_parts is None else address(db_parts[n, part])]
+                              for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts))]
+            else:
+                _dy_to_grid(dy[n], dyG[i], f, None if db_parts is None else db_parts[n])
+        if dw_part is not None and not x_table:
+            if _readable(x[n]):
+                x_copies += [[address(x[n]), Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), u0, u1, address(f.x_pad),
+                              len(f.x_pad) if part == 0 else 0, address(xG[i]), ldx]
+                             for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts))]
+            else:
+                _x_to_grid(x[n], xG[i], f)
     parts = list(first)
     for kind, rows, bases in (("dy_to_grid", dy_copies, {0: _DY, 11: _DYG, 12: _DB}),
                               ("x_to_grid", x_copies, {0: _X, 11: _XG})):

@@ -239,9 +239,9 @@ int64_t xconv_dx_units(int64_t T, int64_t Cog, int64_t Cg) {
 }
 
 /* Long rows (past 2 spans) where the rows run channel block by channel block: a span's dy for every input channel
- * (DX_SPAN_FLOATS floats, at least DX_SPAN_MIN positions) stays in L2 over the task's channel units, where each unit
- * streamed the whole row again (the speech encoder's 4x512x3199 -> 512 3-tap stride-2 forward read 16 x 26 MB of x's
- * phase rows). */
+ * (DX_SPAN_FLOATS floats, at least DX_SPAN_MIN positions, then rounded down to whole blocks of the widest size)
+ * stays in L2 over the task's channel units, where each unit streamed the whole row again (the speech encoder's
+ * 4x512x3199 -> 512 3-tap stride-2 forward read 16 x 26 MB of x's phase rows). */
 #define DX_SPAN_FLOATS (1 << 16)
 #define DX_SPAN_MIN 64
 
