@@ -357,9 +357,8 @@ def _flops(op, shapes, kw, mask) -> float:
     """Multiply-adds x 2 of the call (the direct-convolution count; per output of a backward call)."""
     x, w, y = shapes["input"], shapes["weight"], shapes["output"]
     if kw.get("transposed"):            # the forward of a transposed conv is the dgrad of a direct one
-        x, y = y, x
-    macs = x[0] * w[0] * math.prod(y[2:]) * math.prod(w[1:]) if not kw.get("transposed") else \
-        y[0] * w[0] * math.prod(x[2:]) * math.prod(w[1:])
+        x, y = y, x                     # (w[0] is then that direct conv's output channels: y's, x's input)
+    macs = x[0] * w[0] * math.prod(y[2:]) * math.prod(w[1:])
     if op == "fprop":
         return 2.0 * macs
     return 2.0 * macs * (int(mask[0]) + int(mask[1]))
