@@ -620,13 +620,18 @@ def test_a_workspace_limit_fits_rows_of_128_positions_as_before():
 def test_a_call_in_several_sample_blocks_reads_its_arrays_in_place_or_by_numpy_alike():
     """A call whose samples the plan takes in blocks (96 8x8 images: two blocks of 48; 4 64x64 ones under a 1 MB
     workspace limit: four blocks of one, each sample's copies in four parts) builds each block's copy jobs from one table per array read in place, and
-    sample by sample where an array is not (a Fortran-ordered x or dy is copied by NumPy): the same grids, so the
-    same bits, and the definition's values."""
+    sample by sample where an array is not (a Fortran-ordered x or dy is copied by NumPy; samples two apart are read
+    in place one by one): the same grids, so the same bits, and the definition's values."""
     from xconv.params import make_params
     from xconv_numpy import dense_plan
     from xconv_numpy.fast import io_bytes
     from xconv_numpy.grid.chunks import budget
     from xconv_numpy.grid.geometry import geom
+
+    def every_other(a):                  # the same values, samples two apart: each one read in place, not the whole
+        b = np.repeat(a, 2, axis=0)[::2]
+        assert np.array_equal(b, a) and not b.flags.c_contiguous and b[0].flags.c_contiguous
+        return b
 
     rng = np.random.default_rng(5)
     for N, S, limit, parts in ((96, 8, None, 1), (4, 64, 1 << 20, 4)):
@@ -639,7 +644,8 @@ def test_a_call_in_several_sample_blocks_reads_its_arrays_in_place_or_by_numpy_a
         with paths.force("dense"):
             runs = [xconv.convolution_backward(a, b, w, padding=1, output_mask=(True, True, True), bias_sizes=[32],
                                                workspace_limit=limit, backend="numpy")
-                    for a, b in ((dy, x), (dy, np.asfortranarray(x)), (np.asfortranarray(dy), x))]
+                    for a, b in ((dy, x), (dy, np.asfortranarray(x)), (np.asfortranarray(dy), x),
+                                 (every_other(dy), every_other(x)))]
         for r in runs[1:]:
             assert [u.tobytes() for u in r] == [u.tobytes() for u in runs[0]]
         exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, True), bias_sizes=[32],

@@ -251,8 +251,9 @@ def _per_sample(a, n0: int, m: int, grid, row, ranges, at: int, db=None, pad: bo
     """The copy jobs' rows of samples [n0, n0 + m) of ``a`` into ``grid`` (one row per sample and range, the
     sample's parts in order): ``row`` with argument 0 sample n's address, ``at`` and ``at`` + 1 the range, 11 the grid
     of block sample i, 12 (``db`` given) db's partials of sample n and part; with ``pad``, argument 10 (an x row's
-    count of padding positions, zeroed by the sample's part 0) 0 in the other parts. The rows the loop below them
-    makes sample by sample, as one table (a block of 96 samples: 0.5 ms of Python a call)."""
+    count of padding positions, zeroed by the sample's part 0) 0 in the other parts. One table for a block whose
+    array is read in place (built sample by sample in Python, a block of 96 samples took 0.5 ms more a call), or
+    for one sample (m = 1) where only some are."""
     P = len(ranges)
     t = np.empty((m, P, len(row)), np.int64)
     t[:] = row
@@ -278,38 +279,33 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     dx, dxb, dw_part, db_parts = outs
     g, C, Co, Cg, Cog, K, O = f.g, f.C, f.Co, f.Cg, f.Cog, f.K, f.O
     ldy, Xn, Sn, ldx = f.ldy, f.Xn, f.Sn, f.ldx
-    dy_copies, x_copies = [], []                         # one row of arguments per copy job
-    dy_table, x_table = _readable(dy), dw_part is not None and _readable(x)     # every sample read in place
-    if dy_table:
-        dy_copies = _per_sample(dy, n0, m, dyG, [0, Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1],
-                                                 O[-1], f.M, f.dy_sample, 0, 0, 0, 0],
-                                even_ranges(len(f.dy_rows), f.copy_parts), 9, db_parts)
-    if x_table:
-        x_copies = _per_sample(x, n0, m, xG, [0, Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), 0, 0, address(f.x_pad),
-                                              len(f.x_pad), 0, ldx], even_ranges(Sn, f.copy_parts), 7, pad=True)
-    for i in range(0 if dy_table and (x_table or dw_part is None) else m):    # the others, sample by sample
-        n = n0 + i
-        if not dy_table:
+    dy_row = [0, Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1], O[-1], f.M, f.dy_sample, 0, 0, 0, 0]
+    dy_parts = even_ranges(len(f.dy_rows), f.copy_parts)
+    x_row = [0, Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), 0, 0, address(f.x_pad), len(f.x_pad), 0, ldx]
+    x_parts = even_ranges(Sn, f.copy_parts)
+    dy_copies, x_copies = [], []                         # tables of copy jobs' rows, in sample order
+    if _readable(dy):                                    # every sample read in place: one table
+        dy_copies.append(_per_sample(dy, n0, m, dyG, dy_row, dy_parts, 9, db_parts))
+    else:
+        for i, n in enumerate(range(n0, n0 + m)):
             if _readable(dy[n]):
-                dy_copies += [[address(dy[n]), Co, math.prod(O), address(f.dy_rows), len(f.dy_rows), f.Y[-1], O[-1],
-                               f.M, f.dy_sample, r0, r1, address(dyG[i]),
-                               0 if db_parts is None else address(db_parts[n, part])]
-                              for part, (r0, r1) in enumerate(even_ranges(len(f.dy_rows), f.copy_parts))]
+                dy_copies.append(_per_sample(dy, n, 1, dyG[i:i + 1], dy_row, dy_parts, 9, db_parts))
             else:
                 _dy_to_grid(dy[n], dyG[i], f, None if db_parts is None else db_parts[n])
-        if dw_part is not None and not x_table:
+    if dw_part is not None and _readable(x):
+        x_copies.append(_per_sample(x, n0, m, xG, x_row, x_parts, 7, pad=True))
+    elif dw_part is not None:
+        for i, n in enumerate(range(n0, n0 + m)):
             if _readable(x[n]):
-                x_copies += [[address(x[n]), Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), u0, u1, address(f.x_pad),
-                              len(f.x_pad) if part == 0 else 0, address(xG[i]), ldx]
-                             for part, (u0, u1) in enumerate(even_ranges(Sn, f.copy_parts))]
+                x_copies.append(_per_sample(x, n, 1, xG[i:i + 1], x_row, x_parts, 7, pad=True))
             else:
                 _x_to_grid(x[n], xG[i], f)
     parts = list(first)
-    for kind, rows, bases in (("dy_to_grid", dy_copies, {0: _DY, 11: _DYG, 12: _DB}),
-                              ("x_to_grid", x_copies, {0: _X, 11: _XG})):
-        if len(rows):
+    for kind, tables, bases in (("dy_to_grid", dy_copies, {0: _DY, 11: _DYG, 12: _DB}),
+                                ("x_to_grid", x_copies, {0: _X, 11: _XG})):
+        if tables:
             parts.append((Jobs(), bases))
-            parts[-1][0].rows(kind, rows, signal=0)
+            parts[-1][0].rows(kind, np.concatenate(tables), signal=0)
     copies = (0, sum(len(jobs) for jobs, _ in parts))
     if dw_part is not None:
         parts.append((Jobs(), {0: _DYG, 3: _XG, 15: _DW}))
