@@ -276,12 +276,15 @@ def _numpy_im2col(x, p):
     ((4, 4), (3, 3), 2, 1, 1), ((4, 4), (2, 2), 1, 0, 2), ((2, 2, 4), (3, 1, 3), 1, 1, 1), ((16,), (5,), 1, 2, 1),
     ((1, 17), (1, 3), 1, ((0, 0), (1, 1)), 1),                          # 17 elements: the row copies
     ((8, 8), (3, 3), 1, 1, 1), ((6, 16), (3, 3), 1, 1, 1), ((7, 7), (3, 3), 2, 1, 1), ((5, 20), (3, 3), 1, 1, 1),
+    ((8, 8), (2, 2), 2, 0, 1), ((5, 7), (3, 3), 1, 1, 2), ((6, 6), (5, 5), 1, 2, 1), ((64,), (3,), 1, 1, 1),  # <= 64
+    ((2, 4, 8), (1, 3, 3), 1, 1, 1), ((8, 8), (5, 5), 1, 2, 1),                        # the last: 100 > 96 entries
 ])
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_column_copies_are_numpys_slices(spatial, kernel, stride, padding, dilation, layout):
-    """The C column copy (small_cols_impl.h: its plane-in-a-register permutations for planes of at most 16 elements
-    and its masked row copies on AVX-512 builds, its row loops elsewhere) writes exactly NumPy's slices of x padded
-    with zeros, for contiguous and strided x, 1-3 dims, strides, dilation, asymmetric padding."""
+    """The C column copy (small_cols_impl.h: its plane-in-a-register permutations for planes of at most 16 elements,
+    its four-register ones for planes of at most 64, and its masked row copies on AVX-512 builds, its row loops
+    elsewhere) writes exactly NumPy's slices of x padded with zeros, for contiguous and strided x, 1-3 dims, strides,
+    dilation, asymmetric padding."""
     from xconv.params import make_params
     from xconv_numpy import small_c
 
@@ -302,10 +305,13 @@ def test_column_copies_are_numpys_slices(spatial, kernel, stride, padding, dilat
     ((4, 4), (3, 3), 1, 1, 1), ((2, 2), (3, 3), 1, 1, 1), ((3, 5), (3, 3), 1, ((2, 0), (1, 1)), 1),
     ((4, 4), (3, 3), 2, 1, 1), ((4, 4), (2, 2), 1, 0, 2), ((2, 2, 4), (3, 1, 3), 1, 1, 1), ((16,), (5,), 1, 2, 1),
     ((1, 17), (1, 3), 1, ((0, 0), (1, 1)), 1), ((8, 8), (3, 3), 1, 1, 1), ((7, 7), (3, 3), 2, 1, 1),
+    ((8, 8), (2, 2), 2, 0, 1), ((5, 7), (3, 3), 1, 1, 2), ((6, 6), (5, 5), 1, 2, 1), ((64,), (3,), 1, 1, 1),
+    ((2, 4, 8), (1, 3, 3), 1, 1, 1), ((8, 8), (5, 5), 1, 2, 1),
 ])
 def test_column_sums_are_numpys_tap_by_tap_sums(spatial, kernel, stride, padding, dilation):
-    """The C col2im (small_cols_impl.h: one permutation per tap for planes of at most 16 elements on AVX-512 builds,
-    its row loops elsewhere): the bits of NumPy adding each tap's columns into dx in tap order, -0 columns included."""
+    """The C col2im (small_cols_impl.h: one permutation per tap for planes of at most 16 elements, one or two per
+    16-element chunk for planes of at most 64, on AVX-512 builds; its row loops elsewhere): the bits of NumPy adding
+    each tap's columns into dx in tap order, -0 columns included."""
     from xconv.params import make_params
     from xconv_numpy import small_c
 

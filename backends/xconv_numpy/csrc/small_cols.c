@@ -58,6 +58,57 @@ static void xconv_plane_perms(const int64_t *g, int inverse, __m512i *idx, __mma
         ok[t] = (__mmask16)m;
     }
 }
+
+/* The same for planes of at most 64 elements in and out (a ResNet's 7x7 and 8x8 planes, 8x8 -> 4x4 at stride 2): a
+ * plane in four registers, each 16-lane chunk j of a tap t's destination (im2col: its output positions; col2im: the
+ * input elements) picked from the 64-element source plane by at most two two-register permutations. Entry t * chunks
+ * + j: idx lanes the source element's index modulo 32, lo the lanes reading source elements 0-31 (registers 0 and
+ * 1), hi those reading 32-63 (registers 2 and 3). XCONV_PLANE64_ENTRIES bounds taps x chunks (the tables' stack). */
+#define XCONV_PLANE64_ENTRIES 96
+
+static void xconv_plane_perms64(const int64_t *g, int inverse, int64_t chunks, __m512i *idx, __mmask16 *lo,
+                                __mmask16 *hi) {
+    const int64_t D = g[S_D], H = g[S_H], W = g[S_W], OD = g[S_OD], OH = g[S_OH], OW = g[S_OW];
+    const int64_t KD = g[S_KD], KH = g[S_KH], KW = g[S_KW], Q = OD * OH * OW;
+    for (int64_t t = 0; t < KD * KH * KW; t++) {
+        const int64_t kd = t / (KH * KW), kh = t / KW % KH, kw = t % KW;
+        int32_t lane[64] = {0};
+        uint64_t m_lo = 0, m_hi = 0;
+        for (int64_t q = 0; q < Q; q++) {
+            const int64_t od = q / (OH * OW), oh = q / OW % OH, ow = q % OW;
+            const int64_t id = od * g[S_SD] - g[S_PD] + kd * g[S_DD], ih = oh * g[S_SH] - g[S_PH] + kh * g[S_DH];
+            const int64_t iw = ow * g[S_SW] - g[S_PW] + kw * g[S_DW];
+            if (id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W) {
+                const int64_t i = (id * H + ih) * W + iw, dst = inverse ? i : q, src = inverse ? q : i;
+                lane[dst] = (int32_t)(src & 31);
+                if (src < 32) m_lo |= 1ull << dst;
+                else m_hi |= 1ull << dst;
+            }
+        }
+        for (int64_t j = 0; j < chunks; j++) {
+            idx[t * chunks + j] = _mm512_loadu_si512(lane + 16 * j);
+            lo[t * chunks + j] = (__mmask16)(m_lo >> (16 * j));
+            hi[t * chunks + j] = (__mmask16)(m_hi >> (16 * j));
+        }
+    }
+}
+
+/* One 16-lane chunk picked from the 64-element plane r[0..3] by entry (idx, lo, hi): zero where neither mask is set. */
+static inline __m512 xconv_pick64(const __m512 *r, __m512i idx, __mmask16 lo, __mmask16 hi) {
+    __m512 v = _mm512_maskz_permutex2var_ps(lo, r[0], idx, r[1]);
+    if (hi)
+        v = _mm512_mask_mov_ps(v, hi, _mm512_maskz_permutex2var_ps(hi, r[2], idx, r[3]));
+    return v;
+}
+
+/* The n (<= 64) contiguous floats at p into four registers, zeros past n (nothing read there). */
+static inline void xconv_load64(const float *p, int64_t n, __m512 *r) {
+    for (int64_t k = 0; k < 4; k++) {
+        const int64_t left = n - 16 * k;
+        r[k] = left <= 0 ? _mm512_setzero_ps()
+                         : _mm512_maskz_loadu_ps((__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1), p + 16 * k);
+    }
+}
 #endif
 
 #define T float

@@ -28,6 +28,29 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
             }
         return;
     }
+    if (D * H * W <= 64 && Q <= 64 && KD * KH * KW * ((Q + 15) / 16) <= XCONV_PLANE64_ENTRIES && xw == 1 && xh == W
+            && (D == 1 || xd == H * W)) {
+        /* planes of at most 64 elements (a ResNet's 7x7, 8x8 -> 4x4 at stride 2): four registers, each tap's chunks
+         * of 16 columns picked from them (xconv_plane_perms64) */
+        const int64_t K = KD * KH * KW, P = D * H * W, chunks = (Q + 15) / 16;
+        __m512i idx[XCONV_PLANE64_ENTRIES];
+        __mmask16 lo[XCONV_PLANE64_ENTRIES], hi[XCONV_PLANE64_ENTRIES];
+        xconv_plane_perms64(g, 0, chunks, idx, lo, hi);
+        const __mmask16 last = (__mmask16)(Q % 16 ? (1u << (Q % 16)) - 1 : 0xFFFF);
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t n = 0; n < N; n++) {
+                __m512 plane[4];
+                xconv_load64(x + n * xn + c * xc, P, plane);
+                T *out = row + (c - c0) * K * NQ + n * Q;
+                for (int64_t t = 0; t < K; t++, out += NQ)
+                    for (int64_t j = 0; j < chunks; j++) {
+                        const int64_t e = t * chunks + j;
+                        _mm512_mask_storeu_ps(out + 16 * j, j == chunks - 1 ? last : (__mmask16)0xFFFF,
+                                              xconv_pick64(plane, idx[e], lo[e], hi[e]));
+                    }
+            }
+        return;
+    }
 #endif
     for (int64_t c = c0; c < c1; c++)
         for (int64_t kd = 0; kd < KD; kd++)
@@ -109,6 +132,33 @@ void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, 
                 for (int64_t t = 0; t < K; t++, row += NQ)
                     acc = _mm512_add_ps(acc, _mm512_maskz_permutexvar_ps(ok[t], inv[t], _mm512_maskz_loadu_ps(in_mask, row)));
                 _mm512_mask_storeu_ps(dx + (n * C + c) * P, out_mask, acc);
+            }
+        return;
+    }
+    if (P <= 64 && Q <= 64 && K * ((P + 15) / 16) <= XCONV_PLANE64_ENTRIES) {
+        /* planes of at most 64 elements: each tap's row of Q columns in four registers, each 16-element chunk of dx's
+         * plane picked from them (xconv_plane_perms64, inverse) and added, taps in order: the row loops' sums, in
+         * their order, as above */
+        const int64_t chunks = (P + 15) / 16;
+        __m512i idx[XCONV_PLANE64_ENTRIES];
+        __mmask16 lo[XCONV_PLANE64_ENTRIES], hi[XCONV_PLANE64_ENTRIES];
+        xconv_plane_perms64(g, 1, chunks, idx, lo, hi);
+        const __mmask16 last = (__mmask16)(P % 16 ? (1u << (P % 16)) - 1 : 0xFFFF);
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t n = 0; n < N; n++) {
+                __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                const T *row = dcols + c * K * NQ + n * Q;
+                for (int64_t t = 0; t < K; t++, row += NQ) {
+                    __m512 src[4];
+                    xconv_load64(row, Q, src);
+                    for (int64_t j = 0; j < chunks; j++) {
+                        const int64_t e = t * chunks + j;
+                        acc[j] = _mm512_add_ps(acc[j], xconv_pick64(src, idx[e], lo[e], hi[e]));
+                    }
+                }
+                T *plane = dx + (n * C + c) * P;
+                for (int64_t j = 0; j < chunks; j++)
+                    _mm512_mask_storeu_ps(plane + 16 * j, j == chunks - 1 ? last : (__mmask16)0xFFFF, acc[j]);
             }
         return;
     }
