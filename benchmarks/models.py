@@ -16,10 +16,12 @@ Per model: the torch model and ``xconv.torch.convert(copy, backend="numpy")`` (s
 training step each (zero grads, forward, loss, backward; no optimizer step), the two alternating in
 one process, in the user's default environment (this script sets no ``OMP_WAIT_POLICY``), with
 torch's default threads or ``--threads N`` (``torch.set_num_threads(N)`` and the BLAS libraries
-limited to N threads, as cpu_backward.py does); median over ``--reps`` after warm-up. Then the same
-for an evaluation-mode forward (``model.eval()``, ``torch.no_grad()``). ``--mode own-process``
-times each model and library in a fresh process of its own (no torch model run in xconv's process;
-torch is still imported, as the converted model is a torch module).
+limited to N threads, as cpu_backward.py does); the median of at least ``--reps`` steps and at least
+0.5 s of them per library, after at least 0.2 s of warm-up. Then the same for an evaluation-mode
+forward (``model.eval()``, ``torch.no_grad()``). ``--mode own-process`` times each model and library
+in fresh processes of their own (``--procs``, 3 by default, alternating which library goes first; the
+median of their medians; no torch model run in xconv's process; torch is still imported, as the
+converted model is a torch module).
 
 ``--breakdown MODEL`` times one xconv training step layer by layer: every xconv call of the step
 (forward, and backward with its output mask), with the path the NumPy backend ran (``xconv.trace()``),
@@ -271,24 +273,50 @@ def eval_fn(model, x):
 CLOCK = time.perf_counter
 
 
-def timed_pair(fa, fb, reps: int, warmup: int = 2) -> tuple[float, float]:
-    """Medians of fa and fb, alternating (order swapped each repetition), after warm-up."""
+#: Each library's timed steps of a model span at least this many seconds, and its warm-up at least WARMUP_SECONDS:
+#: ``--reps`` is a floor. A digits step (2-3 ms) timed 5 times gave ratios from 0.73 to 1.82 between runs.
+MIN_SECONDS = 0.5
+WARMUP_SECONDS = 0.2
+
+
+def _count(seconds_each: float, reps: int, span: float) -> int:
+    """Steps of ``seconds_each`` needed to fill ``span`` seconds, at least ``reps``."""
+    return max(reps, math.ceil(span / max(seconds_each, 1e-6)))
+
+
+def timed_pair(fa, fb, reps: int, warmup: int = 2, span: float = MIN_SECONDS) -> tuple[float, float]:
+    """Medians of fa and fb, alternating (order swapped each repetition), after warm-up; at least ``reps`` each and
+    enough to fill ``span`` seconds (the warm-up, at least ``warmup`` each, WARMUP_SECONDS)."""
     ta, tb = [], []
-    for rep in range(reps + warmup):
-        for f, out in (((fa, ta), (fb, tb)) if rep % 2 == 0 else ((fb, tb), (fa, ta))):
-            t = CLOCK()
-            f()
-            out.append(CLOCK() - t)
-    return statistics.median(ta[warmup:]), statistics.median(tb[warmup:])
+
+    def run(n):
+        for rep in range(n):
+            for f, out in (((fa, ta), (fb, tb)) if rep % 2 == 0 else ((fb, tb), (fa, ta))):
+                t = CLOCK()
+                f()
+                out.append(CLOCK() - t)
+    run(warmup)
+    slower = max(ta[-1], tb[-1])
+    run(_count(slower, warmup, WARMUP_SECONDS) - warmup)
+    done = len(ta)
+    run(_count(max(statistics.median(ta), statistics.median(tb)), reps, span))
+    return statistics.median(ta[done:]), statistics.median(tb[done:])
 
 
 def timed(f, reps: int, warmup: int = 2) -> float:
+    """Median of f after warm-up, as :func:`timed_pair` counts them."""
     ts = []
-    for _ in range(reps + warmup):
-        t = CLOCK()
-        f()
-        ts.append(CLOCK() - t)
-    return statistics.median(ts[warmup:])
+
+    def run(n):
+        for _ in range(n):
+            t = CLOCK()
+            f()
+            ts.append(CLOCK() - t)
+    run(warmup)
+    run(_count(ts[-1], warmup, WARMUP_SECONDS) - warmup)
+    done = len(ts)
+    run(_count(statistics.median(ts), reps, MIN_SECONDS))
+    return statistics.median(ts[done:])
 
 
 def set_threads(n):
@@ -311,18 +339,21 @@ def interleaved(names, reps: int, kind: str) -> dict:
     return out
 
 
-def own_process(names, reps: int, kind: str, threads) -> dict:
+def own_process(names, reps: int, kind: str, threads, procs: int = 3) -> dict:
+    """Per model, ``procs`` fresh processes per library (torch first, then xconv first, alternating), each timing its
+    median step; the median over the processes. A single process's figure moved by 0.7-1.2x between runs here."""
     out = {}
     for name in names:
-        pair = []
-        for lib in ("torch", "xconv"):
-            cmd = [sys.executable, __file__, "--worker", name, lib, kind, "--reps", str(reps),
-                   "--clock", "cpu" if CLOCK is time.process_time else "wall"]
-            if threads:
-                cmd += ["--threads", str(threads)]
-            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            pair.append(json.loads(res.stdout.strip().splitlines()[-1])["seconds"])
-        out[name] = tuple(pair)
+        times = {"torch": [], "xconv": []}
+        for i in range(procs):
+            for lib in (("torch", "xconv") if i % 2 == 0 else ("xconv", "torch")):
+                cmd = [sys.executable, __file__, "--worker", name, lib, kind, "--reps", str(reps),
+                       "--clock", "cpu" if CLOCK is time.process_time else "wall"]
+                if threads:
+                    cmd += ["--threads", str(threads)]
+                res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                times[lib].append(json.loads(res.stdout.strip().splitlines()[-1])["seconds"])
+        out[name] = (statistics.median(times["torch"]), statistics.median(times["xconv"]))
     return out
 
 
@@ -488,7 +519,7 @@ def _replay(c, reps):
         def ft():
             aten.convolution_backward(tdy, tx_, tw_, bias_sizes, tk["stride"], tk["padding"], tk["dilation"],
                                       tk["transposed"], tk["output_padding"], tk["groups"], mask)
-    return timed_pair(fx, ft, reps, warmup=2)
+    return timed_pair(fx, ft, reps, warmup=2, span=0.05)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,7 +542,11 @@ def header(threads) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per model (median); default 5")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="timed repetitions per model (median), at least; more where they fill under "
+                         f"{MIN_SECONDS} s; default 5")
+    ap.add_argument("--procs", type=int, default=3,
+                    help="--mode own-process: processes per model and library (median of their medians); default 3")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) and BLAS limited to N")
     ap.add_argument("--mode", choices=("interleaved", "own-process", "both"), default="interleaved")
     ap.add_argument("--no-eval", action="store_true", help="skip the evaluation-mode forward table")
@@ -539,11 +574,12 @@ def main(argv=None) -> int:
         what = "training step (forward, loss, backward)" if kind == "train" else "evaluation-mode forward"
         if args.mode in ("interleaved", "both"):
             r = interleaved(args.models, args.reps, kind)
-            table(f"{what}, interleaved in one process (median of {args.reps})", r)
+            table(f"{what}, interleaved in one process (median of >= {args.reps} steps, >= {MIN_SECONDS} s each)", r)
             results[f"{kind}/interleaved"] = r
         if args.mode in ("own-process", "both"):
-            r = own_process(args.models, args.reps, kind, args.threads)
-            table(f"{what}, each model and library in its own process (median of {args.reps})", r)
+            r = own_process(args.models, args.reps, kind, args.threads, args.procs)
+            table(f"{what}, each model and library in its own processes (median over {args.procs} processes of "
+                  f"medians of >= {args.reps} steps)", r)
             results[f"{kind}/own-process"] = r
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
