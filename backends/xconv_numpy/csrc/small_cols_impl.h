@@ -11,7 +11,7 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
     T *row = cols + c0 * KD * KH * KW * NQ;
     (void)C;
 #if XCONV_MASKED_ROWS
-    if (D * H * W <= 16 && Q <= 16 && KD * KH * KW <= 64 && xw == 1 && xh == W && (D == 1 || xd == H * W)) {
+    if (D * H * W <= 16 && Q <= 16 && KD * KH * KW <= 64 && xw == 1 && (H == 1 || xh == W) && (D == 1 || xd == H * W)) {
         /* planes of at most 16 elements (a deep layer's 4x4, 2x2): a (sample, channel) plane in one register, each
          * tap's Q columns one permutation of it (its positions outside the input zeroed by the mask) */
         const int64_t K = KD * KH * KW;
@@ -28,8 +28,8 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
             }
         return;
     }
-    if (D * H * W <= 64 && Q <= 64 && KD * KH * KW * ((Q + 15) / 16) <= XCONV_PLANE64_ENTRIES && xw == 1 && xh == W
-            && (D == 1 || xd == H * W)) {
+    if (D * H * W <= 64 && Q <= 64 && KD * KH * KW * ((Q + 15) / 16) <= XCONV_PLANE64_ENTRIES && xw == 1
+            && (H == 1 || xh == W) && (D == 1 || xd == H * W)) {
         /* planes of at most 64 elements (a ResNet's 7x7, 8x8 -> 4x4 at stride 2): four registers, each tap's chunks
          * of 16 columns picked from them (xconv_plane_perms64) */
         const int64_t K = KD * KH * KW, P = D * H * W, chunks = (Q + 15) / 16;
@@ -146,17 +146,21 @@ void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, 
         const __mmask16 last = (__mmask16)(P % 16 ? (1u << (P % 16)) - 1 : 0xFFFF);
         for (int64_t c = c0; c < c1; c++)
             for (int64_t n = 0; n < N; n++) {
-                __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                /* four named registers, each the sum so far first: an array of accumulators lived in memory, where
+                 * GCC put the new term first, and of two NaNs the later tap's came out (the row loops': the first) */
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 const T *row = dcols + c * K * NQ + n * Q;
                 for (int64_t t = 0; t < K; t++, row += NQ) {
                     __m512 src[4];
                     xconv_load64(row, Q, src);
-                    for (int64_t j = 0; j < chunks; j++) {
-                        const int64_t e = t * chunks + j;
-                        acc[j] = _mm512_add_ps(acc[j], xconv_pick64(src, idx[e], lo[e], hi[e]));
-                    }
+                    const int64_t e = t * chunks;
+                    a0 = _mm512_add_ps(a0, xconv_pick64(src, idx[e], lo[e], hi[e]));
+                    if (chunks > 1) a1 = _mm512_add_ps(a1, xconv_pick64(src, idx[e + 1], lo[e + 1], hi[e + 1]));
+                    if (chunks > 2) a2 = _mm512_add_ps(a2, xconv_pick64(src, idx[e + 2], lo[e + 2], hi[e + 2]));
+                    if (chunks > 3) a3 = _mm512_add_ps(a3, xconv_pick64(src, idx[e + 3], lo[e + 3], hi[e + 3]));
                 }
                 T *plane = dx + (n * C + c) * P;
+                const __m512 acc[4] = {a0, a1, a2, a3};
                 for (int64_t j = 0; j < chunks; j++)
                     _mm512_mask_storeu_ps(plane + 16 * j, j == chunks - 1 ? last : (__mmask16)0xFFFF, acc[j]);
             }
