@@ -151,12 +151,14 @@ static void XCONV_T(xconv_small_dw)(const T *dz, const T *in, T *dw, const int64
                     } else {
                         SG_DW_BODY(nb, tb)
                     }
+                    /* each sum its lanes in lane order from 0, the block's OBW x TB sums side by side (one add
+                     * after another in each, as before: the same bits; independent chains, not one at a time) */
+                    T sum[OBW][TB] = {{0}};
+                    for (int64_t k = 0; k < VW; k++)
+                        for (int o = 0; o < OBW; o++)
+                            for (int t = 0; t < TB; t++) sum[o][t] += acc[o][t][k];
                     for (int o = 0; o < nb; o++)
-                        for (int t = 0; t < tb; t++) {
-                            T sum = 0;
-                            for (int64_t k = 0; k < VW; k++) sum += acc[o][t][k];
-                            dw[((gr * Cog + ob + o) * Cig + i) * K + t0 + t] = sum;
-                        }
+                        for (int t = 0; t < tb; t++) dw[((gr * Cog + ob + o) * Cig + i) * K + t0 + t] = sum[o][t];
                 }
         }
 }
