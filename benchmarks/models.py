@@ -286,7 +286,8 @@ def _count(seconds_each: float, reps: int, span: float) -> int:
 
 def timed_pair(fa, fb, reps: int, warmup: int = 2, span: float = MIN_SECONDS) -> tuple[float, float]:
     """Medians of fa and fb, alternating (order swapped each repetition), after warm-up; at least ``reps`` each and
-    enough to fill ``span`` seconds (the warm-up, at least ``warmup`` each, WARMUP_SECONDS)."""
+    enough that the faster one's fill ``span`` seconds (the warm-up, at least ``warmup`` each, ``span`` x
+    WARMUP_SECONDS / MIN_SECONDS)."""
     ta, tb = [], []
 
     def run(n):
@@ -295,11 +296,11 @@ def timed_pair(fa, fb, reps: int, warmup: int = 2, span: float = MIN_SECONDS) ->
                 t = CLOCK()
                 f()
                 out.append(CLOCK() - t)
+    warmup = max(1, warmup)
     run(warmup)
-    slower = max(ta[-1], tb[-1])
-    run(_count(slower, warmup, WARMUP_SECONDS) - warmup)
+    run(_count(min(ta[-1], tb[-1]), warmup, span * WARMUP_SECONDS / MIN_SECONDS) - warmup)
     done = len(ta)
-    run(_count(max(statistics.median(ta), statistics.median(tb)), reps, span))
+    run(_count(min(statistics.median(ta), statistics.median(tb)), reps, span))
     return statistics.median(ta[done:]), statistics.median(tb[done:])
 
 
@@ -312,6 +313,7 @@ def timed(f, reps: int, warmup: int = 2) -> float:
             t = CLOCK()
             f()
             ts.append(CLOCK() - t)
+    warmup = max(1, warmup)
     run(warmup)
     run(_count(ts[-1], warmup, WARMUP_SECONDS) - warmup)
     done = len(ts)
@@ -539,13 +541,20 @@ def header(threads) -> None:
           f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}")
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1, got {n}")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    ap.add_argument("--reps", type=int, default=5,
+    ap.add_argument("--reps", type=_positive, default=5,
                     help="timed repetitions per model (median), at least; more where they fill under "
                          f"{MIN_SECONDS} s; default 5")
-    ap.add_argument("--procs", type=int, default=3,
+    ap.add_argument("--procs", type=_positive, default=3,
                     help="--mode own-process: processes per model and library (median of their medians); default 3")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) and BLAS limited to N")
     ap.add_argument("--mode", choices=("interleaved", "own-process", "both"), default="interleaved")
