@@ -211,6 +211,42 @@ def test_bias_gradient_of_the_c_call_is_summed_in_double():
     assert np.float32(exact) != np.float32(1.0)
 
 
+@pytest.mark.skipif(native.library() is None, reason=f"compiled loops unavailable: {native.load_error()}")
+@pytest.mark.parametrize("width", [1, 3, 7, 8, 9, 13, 16, 17, 31])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_bias_gradient_lanes_are_the_documented_double_sums(width, layout):
+    """The grid loops' db (small_grid_impl.h, xconv_small_bias: 8 float64 lanes, one register on AVX-512 builds for
+    unit element stride, scalar elsewhere): element w of each dy row into lane w % 8 in row order, the lanes added
+    in order, rounded once to float32, bit for bit; a NaN or an infinity in dy is reported (finite_only: None)."""
+    from xconv.params import make_params
+    from xconv_numpy import small_c
+    from xconv_numpy.small import plan
+
+    rng = np.random.default_rng(width)
+    p = make_params((3, 4, 5, width), (6, 4, 3, 3), padding=1)
+    x = rng.standard_normal(p.input_shape).astype(np.float32)
+    w = rng.standard_normal(p.weight_shape).astype(np.float32)
+    dy = (rng.standard_normal(p.output_shape) * 1e4).astype(np.float32)
+    if layout == "strided":
+        dy = np.repeat(dy, 2, axis=-1)[..., ::2]
+    rows = dy.astype(np.float64).transpose(1, 0, 2, 3).reshape(6, -1, width)        # (C_out, n * h, w) in row order
+    want = []
+    for c in range(6):
+        lanes = [0.0] * 8
+        for row in rows[c]:
+            for j, v in enumerate(row):
+                lanes[j % 8] += v
+        total = 0.0
+        for v in lanes:
+            total += v
+        want.append(np.float32(total))
+    _, _, db = small_c._backward_grid(dy, x, w, p, plan(p), np.float32, False, False, True)
+    assert db.tobytes() == np.array(want, np.float32).tobytes()
+    bad = dy.copy()
+    bad[2, 5, 4, width - 1] = np.inf
+    assert small_c._backward_grid(bad, x, w, p, plan(p), np.float32, False, False, True, finite_only=True) is None
+
+
 def test_non_finite_inputs_keep_the_exact_paths_values():
     """The small path multiplies padding zeros; calls with an infinity go to the column path (no NaN from 0 * inf)."""
     rng = np.random.default_rng(1)
@@ -274,24 +310,29 @@ def _numpy_im2col(x, p):
 @pytest.mark.parametrize("spatial, kernel, stride, padding, dilation", [
     ((4, 4), (3, 3), 1, 1, 1), ((2, 2), (3, 3), 1, 1, 1), ((3, 5), (3, 3), 1, ((2, 0), (1, 1)), 1),    # planes <= 16
     ((4, 4), (3, 3), 2, 1, 1), ((4, 4), (2, 2), 1, 0, 2), ((2, 2, 4), (3, 1, 3), 1, 1, 1), ((16,), (5,), 1, 2, 1),
-    ((1, 17), (1, 3), 1, ((0, 0), (1, 1)), 1),                          # 17 elements: the row copies
+    ((1, 17), (1, 3), 1, ((0, 0), (1, 1)), 1),          # 17 elements: the 64-element planes (strided: the rows)
     ((8, 8), (3, 3), 1, 1, 1), ((6, 16), (3, 3), 1, 1, 1), ((7, 7), (3, 3), 2, 1, 1), ((5, 20), (3, 3), 1, 1, 1),
     ((8, 8), (2, 2), 2, 0, 1), ((5, 7), (3, 3), 1, 1, 2), ((6, 6), (5, 5), 1, 2, 1), ((64,), (3,), 1, 1, 1),  # <= 64
     ((2, 4, 8), (1, 3, 3), 1, 1, 1), ((8, 8), (5, 5), 1, 2, 1),                        # the last: 100 > 96 entries
+    ((3, 1, 5), (3, 1, 3), 1, 1, 1), ((4, 1, 9), (3, 1, 3), 1, 1, 1),                  # 3-D, H == 1: D's stride read
 ])
-@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "rows apart"])
 def test_column_copies_are_numpys_slices(spatial, kernel, stride, padding, dilation, layout):
     """The C column copy (small_cols_impl.h: its plane-in-a-register permutations for planes of at most 16 elements,
     its four-register ones for planes of at most 64, and its masked row copies on AVX-512 builds, its row loops
-    elsewhere) writes exactly NumPy's slices of x padded with zeros, for contiguous and strided x, 1-3 dims, strides,
-    dilation, asymmetric padding."""
+    elsewhere) writes exactly NumPy's slices of x padded with zeros, for contiguous, strided and rows-apart x, 1-3
+    dims, strides, dilation, asymmetric padding."""
     from xconv.params import make_params
     from xconv_numpy import small_c
 
     rng = np.random.default_rng(4)
     base = rng.standard_normal((3, 5) + tuple(s * 2 for s in spatial)).astype(np.float32)
-    x = np.ascontiguousarray(base[(Ellipsis,) + tuple(slice(0, s) for s in spatial)]) if layout == "contiguous" \
-        else base[(Ellipsis,) + tuple(slice(0, 2 * s, 2) for s in spatial)]
+    if layout == "contiguous":
+        x = np.ascontiguousarray(base[(Ellipsis,) + tuple(slice(0, s) for s in spatial)])
+    elif layout == "strided":
+        x = base[(Ellipsis,) + tuple(slice(0, 2 * s, 2) for s in spatial)]
+    else:               # each row contiguous, the rows (or planes) apart: the plane paths must not take it
+        x = base[(Ellipsis,) + tuple(slice(0, 2 * s, 2) for s in spatial[:-1]) + (slice(0, spatial[-1]),)]
     p = make_params(x.shape, (4, 5) + kernel, stride=stride, padding=padding, dilation=dilation)
     xr, geo = small_c.im2col_input(x, p, np.float32)
     want = _numpy_im2col(x, p)
