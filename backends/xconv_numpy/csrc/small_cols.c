@@ -66,8 +66,17 @@ static void xconv_plane_perms(const int64_t *g, int inverse, __m512i *idx, __mma
  * 1), hi those reading 32-63 (registers 2 and 3). XCONV_PLANE64_ENTRIES bounds taps x chunks (the tables' stack). */
 #define XCONV_PLANE64_ENTRIES 96
 
-static void xconv_plane_perms64(const int64_t *g, int inverse, int64_t chunks, __m512i *idx, __mmask16 *lo,
-                                __mmask16 *hi) {
+typedef struct {
+    __m512i idx[XCONV_PLANE64_ENTRIES];
+    __mmask16 lo[XCONV_PLANE64_ENTRIES], hi[XCONV_PLANE64_ENTRIES];
+    __mmask16 last;         /* the store mask of the destination's last chunk */
+} xconv_perms64;
+
+static void xconv_plane_perms64(const int64_t *g, int inverse, int64_t chunks, xconv_perms64 *perms) {
+    __m512i *idx = perms->idx;
+    __mmask16 *lo = perms->lo, *hi = perms->hi;
+    const int64_t dst_size = inverse ? g[S_D] * g[S_H] * g[S_W] : g[S_OD] * g[S_OH] * g[S_OW];
+    perms->last = (__mmask16)(dst_size % 16 ? (1u << (dst_size % 16)) - 1 : 0xFFFF);
     const int64_t D = g[S_D], H = g[S_H], W = g[S_W], OD = g[S_OD], OH = g[S_OH], OW = g[S_OW];
     const int64_t KD = g[S_KD], KH = g[S_KH], KW = g[S_KW], Q = OD * OH * OW;
     for (int64_t t = 0; t < KD * KH * KW; t++) {

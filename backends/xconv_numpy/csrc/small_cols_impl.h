@@ -33,10 +33,8 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
         /* planes of at most 64 elements (a ResNet's 7x7, 8x8 -> 4x4 at stride 2): four registers, each tap's chunks
          * of 16 columns picked from them (xconv_plane_perms64) */
         const int64_t K = KD * KH * KW, P = D * H * W, chunks = (Q + 15) / 16;
-        __m512i idx[XCONV_PLANE64_ENTRIES];
-        __mmask16 lo[XCONV_PLANE64_ENTRIES], hi[XCONV_PLANE64_ENTRIES];
-        xconv_plane_perms64(g, 0, chunks, idx, lo, hi);
-        const __mmask16 last = (__mmask16)(Q % 16 ? (1u << (Q % 16)) - 1 : 0xFFFF);
+        xconv_perms64 pm;
+        xconv_plane_perms64(g, 0, chunks, &pm);
         for (int64_t c = c0; c < c1; c++)
             for (int64_t n = 0; n < N; n++) {
                 __m512 plane[4];
@@ -45,8 +43,8 @@ void XCONV_T(xconv_small_im2col_range)(const T *x, T *cols, const int64_t *g, in
                 for (int64_t t = 0; t < K; t++, out += NQ)
                     for (int64_t j = 0; j < chunks; j++) {
                         const int64_t e = t * chunks + j;
-                        _mm512_mask_storeu_ps(out + 16 * j, j == chunks - 1 ? last : (__mmask16)0xFFFF,
-                                              xconv_pick64(plane, idx[e], lo[e], hi[e]));
+                        _mm512_mask_storeu_ps(out + 16 * j, j == chunks - 1 ? pm.last : (__mmask16)0xFFFF,
+                                              xconv_pick64(plane, pm.idx[e], pm.lo[e], pm.hi[e]));
                     }
             }
         return;
@@ -140,10 +138,8 @@ void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, 
          * plane picked from them (xconv_plane_perms64, inverse) and added, taps in order: the row loops' sums, in
          * their order, as above */
         const int64_t chunks = (P + 15) / 16;
-        __m512i idx[XCONV_PLANE64_ENTRIES];
-        __mmask16 lo[XCONV_PLANE64_ENTRIES], hi[XCONV_PLANE64_ENTRIES];
-        xconv_plane_perms64(g, 1, chunks, idx, lo, hi);
-        const __mmask16 last = (__mmask16)(P % 16 ? (1u << (P % 16)) - 1 : 0xFFFF);
+        xconv_perms64 pm;
+        xconv_plane_perms64(g, 1, chunks, &pm);
         for (int64_t c = c0; c < c1; c++)
             for (int64_t n = 0; n < N; n++) {
                 /* four named registers, each the sum so far first: an array of accumulators lived in memory, where
@@ -154,15 +150,18 @@ void XCONV_T(xconv_small_col2im_range)(const T *dcols, T *dx, const int64_t *g, 
                     __m512 src[4];
                     xconv_load64(row, Q, src);
                     const int64_t e = t * chunks;
-                    a0 = _mm512_add_ps(a0, xconv_pick64(src, idx[e], lo[e], hi[e]));
-                    if (chunks > 1) a1 = _mm512_add_ps(a1, xconv_pick64(src, idx[e + 1], lo[e + 1], hi[e + 1]));
-                    if (chunks > 2) a2 = _mm512_add_ps(a2, xconv_pick64(src, idx[e + 2], lo[e + 2], hi[e + 2]));
-                    if (chunks > 3) a3 = _mm512_add_ps(a3, xconv_pick64(src, idx[e + 3], lo[e + 3], hi[e + 3]));
+                    a0 = _mm512_add_ps(a0, xconv_pick64(src, pm.idx[e], pm.lo[e], pm.hi[e]));
+                    if (chunks > 1)
+                        a1 = _mm512_add_ps(a1, xconv_pick64(src, pm.idx[e + 1], pm.lo[e + 1], pm.hi[e + 1]));
+                    if (chunks > 2)
+                        a2 = _mm512_add_ps(a2, xconv_pick64(src, pm.idx[e + 2], pm.lo[e + 2], pm.hi[e + 2]));
+                    if (chunks > 3)
+                        a3 = _mm512_add_ps(a3, xconv_pick64(src, pm.idx[e + 3], pm.lo[e + 3], pm.hi[e + 3]));
                 }
                 T *plane = dx + (n * C + c) * P;
                 const __m512 acc[4] = {a0, a1, a2, a3};
                 for (int64_t j = 0; j < chunks; j++)
-                    _mm512_mask_storeu_ps(plane + 16 * j, j == chunks - 1 ? last : (__mmask16)0xFFFF, acc[j]);
+                    _mm512_mask_storeu_ps(plane + 16 * j, j == chunks - 1 ? pm.last : (__mmask16)0xFFFF, acc[j]);
             }
         return;
     }

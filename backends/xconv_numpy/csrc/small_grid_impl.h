@@ -42,33 +42,33 @@ static int XCONV_T(xconv_small_bias)(const T *dy, T *db, const int64_t *g) {
     for (int64_t c = 0; c < C; c++) {
         double lanes[SG_LANES] = {0};
 #if SG_AVX512_BIAS
-        if (sw == 1) {
-            /* the same lanes in one register: element w + k of each row into lane k, a row's last KW % 8 in one
-             * masked load whose other lanes add +0 (a lane is never -0: it starts at +0) */
-            __m512d acc = _mm512_setzero_pd();
-            const __mmask8 tail = (__mmask8)((1u << (KW % SG_LANES)) - 1);
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t d = 0; d < KD; d++)
-                    for (int64_t h = 0; h < KH; h++) {
-                        const T *s = dy + n * g[F_SN] + c * g[F_SC] + d * g[F_SD] + h * g[F_SH];
-                        int64_t w = 0;
-                        for (; w + SG_LANES <= KW; w += SG_LANES)
-                            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(s + w)));
-                        if (tail)
-                            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(tail, s + w)));
-                    }
-            _mm512_storeu_pd(lanes, acc);
-        } else
+        /* unit-stride rows: the same lanes in one register, element w + k of each row into lane k, a row's last
+         * KW % 8 in one masked load whose other lanes add +0 (a lane is never -0: it starts at +0) */
+        __m512d acc = _mm512_setzero_pd();
+        const __mmask8 tail = (__mmask8)((1u << (KW % SG_LANES)) - 1);
 #endif
         for (int64_t n = 0; n < N; n++)
             for (int64_t d = 0; d < KD; d++)
                 for (int64_t h = 0; h < KH; h++) {
                     const T *s = dy + n * g[F_SN] + c * g[F_SC] + d * g[F_SD] + h * g[F_SH];
                     int64_t w = 0;
+#if SG_AVX512_BIAS
+                    if (sw == 1) {
+                        for (; w + SG_LANES <= KW; w += SG_LANES)
+                            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_loadu_ps(s + w)));
+                        if (tail)
+                            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(tail, s + w)));
+                        continue;
+                    }
+#endif
                     for (; w + SG_LANES <= KW; w += SG_LANES)
                         for (int k = 0; k < SG_LANES; k++) lanes[k] += (double)s[(w + k) * sw];
                     for (int k = 0; w < KW; w++, k++) lanes[k] += (double)s[w * sw];
                 }
+#if SG_AVX512_BIAS
+        if (sw == 1)
+            _mm512_storeu_pd(lanes, acc);
+#endif
         double sum = 0;
         for (int k = 0; k < SG_LANES; k++) sum += lanes[k];
         bad |= sum - sum != 0;
