@@ -619,9 +619,10 @@ def test_a_workspace_limit_fits_rows_of_128_positions_as_before():
 
 def test_a_call_in_several_sample_blocks_reads_its_arrays_in_place_or_by_numpy_alike():
     """A call whose samples the plan takes in blocks (96 8x8 images: two blocks of 48; 4 64x64 ones under a 1 MB
-    workspace limit: four blocks of one, each sample's copies in four parts) builds each block's copy jobs from one table per array read in place, and
-    sample by sample where an array is not (a Fortran-ordered x or dy is copied by NumPy; samples two apart are read
-    in place one by one): the same grids, so the same bits, and the definition's values."""
+    workspace limit: four blocks of one, each sample's copies in four parts) builds each block's copy jobs from one
+    table per array read in place, and sample by sample where an array is not (a Fortran-ordered x or dy is copied by
+    NumPy; samples two apart are read in place one by one): the same grids, so the same bits, and the definition's
+    values."""
     from xconv.params import make_params
     from xconv_numpy import dense_plan
     from xconv_numpy.fast import io_bytes

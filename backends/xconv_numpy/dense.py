@@ -268,6 +268,21 @@ def _per_sample(a, n0: int, m: int, grid, row, ranges, at: int, db=None, pad: bo
     return t.reshape(m * P, len(row))
 
 
+def _copy_tables(a, n0: int, m: int, grid, row, ranges, at: int, by_numpy, db=None, pad: bool = False) -> list:
+    """The copy jobs' row tables of samples [n0, n0 + m) of ``a`` (:func:`_per_sample`), in sample order: one table
+    when the whole block is read in place, else one per sample read in place; ``by_numpy(n, i)`` copies sample n
+    (block sample i) into its grid now where the C copy cannot read it."""
+    if _readable(a):
+        return [_per_sample(a, n0, m, grid, row, ranges, at, db, pad)]
+    tables = []
+    for i, n in enumerate(range(n0, n0 + m)):
+        if _readable(a[n]):
+            tables.append(_per_sample(a, n, 1, grid[i:i + 1], row, ranges, at, db, pad))
+        else:
+            by_numpy(n, i)
+    return tables
+
+
 def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, first=(), dw_signal=None,
                 skip: bool = False) -> list:
     """The jobs of samples [n0, n0 + m) as [(Jobs, {argument: base})] in run order: the parts ``first`` (jobs of
@@ -283,23 +298,11 @@ def _block_jobs(f, n0: int, m: int, dy, x, dyG, xG, outs, w_jobs, workers: int, 
     dy_parts = even_ranges(len(f.dy_rows), f.copy_parts)
     x_row = [0, Sn, 0, C, Cg, Xn * ldx, address(f.x_pos), 0, 0, address(f.x_pad), len(f.x_pad), 0, ldx]
     x_parts = even_ranges(Sn, f.copy_parts)
-    dy_copies, x_copies = [], []                         # tables of copy jobs' rows, in sample order
-    if _readable(dy):                                    # every sample read in place: one table
-        dy_copies.append(_per_sample(dy, n0, m, dyG, dy_row, dy_parts, 9, db_parts))
-    else:
-        for i, n in enumerate(range(n0, n0 + m)):
-            if _readable(dy[n]):
-                dy_copies.append(_per_sample(dy, n, 1, dyG[i:i + 1], dy_row, dy_parts, 9, db_parts))
-            else:
-                _dy_to_grid(dy[n], dyG[i], f, None if db_parts is None else db_parts[n])
-    if dw_part is not None and _readable(x):
-        x_copies.append(_per_sample(x, n0, m, xG, x_row, x_parts, 7, pad=True))
-    elif dw_part is not None:
-        for i, n in enumerate(range(n0, n0 + m)):
-            if _readable(x[n]):
-                x_copies.append(_per_sample(x, n, 1, xG[i:i + 1], x_row, x_parts, 7, pad=True))
-            else:
-                _x_to_grid(x[n], xG[i], f)
+    dy_copies = _copy_tables(dy, n0, m, dyG, dy_row, dy_parts, 9, db=db_parts,
+                             by_numpy=lambda n, i: _dy_to_grid(dy[n], dyG[i], f,
+                                                               None if db_parts is None else db_parts[n]))
+    x_copies = [] if dw_part is None else _copy_tables(x, n0, m, xG, x_row, x_parts, 7, pad=True,
+                                                       by_numpy=lambda n, i: _x_to_grid(x[n], xG[i], f))
     parts = list(first)
     for kind, tables, bases in (("dy_to_grid", dy_copies, {0: _DY, 11: _DYG, 12: _DB}),
                                 ("x_to_grid", x_copies, {0: _X, 11: _XG})):

@@ -75,10 +75,9 @@ typedef struct {
 static void xconv_plane_perms64(const int64_t *g, int inverse, int64_t chunks, xconv_perms64 *perms) {
     __m512i *idx = perms->idx;
     __mmask16 *lo = perms->lo, *hi = perms->hi;
-    const int64_t dst_size = inverse ? g[S_D] * g[S_H] * g[S_W] : g[S_OD] * g[S_OH] * g[S_OW];
-    perms->last = (__mmask16)(dst_size % 16 ? (1u << (dst_size % 16)) - 1 : 0xFFFF);
     const int64_t D = g[S_D], H = g[S_H], W = g[S_W], OD = g[S_OD], OH = g[S_OH], OW = g[S_OW];
-    const int64_t KD = g[S_KD], KH = g[S_KH], KW = g[S_KW], Q = OD * OH * OW;
+    const int64_t KD = g[S_KD], KH = g[S_KH], KW = g[S_KW], Q = OD * OH * OW, dst_size = inverse ? D * H * W : Q;
+    perms->last = (__mmask16)(dst_size % 16 ? (1u << (dst_size % 16)) - 1 : 0xFFFF);
     for (int64_t t = 0; t < KD * KH * KW; t++) {
         const int64_t kd = t / (KH * KW), kh = t / KW % KH, kw = t % KW;
         int32_t lane[64] = {0};
