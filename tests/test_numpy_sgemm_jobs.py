@@ -82,9 +82,10 @@ def test_colgemm_forward_into_y_gives_numpy_matmuls_bits_on_its_blocks(case, mon
     want = np.empty(p.output_shape, np.float32)
     ys = want.reshape(f.N, f.g, f.Cog, f.Q)
     wm = w.reshape(f.g, f.Cog, f.Cg * f.K)
-    for n in range(f.N):
-        for a_, b_, o_ in colgemm._block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n]):
-            np.matmul(a_, b_, out=o_)
+    with blas.single_threaded_blas():      # BLAS at one thread, as the paths run it (OpenBLAS's threaded sgemm may
+        for n in range(f.N):             # sum in another order: Haswell kernel, Zen 3)
+            for a_, b_, o_ in colgemm._block_views(wm, cols[:, :, n * f.Q:(n + 1) * f.Q], ys[n]):
+                np.matmul(a_, b_, out=o_)
     with paths.force("colgemm"):
         for least in (1 << 62, 0):
             with paths.tune(parallel_min_work=least, team_min_work=least), xconv.trace() as tr:
