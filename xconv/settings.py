@@ -15,7 +15,7 @@ variable                              field (default)                  values
 ``XCONV_NUMPY_DIRECT``                ``numpy_direct`` (True)          a switch: the depthwise C loops
 ``XCONV_NUMPY_ISA``                   ``numpy_isa`` (None: the best)   ``baseline``, ``avx2`` or ``avx512`` (any case): the highest build loaded
 ``XCONV_NUMPY_OPENMP``                ``numpy_openmp`` (True)          a switch: run loops on torch's OpenMP team
-``XCONV_NUMPY_CPU``                   ``numpy_cpu`` (None: detected)   ``zen4`` or ``intel-avx512`` (any case): the cost model's rates
+``XCONV_NUMPY_CPU``                   ``numpy_cpu`` (None: detected)   ``zen4``, ``avx2``, ``intel-avx512`` (any case): the cost model's rates
 ``XCONV_CUDNN_BENCHMARK``             ``cudnn_benchmark`` (False)      a switch: autotune cuDNN plans
 ``XCONV_CUDNN_PLAN_CACHE_SIZE``       ``cudnn_plan_cache_size`` (512)  a whole number >= 1
 ====================================  ===============================  ==========================================
@@ -50,7 +50,7 @@ ASCEND_NAMES = ("XCONV_ASCEND_LIB_DIR", "XCONV_ASCEND_DEVICE")
 NUMPY_ISAS = ("baseline", "avx2", "avx512")
 #: The NumPy backend's cost-model rates, per kind of CPU they were measured on (``xconv_numpy.cost.RATES`` has the
 #: same keys; a test checks).
-NUMPY_CPUS = ("zen4", "intel-avx512")
+NUMPY_CPUS = ("zen4", "avx2", "intel-avx512")
 DEFAULT_CUDNN_PLAN_CACHE_SIZE = 512
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")

@@ -167,27 +167,23 @@ class Rates:
 #:   multiply-adds/s per core, the dense loops 50 on long rows, 512x512x3x3 at 2x7x7 at 9 (50 ms against colgemm's
 #:   14), the speech encoder's 4x512x1599 -> 512 3-tap stride 2 at 50 (26 ms on two cores): every kind of CPU not
 #:   named below takes these;
+#: - ``avx2``, the AVX2 build on any CPU (fitted on an AMD EPYC Zen 3, OpenBLAS Haswell; two threads, ms, loops or
+#:   blas-grid / colgemm / torch): Zen 4's but for 2^19 weights costing the 8-float blocks 1.5x in 2-D and 3-D too
+#:   (8x256x4x4 256 3x3 backward 7.3 / 4.4 / 4.2, 2x256x14x14 14.5 / 9.7 / 9.1, 3-D 2x128x2x7x7 -> 256 9.7 / 6.2 /
+#:   5.7; 128x128x3x3x3 stays) and colgemm's forward at any width, blas-grid's at 1.2x (speech 4x512x799 21.9 / 16.6);
 #: - ``intel-avx512`` (Intel Xeon, family 6 model 207, two 512-bit FMA units per core; the AVX-512 build, OpenBLAS
-#:   SkylakeX), measured on two threads (ms, dense / colgemm / torch): OpenBLAS runs 80-83 G multiply-adds/s per
-#:   core (Zen 4: 45), the dense loops 75 on 64- and 128-channel 3x3s (2x64x56x56 forward 1.53 ms, torch 1.47) but
-#:   41 with 256x256x3x3 weights (2x256x14x14 forward 2.81 / 1.9-2.0 / 1.27), 15 with 512x512x3x3 (2x512x7x7 7.82
-#:   / 1.69 / 1.46) and 45 on the speech encoder's long rows (4x512x1599 -> 512 3-tap stride 2: 28.1 / 15.6 /
-#:   11.8; its whole evaluation forward 147 ms against torch's 74): the loops' big-weights factor from 2^18
-#:   elements, on every row length (refit later: from 2^19 elements rising over two octaves to 1.8 at 2^21, the step
-#:   where a sample's x or dy exceeds 1 MB: 2x256x14x14 -> 256 forward, two threads, loops 2.01 ms, colgemm 2.45,
-#:   torch about 1.5; 512x512x3x3 at 2x7x7 3.44 / 2.32; the speech encoder's 4x512x3199 -> 512 58 / 37; see
-#:   docs/numpy-backend.md), and colgemm's forward at any width (the 1-D encoder's 6396 output positions)
-#:   and in chunks (the encoder's 4 samples run in two: 27.4-27.7 ms against the dense loops' 61). The grid
-#:   engine's forward ran 1.03-1.4x colgemm's time on the encoder's layers (ms: 4x512x3199 29.9 / 27.7, 4x512x1599
-#:   15.1 / 14.7, 4x512x399 5.27 / 3.76) and 1.55-4.8x on ResNet's 3x3s (2x256x14x14 2.97 / 1.92, 8x128x8x8 2.31 /
-#:   1.02, 8x512x2x2 3.54 / 0.74): costed 1.5x. The stem loops ran 1.6-1.8x their Zen 4 rate (ResNet's 7x7 stem at
-#:   2x3x224x224 forward 1.83 ms, weight gradient 2.7; at 8x3x64x64 the weight gradient 0.99 against colgemm's
-#:   1.94, torch 0.53): 75e9.
+#:   SkylakeX): OpenBLAS 80-83 G multiply-adds/s per core, the loops 75, down to 15 with 512x512x3x3 weights (their
+#:   factor from 2^19 elements rising over two octaves to 1.8, the step where a sample's x or dy passes 1 MB);
+#:   colgemm's forward at any width and in chunks, the grid engine's forward 1.5x, the stem loops 75e9 (the
+#:   measurements: docs/numpy-backend.md, *Rates per kind of CPU*).
+_ZEN4 = Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
+           stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
+           small_cols_call=60e-6, split_call=250e-6, strided_q0=5, loop_big_weights_fwd=1.2,
+           pointwise_fwd=0.8)
 RATES = {
-    "zen4": Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_weights=1.5, loop_long_row=64,
-                  stem_macs=45e9, grid_forward=1.0, forward_chunks=1, forward_columns=4096, loop_weights_2d=1 << 20,
-                  small_cols_call=60e-6, split_call=250e-6, strided_q0=5, loop_big_weights_fwd=1.2,
-                  pointwise_fwd=0.8),
+    "zen4": _ZEN4,
+    "avx2": dataclasses.replace(_ZEN4, loop_weights_2d=1 << 19, grid_forward=1.2, forward_chunks=CORES,
+                                forward_columns=1 << 62),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -209,11 +205,14 @@ def _vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 def detected_cpu() -> str:
     """The kind of CPU whose rates this process takes unless ``XCONV_NUMPY_CPU`` names one: ``intel-avx512`` on an
-    Intel CPU running the AVX-512 build of the compiled loops, else ``zen4`` (the first fit). Read from the CPU and the
-    build, never a clock: the pick stays a function of the configuration and the build."""
+    Intel CPU running the AVX-512 build of the compiled loops, ``avx2`` wherever the AVX2 build runs, else ``zen4``
+    (the first fit). Read from the CPU and the build, never a clock: the pick stays a function of the configuration
+    and the build."""
     lib = native.library()
     if lib is not None and native.isa(lib) == "avx512" and _vendor() == "GenuineIntel":
         return "intel-avx512"
+    if lib is not None and native.isa(lib) == "avx2":
+        return "avx2"
     return "zen4"
 
 

@@ -21,7 +21,8 @@ static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 static inline v8f load8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
 
 /* The AVX2 build's blocks hold 8-float vectors (one AVX register each: the 16-float blocks would need 56 registers
- * of 16): dx8_6x2 (6 positions x 16 channels, 12 accumulators) and dw8_4x2 (4 output x 16 input channels). Each
+ * of 16): dx8_<n>x2 (n <= 6 positions x 16 channels, up to 12 accumulators; a row in blocks of nearly equal length,
+ * not 6 + 6 + 2 for 14) and dw8_4x2 (4 output x 16 input channels). Each
  * output element is still one sum in the same order (taps, then channels; rows, then positions): the AVX-512
  * build's bits. */
 #if defined(__AVX2__) && !defined(__AVX512F__)
@@ -131,7 +132,21 @@ static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE
 #define VW 8
 #define LOADV load8
 #define PRE dx8_
+#define NR 5
+#define NV 2
+#include "direct_dx_block.h"
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dx8_
 #define NR 4
+#define NV 2
+#include "direct_dx_block.h"
+#define VT v8f
+#define VW 8
+#define LOADV load8
+#define PRE dx8_
+#define NR 3
 #define NV 2
 #include "direct_dx_block.h"
 #define VT v8f
@@ -183,11 +198,14 @@ static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
     const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
     const int64_t row_len = j0 + n;                                 /* positions [j0, j0 + n) of the row */
     int64_t j = j0;
-    if (DENSE_V8) {                      /* AVX2: 16 channels, 6 positions at a time, then 4, 2, 1 */
-        for (; j + 6 <= row_len; j += 6) dx8_6x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j + 4 <= row_len; j += 4) dx8_4x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j + 2 <= row_len; j += 2) dx8_2x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
-        for (; j < row_len; j++) dx8_1x2(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+    if (DENSE_V8) {                      /* AVX2: 16 channels in blocks of (nearly) equal length, 6 positions at most */
+        static const dx_block_fn v8[] = {dx8_1x2, dx8_2x2, dx8_3x2, dx8_4x2, dx8_5x2, dx8_6x2};
+        const int64_t nblk = (n + 5) / 6;
+        for (int64_t b = 0; b < nblk; b++) {
+            const int64_t m = n / nblk + (b < n % nblk);
+            v8[m - 1](dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, cb);
+            j += m;
+        }
         return;
     }
     if (one) {                           /* one vector of channels: as many 12-blocks as fit (one load per FMA) */
