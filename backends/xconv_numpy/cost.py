@@ -170,7 +170,8 @@ class Rates:
 #: - ``avx2``, the AVX2 build on any CPU (fitted on an AMD EPYC Zen 3, OpenBLAS Haswell; two threads, ms, loops or
 #:   blas-grid / colgemm / torch): Zen 4's but for 2^19 weights costing the 8-float blocks 1.5x in 2-D and 3-D too
 #:   (8x256x4x4 256 3x3 backward 7.3 / 4.4 / 4.2, 2x256x14x14 14.5 / 9.7 / 9.1, 3-D 2x128x2x7x7 -> 256 9.7 / 6.2 /
-#:   5.7; 128x128x3x3x3 stays) and colgemm's forward at any width, blas-grid's at 1.2x (speech 4x512x799 21.9 / 16.6);
+#:   5.7; 128x128x3x3x3 stays), colgemm's forward at any width in up to CORES sample chunks, blas-grid's at 1.2x
+#:   (speech 4x512x799 21.9 / 16.6). ``XCONV_NUMPY_CPU=avx2`` names these rates, not the instruction set;
 #: - ``intel-avx512`` (Intel Xeon, family 6 model 207, two 512-bit FMA units per core; the AVX-512 build, OpenBLAS
 #:   SkylakeX): OpenBLAS 80-83 G multiply-adds/s per core, the loops 75, down to 15 with 512x512x3x3 weights (their
 #:   factor from 2^19 elements rising over two octaves to 1.8, the step where a sample's x or dy passes 1 MB);
