@@ -210,11 +210,10 @@ def detected_cpu() -> str:
     (the first fit). Read from the CPU and the build, never a clock: the pick stays a function of the configuration
     and the build."""
     lib = native.library()
-    if lib is not None and native.isa(lib) == "avx512" and _vendor() == "GenuineIntel":
+    build = None if lib is None else native.isa(lib)
+    if build == "avx512" and _vendor() == "GenuineIntel":
         return "intel-avx512"
-    if lib is not None and native.isa(lib) == "avx2":
-        return "avx2"
-    return "zen4"
+    return "avx2" if build == "avx2" else "zen4"
 
 
 #: The kind one path choice reads (:func:`choosing`): the one its cache key holds, however often an estimate asks.
