@@ -432,7 +432,7 @@ def test_skipped_padding_taps_change_no_bit(shape, kernel, stride, padding, dila
     np.testing.assert_allclose(skipping[0], exact, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kernel", [(3, 2), (3, 3), (1, 1)])
+@pytest.mark.parametrize("kernel", [(3, 2), (3, 3), (1, 1), (2, 5), (3, 3, 3)])   # K 6, 9, 1; 10 and 27: past 8, 16
 @pytest.mark.parametrize("groups, a, b, flip", [(1, 32, 16, True), (2, 16, 48, True), (1, 32, 16, False),
                                                (3, 16, 32, False)])
 def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip, kernel):

@@ -12,31 +12,7 @@
  * build), and two 8 x 8 tiles of AVX registers on the AVX2 build (its emulated 16-float shuffles cost more than the
  * sums on small planes). The positions past the last whole tile element by element. A copy either way: the same
  * bits. (On their own the 8 x 8 tiles did not change the AVX2 build's time; the sums' vectors below did.) */
-#if DENSE_V8 && defined(__AVX2__)
-#include <immintrin.h>
-/* r[i] <- column i of the 8 x 8 tile whose row j is r[j] */
-static inline void cv_transpose8(__m256 r[8]) {
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-#define CV_TILE8 1
-#else
-#define CV_TILE8 0
-#endif
+#define CV_TILE8 HAVE_TILE8             /* direct_conv.c's transpose8 */
 
 /* The sums' 16-channel vectors: one v16 (an AVX-512 register), or on the AVX2 build two 8-float halves held as
  * such (GCC's 16-float vectors on AVX registers went through memory: the loops ran 4-5x the AVX-512 build's time).
@@ -75,7 +51,7 @@ static void cv_planes_in(const float *src, int64_t ld, int64_t n, float *dst) {
         for (int h = 0; h < 2; h++) {          /* planes 8 h .. 8 h + 7: lanes 8 h .. of positions u .. u + 7 */
             __m256 r[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (8 * h + i) * ld + u);
-            cv_transpose8(r);
+            transpose8(r);
             for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + (u + i) * 16 + 8 * h, r[i]);
         }
 #endif
@@ -99,7 +75,7 @@ static void cv_planes_out(const float *src, int64_t n, float *dst, int64_t ld) {
         for (int h = 0; h < 2; h++) {          /* lanes 8 h .. 8 h + 7 of positions u .. u + 7 -> their planes */
             __m256 r[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (u + i) * 16 + 8 * h);
-            cv_transpose8(r);
+            transpose8(r);
             for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + (8 * h + i) * ld + u, r[i]);
         }
 #endif

@@ -68,6 +68,36 @@ static inline void transpose16(v16 t[16]) {
 static inline void transpose16(v16 t[16]) { (void)t; }     /* never called: TILE_STORES is 0 */
 #endif
 
+/* The AVX2 build's transpositions: 8 x 8 tiles of AVX registers. (GCC emulates the 16-float shuffles of
+ * transpose16 there element by element, through memory: the weights' tap-major copy of 128 x 128 x 3 x 3 x 3 took
+ * 7% of its forward's time.) */
+#if DENSE_V8
+#include <immintrin.h>
+#define HAVE_TILE8 1
+typedef int32_t v8i __attribute__((vector_size(32)));
+/* r[i] <- column i of the 8 x 8 tile whose row j is r[j] */
+static inline void transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+#else
+#define HAVE_TILE8 0
+#endif
+
 /* dx_<NR>x<NV>: the block of direct_dx_block.h for NR positions and NV vectors of channels */
 #define NR 14
 #define NV 2
@@ -181,6 +211,48 @@ static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw,
     if (n >= 1) dx_1x2(dyr, ldy, w, ldw, off, cr, T, Cog, dxr, ldx, os, j, cb);
 }
 
+typedef void (*dx_taps_fn)(float *, const float *, int64_t, const float *, int64_t, const int64_t *, const int64_t *,
+                           int64_t, int64_t, int64_t, int64_t, int64_t);
+
+/* Blocks per chunk of dx_row_taps (their sums, 16 channels x 6 positions each, held in memory over the taps), and
+ * the bytes of weights its taps take at a time */
+#define DX_TAPS_CHUNK 10
+#ifndef DX_TAPS_BYTES
+#define DX_TAPS_BYTES (1 << 14)
+#endif
+
+/* The AVX2 build's row: positions [j, j + n) in blocks of (nearly) equal length, at most 6 positions x 16 channels,
+ * run a few taps at a time (DX_TAPS_BYTES of their weights) over up to DX_TAPS_CHUNK blocks, the sums in memory
+ * between: those taps' weights are read from L1 by every block of the chunk, where block by block every block read
+ * all the taps' weights from L2. The same terms in the same order (taps, then channels) as dx8_<n>x2, so the same
+ * bits. */
+static void dx_row_taps(const float *dyr, int64_t ldy, const float *wr, int64_t ldw, const int64_t *offr,
+                        const int64_t *crr, int64_t Tr, int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j0,
+                        int64_t n, int64_t cb) {
+    static const dx_taps_fn fn[] = {dx8_1x2_taps, dx8_2x2_taps, dx8_3x2_taps, dx8_4x2_taps, dx8_5x2_taps,
+                                    dx8_6x2_taps};
+    float acc[DX_TAPS_CHUNK * 6 * 16] __attribute__((aligned(64)));
+    const int64_t nblk = (n + 5) / 6, q = n / nblk, extra = n % nblk;
+    const int64_t tg = DX_TAPS_BYTES / (64 * Cog) > 1 ? DX_TAPS_BYTES / (64 * Cog) : 1;   /* taps at a time */
+    for (int64_t b0 = 0; b0 < nblk; b0 += DX_TAPS_CHUNK) {
+        const int64_t b1 = b0 + DX_TAPS_CHUNK < nblk ? b0 + DX_TAPS_CHUNK : nblk;
+        const int64_t j = j0 + b0 * q + (b0 < extra ? b0 : extra);          /* the chunk's first position */
+        const int64_t len = (b1 - b0) * q + (b1 < extra ? b1 : extra) - (b0 < extra ? b0 : extra);
+        memset(acc, 0, (size_t)len * 16 * sizeof(float));
+        for (int64_t t0 = 0; t0 < Tr; t0 += tg) {
+            const int64_t t1 = t0 + tg < Tr ? t0 + tg : Tr;
+            int64_t jj = j;
+            for (int64_t b = b0; b < b1; b++) {
+                const int64_t m = q + (b < extra);
+                fn[m - 1](acc + (jj - j) * 16, dyr, ldy, wr, ldw, offr, crr, t0, t1, Cog, jj, cb);
+                jj += m;
+            }
+        }
+        for (int64_t c = 0; c < 16; c++)
+            for (int64_t k = 0; k < len; k++) dxr[(cb + c) * ldx + (j + k) * os] = acc[k * 16 + c];
+    }
+}
+
 /* One row's blocks for the input channels [cb, cb + 32) (AVX2 build: [cb, cb + 16)), or, with one = 1, for
  * [cb, cb + 16) in one vector of channels (the AVX-512 build's last 16 channels when Cg % 32 == 16). Row r: dy from
  * dy + rin[3 r], dx at dx + rout[r] with position step os, row_len positions; only taps [rin[3 r + 1], rin[3 r + 2])
@@ -198,6 +270,11 @@ static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
     const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
     const int64_t row_len = j0 + n;                                 /* positions [j0, j0 + n) of the row */
     int64_t j = j0;
+    const int64_t tap_bytes = 16 * sizeof(float) * Cog;             /* a tap's weights for 16 channels */
+    if (DENSE_V8 && tap_bytes <= DX_TAPS_BYTES && Tr * tap_bytes > 2 * DX_TAPS_BYTES) {   /* the row's: past L1 */
+        dx_row_taps(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, n, cb);
+        return;
+    }
     if (DENSE_V8) {                      /* AVX2: 16 channels in blocks of (nearly) equal length, 6 positions at most */
         static const dx_block_fn v8[] = {dx8_1x2, dx8_2x2, dx8_3x2, dx8_4x2, dx8_5x2, dx8_6x2};
         const int64_t nblk = (n + 5) / 6;
@@ -400,7 +477,7 @@ void xconv_dw_rows(const float *dy, int64_t ldy, int64_t sdy, const float *x, in
  *   grid[pos[u] * ps + c % Cg] = src[c * ldc + u],   and grid[pad[k] * ps + c % Cg] = 0 for k < npad,
  * pos and pad together covering a grid once; c0, c1 and Cg multiples of 16. In 16 x 16 register
  * transpositions where the compiler has vector shuffles (consecutive x positions, each stored to its own grid
- * position). */
+ * position; the AVX2 build: 8 x 8, the last 1..7 positions element by element). */
 void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int64_t Cg, int64_t gs,
                      const int64_t *pos, int64_t u0, int64_t u1, const int64_t *pad, int64_t npad, float *dst,
                      int64_t ps, int64_t *bad) {
@@ -411,7 +488,20 @@ void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int6
         float *d = dst + cb / Cg * gs + cb % Cg;
         for (int64_t k = 0; k < npad; k++) memset(d + pad[k] * ps, 0, 16 * sizeof(float));
         int64_t u = u0;
-#ifdef HAVE_TILE16
+#if HAVE_TILE8
+        v8i odd8 = {0};
+        for (; u + 8 <= u1; u += 8)
+            for (int h = 0; h < 2; h++) {          /* channels 8 h .. 8 h + 7 of positions u .. u + 7 */
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) {
+                    r[i] = _mm256_loadu_ps(s + (8 * h + i) * ldc + u);
+                    if (bad) odd8 |= ((v8i)r[i] & 0x7f800000) == 0x7f800000;
+                }
+                transpose8(r);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(d + pos[u + i] * ps + 8 * h, r[i]);
+            }
+        for (int i = 0; i < 8; i++) any |= (uint32_t)odd8[i];
+#elif defined(HAVE_TILE16)
         v16i odd = {0};
         for (; u + 16 <= u1; u += 16) {
             v16 t[16];
@@ -456,10 +546,20 @@ void xconv_x_to_grid(const float *src, int64_t ldc, int64_t c0, int64_t c1, int6
 
 /* Rows [r0, r1) of dst = src transposed, dst[r * K + t] = src[t * R + r] for t < K: the weight gradient from the
  * loops' tap-major sums to the weights' layout (taps last). 16 rows at a time in a register transposition when
- * K <= 16 and the compiler has vector shuffles, else (and for the last rows) element by element. */
+ * K <= 16 and the compiler has vector shuffles (the AVX2 build: 8 rows and 8 taps at a time, any K), else (and for
+ * the last rows) element by element. */
 void xconv_taps_last(const float *src, int64_t K, int64_t R, float *dst, int64_t r0, int64_t r1) {
     int64_t r = r0;
-#ifdef HAVE_TILE16
+#if HAVE_TILE8
+    for (; r + 8 <= r1; r += 8)                     /* 8 rows at a time, taps 8 at a time (the AVX2 build: any K) */
+        for (int64_t t0 = 0; t0 < K; t0 += 8) {
+            const int64_t m = K - t0 < 8 ? K - t0 : 8;
+            __m256 q[8];
+            for (int i = 0; i < 8; i++) q[i] = i < m ? _mm256_loadu_ps(src + (t0 + i) * R + r) : _mm256_setzero_ps();
+            transpose8(q);
+            for (int i = 0; i < 8; i++) memcpy(dst + (r + i) * K + t0, &q[i], m * sizeof(float));
+        }
+#elif defined(HAVE_TILE16)
     if (K <= 16)
         for (; r + 16 <= r1; r += 16) {
             v16 t[16];

@@ -80,6 +80,44 @@ static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t l
         for (int k = 0; k < NR; k++) dxr[(cb + c) * ldx + (j + k) * os] = buf[k][c];
 }
 
+#if VW == 8
+/* The block's terms of taps [t0, t1) only, its sums read from and written back to accm (NR x NV vectors in memory):
+ * a row's blocks a few taps at a time (dx_row_taps), those taps' weights kept in L1 over the blocks. Each sum takes
+ * the same terms in the same order as in NAME, so the same bits. */
+static inline void XCONV_CAT(NAME, _taps)(float *accm, const float *dyr, int64_t ldy, const float *w, int64_t ldw,
+                                           const int64_t *off, const int64_t *cr, int64_t t0, int64_t t1, int64_t Cog,
+                                           int64_t j, int64_t cb) {
+    VT acc[NR][NV];
+    for (int k = 0; k < NR; k++)
+        for (int v = 0; v < NV; v++) acc[k][v] = LOADV(accm + (k * NV + v) * VW);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *d = dyr + j - off[t];
+        const float *wt = w + t * Cog * ldw + cb;
+        const int64_t a = cr[2 * t] - j, b = cr[2 * t + 1] - j;     /* positions [a, b) read dy's values */
+        if (a <= 0 && b >= NR) {
+            TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR);
+            continue;
+        }
+        if (a >= b || b <= 0 || a >= NR)
+            continue;                                               /* every position reads zeros only */
+        const int lo = a < 2 ? (int)a : 2, hi = NR - b < 2 ? (int)(NR - b) : 2;
+        switch (3 * (lo < 0 ? 0 : lo) + (hi < 0 ? 0 : hi)) {
+        case 0: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR); break;
+        case 1: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 1); break;
+        case 2: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 2); break;
+        case 3: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR); break;
+        case 4: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 1); break;
+        case 5: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 2); break;
+        case 6: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR); break;
+        case 7: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 1); break;
+        default: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 2); break;
+        }
+    }
+    for (int k = 0; k < NR; k++)
+        for (int v = 0; v < NV; v++) memcpy(accm + (k * NV + v) * VW, &acc[k][v], sizeof acc[k][v]);
+}
+#endif
+
 #undef NAME
 #undef TAPS
 #undef NR
