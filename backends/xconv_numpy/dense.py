@@ -1,6 +1,6 @@
-"""Direct convolution in compiled C loops (csrc/direct_conv.c), for channel counts per group that are multiples of
-16: the backward, and the float32 forward (:func:`fprop`: at stride 1 the input gradient of the :func:`dual` call, at
-larger strides :mod:`.dense_strided`).
+"""Direct convolution in compiled C loops (csrc/direct_conv.c; their copies csrc/grid_copy.c), for channel counts per
+group that are multiples of 16: the backward, and the float32 forward (:func:`fprop`: at stride 1 the input gradient
+of the :func:`dual` call, at larger strides :mod:`.dense_strided`).
 
 im2col + BLAS loses most where one GEMM dimension is 16-32 channels (BLAS packing costs as much
 as the arithmetic) and spends 20-40% on column copies elsewhere. These loops compute the sums

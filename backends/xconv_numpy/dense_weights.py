@@ -1,7 +1,7 @@
-"""The dense loops' weights in their layout (csrc/direct_conv.c): the tap-major copy the dx loops read, in rows padded
-to an odd number of cache lines, and the weight gradient's sums back to taps-last; each a C job list kept as a
-template per shape and worker count (:class:`.jobs.Template`), or run as jobs of the dense call's own list
-(:func:`.dense._run_planned`). Bits are copied: the results equal NumPy's transposes."""
+"""The dense loops' weights in their layout (csrc/direct_conv.c; copied by csrc/grid_copy.c): the tap-major copy the dx
+loops read, in rows padded to an odd number of cache lines, and the weight gradient's sums back to taps-last; each a
+C job list kept as a template per shape and worker count (:class:`.jobs.Template`), or run as jobs of the dense
+call's own list (:func:`.dense._run_planned`). Bits are copied: the results equal NumPy's transposes."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _copyable(w, g: int, flip: bool) -> bool:
 
 
 def tap_major(w, g: int, flip: bool, workers: int, padded: bool = False):
-    """``w`` (g A, B, *kernel) in the dx loops' tap-major layout by one transposing copy in C (csrc/direct_conv.c's
+    """``w`` (g A, B, *kernel) in the dx loops' tap-major layout by one transposing copy in C (csrc/grid_copy.c's
     xconv_x_to_grid, on up to ``workers`` threads), or None where w is not float32, C-contiguous and aligned, A and B
     multiples of 16 (the caller then copies by NumPy):
 
@@ -118,7 +118,7 @@ def _copy(key, workers: int, rows, src, dst, *args) -> None:
 
 def _taps_last(total: np.ndarray, workers: int) -> np.ndarray:
     """The weight gradient's sums (g, K, Cog, Cg), float32 C-contiguous, as (g, Cog, Cg, K): one transposing copy in
-    C (csrc/direct_conv.c's xconv_taps_last) on up to ``workers`` threads (bits copied)."""
+    C (csrc/grid_copy.c's xconv_taps_last) on up to ``workers`` threads (bits copied)."""
     g, K, A, B = total.shape
     out = np.empty((g, A, B, K), np.float32)
     _copy(("taps_last", total.shape), workers, _taps_last_rows, total, out, workers)
