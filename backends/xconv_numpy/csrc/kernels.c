@@ -1,4 +1,4 @@
-/* Every compiled loop of the NumPy backend in one library (see ../native.py, which loads it). setup.py builds
+/* Every compiled loop of the NumPy backend in one library (loaded by ../native.py). setup.py builds
  * it once per instruction set (kernels_<isa>.c include this file; XCONV_ISA names the build) and the loader
  * picks the best one the CPU runs, asking the baseline build's xconv_cpu_level(), and checks that the build's
  * argument layout (layout.h; xconv_layout, xconv_layout_slots) is the one ../layout.py declares.
