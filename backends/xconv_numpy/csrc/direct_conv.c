@@ -125,12 +125,15 @@ static void dx_span2(const float *dyr, int64_t ldy, const float *w, int64_t ldw,
 typedef void (*dx_taps_fn)(float *, const float *, int64_t, const float *, int64_t, const int64_t *, const int64_t *,
                            int64_t, int64_t, int64_t, int64_t, int64_t);
 
-/* Blocks per chunk of dx_row_taps (their sums, 16 channels x 6 positions each, held in memory over the taps), and
- * the bytes of weights its taps take at a time */
+/* dx_row_taps's shape: blocks per chunk (their sums, 16 channels x 6 positions each, held in memory over the taps),
+ * the bytes of weights a chunk's blocks take at a time (whole taps, at least one), and the row's weights past which
+ * a row runs that way (dx_row). Measured, one thread, AVX2 build on Zen 3, min of 3 alternating runs, ms, bytes at a
+ * time 16K / 24K / 32K: 2x128x4x14x14 -> 128 3x3x3 forward 17.8 / 17.4 / 19.2, 4x128x32x32 -> 64 3x3 9.5 / 8.8 /
+ * 10.0, 2x64x56x56 -> 64 6.4 / 6.2 / 6.9; below DX_TAPS_MIN block by block (4x32x64x64 -> 32 3x3, 18 KiB: 3.46 block
+ * by block, 3.77 taps at a time). */
 #define DX_TAPS_CHUNK 10
-#ifndef DX_TAPS_BYTES
-#define DX_TAPS_BYTES (1 << 14)
-#endif
+#define DX_TAPS_BYTES (24 << 10)
+#define DX_TAPS_MIN (32 << 10)
 
 /* The AVX2 build's row: positions [j, j + n) in blocks of (nearly) equal length, at most 6 positions x 16 channels,
  * run a few taps at a time (DX_TAPS_BYTES of their weights) over up to DX_TAPS_CHUNK blocks, the sums in memory
@@ -182,7 +185,7 @@ static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
     const int64_t row_len = j0 + n;                                 /* positions [j0, j0 + n) of the row */
     int64_t j = j0;
     const int64_t tap_bytes = 16 * sizeof(float) * Cog;             /* a tap's weights for 16 channels */
-    if (DENSE_V8 && tap_bytes <= DX_TAPS_BYTES && Tr * tap_bytes > 2 * DX_TAPS_BYTES) {   /* the row's: past L1 */
+    if (DENSE_V8 && tap_bytes <= DX_TAPS_BYTES && Tr * tap_bytes > DX_TAPS_MIN) {  /* the row's past L1, a tap's not */
         dx_row_taps(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, n, cb);
         return;
     }
