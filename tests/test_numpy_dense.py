@@ -449,6 +449,19 @@ def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip, k
     assert dense.tap_major(w[:, ::-1], groups, flip, 1) is None           # not contiguous: NumPy's copy instead
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_loops_weight_copies_start_a_cache_line(padded):
+    """dense.tap_major's copy (the dx loops' weights) starts on a 64-byte boundary, where NumPy's np.empty of the same
+    size starts 16 bytes past one (glibc's large blocks): every 16-float block of a row then spans one line, not two."""
+    w = np.random.default_rng(4).standard_normal((128, 128, 3, 3)).astype(np.float32)
+    for flip in (False, True):
+        copy = dense.tap_major(w, 1, flip, 1, padded)
+        assert copy.ctypes.data % 64 == 0
+        if padded:                                       # rows of whole lines: every row's blocks start one too
+            assert copy.strides[2] % 64 == 0
+    assert dense_plan.line_aligned((3, 1000, 17)).ctypes.data % 64 == 0
+
+
 def test_weight_rows_are_padded_to_an_odd_number_of_cache_lines():
     """dense.padded_row: n channels rounded up to an odd number of 16-float lines (never fewer than n)."""
     assert [dense.padded_row(n) for n in (16, 32, 48, 64, 128, 256, 272, 512)] == [16, 48, 48, 80, 144, 272, 272, 528]

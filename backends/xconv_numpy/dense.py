@@ -44,7 +44,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, native
-from .dense_plan import dx_units, padded_row, plan
+from .dense_plan import dx_units, line_aligned, padded_row, plan
 from .dense_weights import (ROW_TASKS_PER_WORKER, TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
                             _tap_major_rows, tap_major, tap_major_any)  # noqa: F401  (tap_major: dense.tap_major)
 from .finite import all_finite
@@ -195,7 +195,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     w_copy = None                                        # (w, its copy, flip, odd): by the planned call's first jobs
     if need_dx:                                          # per dx phase: its taps' weights (g, T, Cog, Cg)
         if in_list:                                      # odd[0] set by the copy where w holds an inf or a NaN
-            w_copy = (w_src, np.empty((g, K, Cog, padded_row(Cg)), f32)[..., :Cg], flip, np.zeros(1, np.int64))
+            w_copy = (w_src, line_aligned((g, K, Cog, padded_row(Cg)))[..., :Cg], flip, np.zeros(1, np.int64))
             w_jobs = [w_copy[1]]
         else:
             wdx = tap_major_any(w_src, g, flip, workers)                       # (g, K, Cog, Cg)

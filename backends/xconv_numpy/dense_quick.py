@@ -19,7 +19,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense, jobs
-from .dense_plan import padded_row, plan
+from .dense_plan import line_aligned, padded_row, plan
 from .grid.scratch import ARENA
 
 _F32 = np.dtype(np.float32)
@@ -61,7 +61,7 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
                                                 (f.nb, g, f.Xn, f.ldx) if need_dw else None,
                                                 (g, K, Cog, Cg) if need_dw else None), _F32)
         try:
-            w_copy = (w, np.empty((g, K, Cog, row), _F32)[..., :Cg], flip, np.zeros(1, np.int64)) \
+            w_copy = (w, line_aligned((g, K, Cog, row))[..., :Cg], flip, np.zeros(1, np.int64)) \
                 if need_dx else None
             skip = need_dw and dense.skips_padding(f, dy)
             kept = f.templates.get((need_dx, need_dw, False, workers, flip if need_dx else None, need_dw, skip))

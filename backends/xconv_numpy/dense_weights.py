@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .dense_plan import frozen, padded_row
+from .dense_plan import frozen, line_aligned, padded_row
 from .jobs import Jobs
 from .native import address
 from .workers import even_ranges
@@ -62,7 +62,7 @@ def tap_major(w, g: int, flip: bool, workers: int, padded: bool = False):
         return None
     rows, n = (B, A) if flip else (A, B)
     ld = padded_row(n) if padded else n
-    out = np.empty((g, K, rows, ld), np.float32)[..., :n]
+    out = line_aligned((g, K, rows, ld))[..., :n]
     _copy(("x_to_grid", w.shape, g, flip, ld), workers, _tap_major_rows, w, out, g, flip, workers)
     return out
 
