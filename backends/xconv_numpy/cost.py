@@ -184,7 +184,7 @@ _ZEN4 = Rates(blas_macs=45e9, loop_macs=50e9, loop_weights=1 << 19, loop_big_wei
 RATES = {
     "zen4": _ZEN4,
     "avx2": dataclasses.replace(_ZEN4, loop_weights_2d=1 << 19, grid_forward=1.2, forward_chunks=CORES,
-                                forward_columns=1 << 62),
+                                forward_columns=1 << 62, loop_big_weights_fwd=1.0),
     "intel-avx512": Rates(blas_macs=80e9, loop_macs=75e9, loop_weights=1 << 19, loop_big_weights=1.8,
                           loop_long_row=None, stem_macs=75e9, grid_forward=1.5, forward_chunks=CORES,
                           forward_columns=1 << 62, loop_weights_ramp=2, loop_sample_bytes=1 << 20),
@@ -306,9 +306,8 @@ def _colgemm_blocks(p, cores: int = CORES) -> int:
     return min(cores, max(1, g * Cog * Cg * K * N * Q >> 22))
 
 
-#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512 (the AVX2 build's 8-float
-#: blocks lost: stand-in on Zen 4, two threads, ms, dense / colgemm: 2x512x7x7 -> 512 3x3 6.2 / 4.0, 2x256x14x14 8.0 /
-#: 6.3).
+#: The builds whose stride-1 dense forward takes ``Rates.loop_big_weights_fwd``: AVX-512; the AVX2 build where its
+#: rows run taps at a time (dense.taps_at_a_time; block by block it lost: 2x512x7x7 -> 512 3x3 13.8 / 6.6 ms).
 BIG_WEIGHTS_FWD_ISAS = ("avx512",)
 
 
@@ -325,7 +324,8 @@ def big_weights(p, r: Rates, forward: bool = False) -> float:
     if W < least:
         return 1.0
     factor, lib = r.loop_big_weights, native.library() if forward else None
-    if lib is not None and r.loop_big_weights_fwd is not None and native.isa(lib) in BIG_WEIGHTS_FWD_ISAS:
+    if lib is not None and r.loop_big_weights_fwd is not None \
+            and (native.isa(lib) in BIG_WEIGHTS_FWD_ISAS or dense_loops.taps_at_a_time(p)):
         factor = r.loop_big_weights_fwd
     sample = 4 * max(p.input_shape[1] * math.prod(p.input_shape[2:]), p.output_shape[1] * Q)
     if r.loop_weights_ramp <= 0 or (r.loop_sample_bytes is not None and sample > r.loop_sample_bytes):

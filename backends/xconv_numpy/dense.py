@@ -44,7 +44,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, native
-from .dense_plan import dx_units, line_aligned, padded_row, plan
+from .dense_plan import dx_units, line_aligned, padded_row, plan, taps_channels
 from .dense_weights import (ROW_TASKS_PER_WORKER, TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
                             _tap_major_rows, tap_major, tap_major_any)  # noqa: F401  (tap_major: dense.tap_major)
 from .finite import all_finite
@@ -425,11 +425,20 @@ STRIDED_SHORT_ROW_MACS = 1 << 22
 #: Fewest input channels per group for the strided forward by default: a stem's few keep the stem loops (the same
 #: time: MobileNetV2's 8x3x96x96 -> 16 0.25 vs 0.26 ms, ResNet's 8x3x64x64 7x7 0.92 vs 0.89).
 STRIDED_MIN_CHANNELS = 16
-#: Builds whose strided forward the cost model may pick: on the AVX2 build (8-float blocks, Haswell BLAS kernel) it
-#: lost where the columns' BLAS runs near its peak (AVX2 stand-in on Zen 4, two threads, ms: the speech encoder's
-#: 4x512x3199 -> 512 3-tap s2 53 -> 90, 2x128x28x28 -> 256 3x3 s2 2.2 -> 3.3; it won at 8x64x16x16 -> 128, 1.18 ->
-#: 0.96): it stays forced-only there until the model has the build's rates.
+#: Builds whose strided forward the cost model may pick; the AVX2 build (8-float blocks, Haswell BLAS kernel) where
+#: its rows run taps at a time (:func:`taps_at_a_time`), elsewhere it lost where the columns' BLAS runs near its peak
+#: (two threads, ms: the speech encoder's 4x512x3199 -> 512 3-tap s2 53 -> 90 on the Zen 4 stand-in).
 STRIDED_ISAS = ("avx512",)
+
+
+def taps_at_a_time(p: ConvParams) -> bool:
+    """Whether the loaded build's rows run ``p``'s forward a few taps at a time (csrc/direct_conv.c's dx_row_taps:
+    the AVX2 build, at most :func:`.dense_plan.taps_channels` input channels per group), each tap's weights read from
+    L1 by a chunk's blocks: there big weights cost the loops little, and the strided forward beat the columns
+    (issue 25, Zen 3, two threads, ms, loops / columns: 8x256x4x4 -> 256 3x3 1.11 / 1.34, 2x128x2x7x7 -> 256
+    3x3x3 2.16 / 2.51, 2x64x56x56 -> 128 3x3 s2 2.30 / 2.74, 8x64x16x16 -> 128 s2 0.87 / 1.28; with 512 channels,
+    block by block, the speech encoder's 4x512x799 -> 512 3-tap s2 23.5 / 19.2)."""
+    return available() and p.input_shape[1] // p.groups <= taps_channels()
 
 
 def serves_fprop(p: ConvParams) -> bool:
@@ -444,7 +453,8 @@ def serves_fprop(p: ConvParams) -> bool:
     if any(s != 1 for s in p.stride):
         row = p.output_shape[-1]
         macs = math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel)
-        return (available() and native.isa(native.library()) in STRIDED_ISAS and math.prod(p.kernel) > 1
+        return (available() and (native.isa(native.library()) in STRIDED_ISAS or taps_at_a_time(p))
+                and math.prod(p.kernel) > 1
                 and (row >= STRIDED_MIN_ROW or (row == STRIDED_SHORT_ROW and max(p.stride) <= 2
                                                  and macs >= STRIDED_SHORT_ROW_MACS))
                 and p.input_shape[1] // p.groups >= STRIDED_MIN_CHANNELS)

@@ -275,6 +275,13 @@ def dx_units(T: int, Cog: int, Cg: int) -> int:
     return int(native.library().xconv_dx_units(T, Cog, Cg))
 
 
+@functools.lru_cache(maxsize=None)
+def taps_channels() -> int:
+    """The most dy channels per group whose input-gradient rows run a few taps at a time (csrc/direct_conv.c's
+    xconv_dx_taps_channels: the AVX2 build's, 384; 0 where every row runs block by block)."""
+    return int(native.library().xconv_dx_taps_channels())
+
+
 def channel_major_floats(S, X, Y, st, d, k, pre, need_dx: bool) -> int:
     """Floats per channel of the channel-major dy grid the loops had before its rows were interleaved (a margin of the
     largest tap offset, then the grid, rounded up to an odd number of 64-byte lines): what :func:`plan`'s samples per

@@ -74,6 +74,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.xconv_stem_scratch.argtypes, lib.xconv_stem_scratch.restype = [p], ctypes.c_int64
     lib.xconv_stem_wjobs.argtypes, lib.xconv_stem_wjobs.restype = [p, ctypes.c_int64], ctypes.c_int64
     lib.xconv_dx_units.argtypes, lib.xconv_dx_units.restype = [ctypes.c_int64] * 3, ctypes.c_int64
+    lib.xconv_dx_taps_channels.argtypes, lib.xconv_dx_taps_channels.restype = [], ctypes.c_int64
     for suf in ("f32", "f64"):
         fn = getattr(lib, f"xconv_all_finite_{suf}")
         fn.argtypes, fn.restype = [p, ctypes.c_int64], ctypes.c_int

@@ -135,6 +135,10 @@ typedef void (*dx_taps_fn)(float *, const float *, int64_t, const float *, int64
 #define DX_TAPS_BYTES (24 << 10)
 #define DX_TAPS_MIN (32 << 10)
 
+/* The most dy channels (the forward's input channels per group) whose rows run taps at a time: a tap's weights for
+ * 16 channels within DX_TAPS_BYTES (0: this build's rows run block by block). For the cost model (dense.py). */
+int64_t xconv_dx_taps_channels(void) { return DENSE_V8 ? (int64_t)(DX_TAPS_BYTES / (16 * sizeof(float))) : 0; }
+
 /* The AVX2 build's row: positions [j, j + n) in blocks of (nearly) equal length, at most 6 positions x 16 channels,
  * run a few taps at a time (DX_TAPS_BYTES of their weights) over up to DX_TAPS_CHUNK blocks, the sums in memory
  * between: those taps' weights are read from L1 by every block of the chunk, where block by block every block read
