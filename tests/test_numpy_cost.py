@@ -313,23 +313,21 @@ def test_the_kind_named_decides_the_pick_and_each_kind_keeps_its_own(monkeypatch
 @pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()),
                     reason="the dense loops (a candidate of every call below) need the compiled loops")
 def test_the_avx2_kind_sends_wide_weights_and_long_strided_forwards_to_colgemm():
-    """The avx2 kind (the AVX2 build's 8-float blocks, fitted on an AMD EPYC Zen 3, two threads; ms, dense loops or
-    blas-grid / colgemm): a group's weights of 2^19 elements or more cost the loops' gradients 1.5x in 2-D and 3-D too
+    """The avx2 kind (the AVX2 build's 8-float blocks, fitted on an AMD EPYC Zen 3, two threads; ms, dense loops or blas-
+    grid / colgemm): a group's weights of 2^19 elements or more cost the loops' gradients 1.5x in 2-D and 3-D too
     (ResNet's 8x256x4x4 256 3x3 backward 7.3 / 4.4; 2x256x14x14 backward 14.5 / 9.7; the 3-D 2x128x2x7x7 -> 256
-    backward 9.7 / 6.2), not their forward where the rows run taps at a time (dense.taps_at_a_time: 8x256x4x4 1.11 /
-    1.34; the AVX-512 build's forward takes Zen 4's 1.2 there), 128x128x3x3x3 (442k) nothing, and colgemm's forward
-    takes any number of output positions in up to CORES sample chunks (the speech encoder's 3-tap stride-2 forwards
-    on the grid engine 12.3-81 / 11.4-80.7). Zen 4's rates keep the loops and the grid engine there. (Where the
-    loops' strided forward is a candidate for the speech layer, on the AVX-512 build, its pick is asserted only where
-    the loops cannot take it.)"""
+    backward 9.7 / 6.2), not their forward where the AVX2 build's rows run taps at a time (dense.taps_at_a_time:
+    8x256x4x4 1.11 / 1.34; an AVX-512 build's forward takes the kind's 1.0 too), 128x128x3x3x3 (442k) nothing, and
+    colgemm's forward takes any number of output positions in up to CORES sample chunks (the speech encoder's 3-tap
+    stride-2 forwards on the grid engine 12.3-81 / 11.4-80.7). Zen 4's rates keep the loops and the grid engine there.
+    (Where the loops' strided forward is a candidate for the speech layer, on the AVX-512 build, its pick is asserted
+    only where the loops cannot take it.)"""
     wide = make_params((8, 256, 4, 4), (256, 256, 3, 3), padding=1)
     speech = make_params((4, 512, 3199), (512, 512, 3), stride=2)
     three_d = make_params((2, 128, 4, 14, 14), (128, 128, 3, 3, 3), padding=1)
     strided_loops = cost.dense_loops.serves_fprop(speech)
-    loops = cost.dense_loops.available()         # the loops' forward is a candidate (any build but the baseline)
     with cost.choosing("avx2"):
-        forward = "dense" if loops else "colgemm"
-        assert [paths.cost_pick(wide, o) for o in ("y", "dx", "dw")] == [forward, "colgemm", "colgemm"]
+        assert [paths.cost_pick(wide, o) for o in ("y", "dx", "dw")] == ["dense", "colgemm", "colgemm"]
         assert "colgemm" in paths._candidates(speech, "y")
         assert strided_loops or paths.cost_pick(speech, "y") == "colgemm"
         assert [paths.cost_pick(three_d, o) for o in ("y", "dx", "dw")] == ["dense"] * 3

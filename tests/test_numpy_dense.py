@@ -452,7 +452,7 @@ def test_weights_in_the_loops_layout_are_numpys_transposes(groups, a, b, flip, k
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_loops_weight_copies_start_a_cache_line(padded):
     """dense.tap_major's copy (the dx loops' weights) starts on a 64-byte boundary, where NumPy's np.empty of the same
-    size starts 16 bytes past one (glibc's large blocks): every 16-float block of a row then spans one line, not two."""
+    size need not (glibc's large blocks start 16 bytes past one): every 16-float block of a row then spans one line."""
     w = np.random.default_rng(4).standard_normal((128, 128, 3, 3)).astype(np.float32)
     for flip in (False, True):
         copy = dense.tap_major(w, 1, flip, 1, padded)
@@ -487,6 +487,34 @@ def test_rows_of_five_to_fourteen_positions_run_in_one_block_with_the_exact_path
     np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
     assert one[0].tobytes() == y.tobytes()
 
+
+
+@pytest.mark.parametrize("xs, ws", [((2, 64, 5, 61), (64, 64, 3, 3)), ((1, 128, 3, 4, 9), (128, 128, 3, 3, 3)),
+                                     ((1, 384, 70), (384, 384, 3))])
+def test_rows_a_few_taps_at_a_time_match_the_exact_path_whatever_the_workers(xs, ws):
+    """Rows whose weights pass 32 KiB (the AVX2 build: a few taps at a time over up to 10 blocks of a row, their sums
+    kept between, csrc/direct_conv.c's dx_row_taps; here 9 taps of 64 channels over rows of 61, 27 of 128, one tap of
+    384 at a time): the forward and the input gradient match the exact path, and the bits do not depend on the
+    workers."""
+    rng = np.random.default_rng(len(xs))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / math.sqrt(math.prod(ws[1:]))).astype(np.float32)
+    dy = rng.standard_normal(xs[:1] + ws[:1] + xs[2:]).astype(np.float32)
+    if native.isa(native.library()) == "avx2":              # this shape's rows run that way on the AVX2 build
+        assert dense_plan.taps_rows(math.prod(ws[2:]), ws[1]) and dense_plan.taps_rows(math.prod(ws[2:]), ws[0])
+    with paths.force("dense"):
+        with xconv.trace() as t:
+            y = xconv.conv_fprop(x, w, padding=1, backend="numpy")
+            dx = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy")[0]
+        assert all(r.path.startswith("dense") for r in t.records)
+        with paths.tune(parallel_min_work=0, team_min_work=0):
+            both = (xconv.conv_fprop(x, w, padding=1, backend="numpy"),
+                    xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False),
+                                               backend="numpy")[0])
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"), rtol=1e-4, atol=1e-4)
+    exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")
+    np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
+    assert both[0].tobytes() == y.tobytes() and both[1].tobytes() == dx.tobytes()
 
 
 def test_big_weights_split_in_channel_units_with_the_same_bits_on_any_workers():

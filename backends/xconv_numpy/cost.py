@@ -122,7 +122,8 @@ class Rates:
       1.2); of 2823 random forwards the candidates weigh, 127 then picked the loops, eight measured warm 15-60% faster
       (16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7 ms, 1x256x28x28 -> 512 9.0 against grid-forward's 15.0).
       With its weights cold, as in a model, that forward ran 3.69 / 3.24 and 8x512x4x4 -> 256 2.38 / 2.27:
-      :data:`WEIGHT_COPY` now gives both to colgemm. AVX-512 builds only (:data:`BIG_WEIGHTS_FWD_ISAS`);
+      :data:`WEIGHT_COPY` now gives both to colgemm. AVX-512 builds (:data:`BIG_WEIGHTS_FWD_ISAS`; the AVX2 build
+      where its rows run taps at a time, ``avx2``'s 1.0);
     - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
       :func:`backward_pair`);
     - ``strided_q0``: the Q0 of the dense loops' strided forward on rows shorter than ``dense.STRIDED_MIN_ROW`` (None:
@@ -315,7 +316,7 @@ def big_weights(p, r: Rates, forward: bool = False) -> float:
     """The dense loops' time factor for one group's weights of W elements (see :class:`Rates`): 1 below the
     threshold T (``r.loop_weights``; for 2-D and 3-D kernels ``r.loop_weights_2d`` where set); from there
     ``r.loop_big_weights`` (the stride-1 ``forward``'s: ``r.loop_big_weights_fwd`` where set and the build is one
-    of :data:`BIG_WEIGHTS_FWD_ISAS`), or, with a ramp and
+    of :data:`BIG_WEIGHTS_FWD_ISAS` or runs the rows taps at a time, dense.taps_at_a_time), or, with a ramp and
     where a sample's x and dy (float32) fit in ``r.loop_sample_bytes``, 1 + (that factor - 1) * min(1, log2(W / T) /
     loop_weights_ramp)."""
     N, Cg, Cog, g, K, Q = _sizes(p)

@@ -44,7 +44,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, native
-from .dense_plan import dx_units, line_aligned, padded_row, plan, taps_channels
+from .dense_plan import dx_units, line_aligned, padded_row, plan, taps_rows
 from .dense_weights import (ROW_TASKS_PER_WORKER, TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
                             _tap_major_rows, tap_major, tap_major_any)  # noqa: F401  (tap_major: dense.tap_major)
 from .finite import all_finite
@@ -425,25 +425,37 @@ STRIDED_SHORT_ROW_MACS = 1 << 22
 #: Fewest input channels per group for the strided forward by default: a stem's few keep the stem loops (the same
 #: time: MobileNetV2's 8x3x96x96 -> 16 0.25 vs 0.26 ms, ResNet's 8x3x64x64 7x7 0.92 vs 0.89).
 STRIDED_MIN_CHANNELS = 16
-#: Builds whose strided forward the cost model may pick; the AVX2 build (8-float blocks, Haswell BLAS kernel) where
-#: its rows run taps at a time (:func:`taps_at_a_time`), elsewhere it lost where the columns' BLAS runs near its peak
-#: (two threads, ms: the speech encoder's 4x512x3199 -> 512 3-tap s2 53 -> 90 on the Zen 4 stand-in).
+#: Builds whose strided forward the cost model may pick. The AVX2 build's (8-float blocks, Haswell BLAS kernel) for 2-D
+#: kernels of at most STRIDED_AVX2_CHANNELS input channels per group only, since issue 25's eighteenth session (Zen 3,
+#: ms, loops / colgemm, two threads: 8x64x16x16 -> 128 3x3 s2 0.87 / 1.28, 2x64x56x56 -> 128 2.30 / 2.74, 2x128x28x28
+#: -> 256 2.08 / 2.13; one thread 1.35 / 1.44, 3.66 / 3.63, 3.53 / 3.86; 8x32x32x32 -> 64 1.09 / 1.79, 8x16x64x64 -> 32
+#: 1.24 / 2.28): in 1-D it lost (4x160x799 -> 160 3-tap s2 4.0 / 3.7, the speech encoder's 4x512x799 -> 512 23.5 /
+#: 19.2; 4x512x3199 53 -> 90 on the Zen 4 stand-in).
 STRIDED_ISAS = ("avx512",)
+STRIDED_AVX2_CHANNELS = 256
+
+
+def _strided_avx2(p: ConvParams) -> bool:
+    """Whether the AVX2 build's strided forward is the cost model's to weigh for ``p`` (see STRIDED_ISAS)."""
+    return (native.isa(native.library()) == "avx2" and len(p.kernel) == 2
+            and p.input_shape[1] // p.groups <= STRIDED_AVX2_CHANNELS)
 
 
 def taps_at_a_time(p: ConvParams) -> bool:
-    """Whether the loaded build's rows run ``p``'s forward a few taps at a time (csrc/direct_conv.c's dx_row_taps:
-    the AVX2 build, at most :func:`.dense_plan.taps_channels` input channels per group), each tap's weights read from
-    L1 by a chunk's blocks: there big weights cost the loops little, and the strided forward beat the columns
-    (issue 25, Zen 3, two threads, ms, loops / columns: 8x256x4x4 -> 256 3x3 1.11 / 1.34, 2x128x2x7x7 -> 256
-    3x3x3 2.16 / 2.51, 2x64x56x56 -> 128 3x3 s2 2.30 / 2.74, 8x64x16x16 -> 128 s2 0.87 / 1.28; with 512 channels,
-    block by block, the speech encoder's 4x512x799 -> 512 3-tap s2 23.5 / 19.2)."""
-    return available() and p.input_shape[1] // p.groups <= taps_channels()
+    """Whether the loaded build runs ``p``'s forward rows a few taps at a time (:func:`.dense_plan.taps_rows`, the AVX2
+    build, for a whole row of the kernel's taps, or of a stride phase's: at most 384 input channels per group, and
+    the row's weights past 32 KiB), each tap's weights read from L1 by a chunk's blocks: there big weights cost the
+    stride-1 forward little (issue 25, Zen 3, two threads, ms, loops / columns: 8x256x4x4 -> 256 3x3 1.11 / 1.34,
+    2x256x14x14 -> 256 3.06 / 3.73, 2x128x2x7x7 -> 256 3x3x3 2.16 / 2.51; block by block, 512 channels, 2x512x7x7 ->
+    512 13.8 / 6.6)."""
+    taps = math.prod(-(-k // s) for k, s in zip(p.kernel, p.stride))        # a stride phase's most taps
+    return available() and taps_rows(taps, p.input_shape[1] // p.groups)
 
 
 def serves_fprop(p: ConvParams) -> bool:
     """Whether the cost model may pick these loops for ``p``'s forward: at stride 1 where :func:`serves` the dual
-    call; at larger strides where :func:`computes_fprop`, the loops loaded from a build of STRIDED_ISAS, a kernel of
+    call; at larger strides where :func:`computes_fprop`, the loops loaded from a build of STRIDED_ISAS (the AVX2
+    build's for 2-D kernels of at most STRIDED_AVX2_CHANNELS input channels per group), a kernel of
     more than one tap (a strided 1x1 is a copy of x's positions and a product: 8x64x16x16 -> 128 0.23 ms here against
     the columns' 0.16), rows of STRIDED_MIN_ROW outputs or more (or of exactly STRIDED_SHORT_ROW at strides of at most
     2 in calls of STRIDED_SHORT_ROW_MACS multiply-adds or more: the cost model weighs them where the kind of CPU's
@@ -453,7 +465,7 @@ def serves_fprop(p: ConvParams) -> bool:
     if any(s != 1 for s in p.stride):
         row = p.output_shape[-1]
         macs = math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel)
-        return (available() and (native.isa(native.library()) in STRIDED_ISAS or taps_at_a_time(p))
+        return (available() and (native.isa(native.library()) in STRIDED_ISAS or _strided_avx2(p))
                 and math.prod(p.kernel) > 1
                 and (row >= STRIDED_MIN_ROW or (row == STRIDED_SHORT_ROW and max(p.stride) <= 2
                                                  and macs >= STRIDED_SHORT_ROW_MACS))

@@ -275,11 +275,12 @@ def dx_units(T: int, Cog: int, Cg: int) -> int:
     return int(native.library().xconv_dx_units(T, Cog, Cg))
 
 
-@functools.lru_cache(maxsize=None)
-def taps_channels() -> int:
-    """The most dy channels per group whose input-gradient rows run a few taps at a time (csrc/direct_conv.c's
-    xconv_dx_taps_channels: the AVX2 build's, 384; 0 where every row runs block by block)."""
-    return int(native.library().xconv_dx_taps_channels())
+@functools.lru_cache(maxsize=256)
+def taps_rows(T: int, Cog: int) -> bool:
+    """Whether the input-gradient loops run a row of T taps over Cog dy channels a few taps at a time (csrc/
+    direct_conv.c's xconv_dx_taps_rows: the AVX2 build, a tap's weights for 16 channels within 24 KiB and the row's
+    past 32 KiB; else block by block)."""
+    return bool(native.library().xconv_dx_taps_rows(T, Cog))
 
 
 def channel_major_floats(S, X, Y, st, d, k, pre, need_dx: bool) -> int:
@@ -311,9 +312,9 @@ def grid_row(n: int) -> int:
 
 def line_aligned(shape) -> np.ndarray:
     """An uninitialized float32 array of ``shape`` whose first element starts a 64-byte cache line (a view of a block
-    64 bytes longer), for the dx loops' weights: NumPy puts a large array 16 bytes past a line, and every 16-float
-    block of a padded row (:func:`padded_row`) then spanned two lines (each 32-byte load of the AVX2 build's blocks
-    every other one split)."""
+    64 bytes longer), for the dx loops' weights: NumPy's arrays need not start a line (glibc's large blocks start 16
+    bytes past one), and every 16-float block of a padded row (:func:`padded_row`) then spanned two lines (the
+    AVX2 build's second 32-byte load of each split)."""
     n = math.prod(shape)
     raw = np.empty(4 * n + 64, np.uint8)
     a = -raw.ctypes.data % 64

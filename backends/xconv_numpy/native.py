@@ -74,10 +74,20 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.xconv_stem_scratch.argtypes, lib.xconv_stem_scratch.restype = [p], ctypes.c_int64
     lib.xconv_stem_wjobs.argtypes, lib.xconv_stem_wjobs.restype = [p, ctypes.c_int64], ctypes.c_int64
     lib.xconv_dx_units.argtypes, lib.xconv_dx_units.restype = [ctypes.c_int64] * 3, ctypes.c_int64
-    lib.xconv_dx_taps_channels.argtypes, lib.xconv_dx_taps_channels.restype = [], ctypes.c_int64
+    lib.xconv_dx_taps_rows.argtypes, lib.xconv_dx_taps_rows.restype = [ctypes.c_int64] * 2, ctypes.c_int64
     for suf in ("f32", "f64"):
         fn = getattr(lib, f"xconv_all_finite_{suf}")
         fn.argtypes, fn.restype = [p, ctypes.c_int64], ctypes.c_int
+
+
+def _declared(lib: ctypes.CDLL, path) -> None:
+    """:func:`_declare`, or a RuntimeError naming the build where it lacks a function this checkout calls (a build
+    left from an older checkout: an editable install updated without rebuilding)."""
+    try:
+        _declare(lib)
+    except AttributeError as e:
+        raise RuntimeError(f"the compiled loops in {path} are older than this xconv ({e}); rebuild them: "
+                           "python setup.py build_ext --inplace, or reinstall") from None
 
 
 def load() -> ctypes.CDLL:
@@ -87,7 +97,7 @@ def load() -> ctypes.CDLL:
         raise RuntimeError(f"the compiled loops were not built at install (no _kernels_baseline in {_DIR}); "
                            "reinstall with a C compiler present")
     lib = ctypes.CDLL(str(base))
-    _declare(lib)
+    _declared(lib, base)
     level = int(lib.xconv_cpu_level())
     wanted = settings.current().numpy_isa                     # validated: None or one of ISAS
     if wanted in ISAS:
@@ -96,7 +106,7 @@ def load() -> ctypes.CDLL:
         path = library_path(isa)
         if path is not None:
             lib = ctypes.CDLL(str(path))
-            _declare(lib)
+            _declared(lib, path)
             break
     layout.check(lib)
     return lib

@@ -12,7 +12,7 @@
  * build), and two 8 x 8 tiles of AVX registers on the AVX2 build (its emulated 16-float shuffles cost more than the
  * sums on small planes). The positions past the last whole tile element by element. A copy either way: the same
  * bits. (On their own the 8 x 8 tiles did not change the AVX2 build's time; the sums' vectors below did.) */
-#define CV_TILE8 HAVE_TILE8             /* direct_conv.c's transpose8 */
+#define CV_TILE8 HAVE_TILE8             /* vectors.h's transpose8 */
 
 /* The sums' 16-channel vectors: one v16 (an AVX-512 register), or on the AVX2 build two 8-float halves held as
  * such (GCC's 16-float vectors on AVX registers went through memory: the loops ran 4-5x the AVX-512 build's time).

@@ -135,9 +135,13 @@ typedef void (*dx_taps_fn)(float *, const float *, int64_t, const float *, int64
 #define DX_TAPS_BYTES (24 << 10)
 #define DX_TAPS_MIN (32 << 10)
 
-/* The most dy channels (the forward's input channels per group) whose rows run taps at a time: a tap's weights for
- * 16 channels within DX_TAPS_BYTES (0: this build's rows run block by block). For the cost model (dense.py). */
-int64_t xconv_dx_taps_channels(void) { return DENSE_V8 ? (int64_t)(DX_TAPS_BYTES / (16 * sizeof(float))) : 0; }
+/* Whether a row of T taps over Cog dy channels (the forward's input channels per group) runs taps at a time: the AVX2
+ * build, a tap's weights for 16 channels within DX_TAPS_BYTES and the row's past DX_TAPS_MIN (else block by block,
+ * the row's weights in L1). dx_row's test, and the cost model's (dense.taps_at_a_time). */
+int64_t xconv_dx_taps_rows(int64_t T, int64_t Cog) {
+    const int64_t tap_bytes = 16 * (int64_t)sizeof(float) * Cog;
+    return DENSE_V8 && tap_bytes <= DX_TAPS_BYTES && T * tap_bytes > DX_TAPS_MIN;
+}
 
 /* The AVX2 build's row: positions [j, j + n) in blocks of (nearly) equal length, at most 6 positions x 16 channels,
  * run a few taps at a time (DX_TAPS_BYTES of their weights) over up to DX_TAPS_CHUNK blocks, the sums in memory
@@ -150,6 +154,8 @@ static void dx_row_taps(const float *dyr, int64_t ldy, const float *wr, int64_t 
     static const dx_taps_fn fn[] = {dx8_1x2_taps, dx8_2x2_taps, dx8_3x2_taps, dx8_4x2_taps, dx8_5x2_taps,
                                     dx8_6x2_taps};
     float acc[DX_TAPS_CHUNK * 6 * 16] __attribute__((aligned(64)));
+    if (n <= 0)
+        return;
     const int64_t nblk = (n + 5) / 6, q = n / nblk, extra = n % nblk;
     const int64_t tg = DX_TAPS_BYTES / (64 * Cog) > 1 ? DX_TAPS_BYTES / (64 * Cog) : 1;   /* taps at a time */
     for (int64_t b0 = 0; b0 < nblk; b0 += DX_TAPS_CHUNK) {
@@ -188,8 +194,7 @@ static void dx_row(const float *dy, int64_t ldy, const float *w, int64_t ldw, co
     const int64_t Tr = rin[3 * r + 2] - rin[3 * r + 1];
     const int64_t row_len = j0 + n;                                 /* positions [j0, j0 + n) of the row */
     int64_t j = j0;
-    const int64_t tap_bytes = 16 * sizeof(float) * Cog;             /* a tap's weights for 16 channels */
-    if (DENSE_V8 && tap_bytes <= DX_TAPS_BYTES && Tr * tap_bytes > DX_TAPS_MIN) {  /* the row's past L1, a tap's not */
+    if (xconv_dx_taps_rows(Tr, Cog)) {                  /* AVX2: the row's weights past L1, a tap's not */
         dx_row_taps(dyr, ldy, wr, ldw, offr, crr, Tr, Cog, dxr, ldx, os, j, n, cb);
         return;
     }

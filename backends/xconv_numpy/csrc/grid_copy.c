@@ -2,6 +2,7 @@
  * grids, the weight gradient's tap-major sums back to taps last, dy into its zero-padded grid of interleaved rows.
  * Bits are copied, never computed (the sums of dy_to_grid aside). Included by kernels.c after direct_conv.c
  * (vectors.h's types and transpositions). */
+#include "vectors.h"
 
 
 /* Channels [c0, c1) and positions [u0, u1) of one sample's x, channel-major (channel c at src + c * ldc), into
