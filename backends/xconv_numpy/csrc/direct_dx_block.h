@@ -32,6 +32,31 @@ static inline __attribute__((always_inline)) void TAPS(VT acc[NR][NV], const flo
     }
 }
 
+/* The body of a loop over taps t (statement macro, expanded in NAME and its _taps variant: as an inline function GCC
+ * compiled the dx blocks differently): tap t's terms for the block's positions that read dy's values, [a, b) relative
+ * to the block; none where every position reads zeros; at most 2 skipped at each end, more run as zeros (the ranges'
+ * ends constants of an inlined copy of TAPS). */
+#define DX_TAP_RANGE                                                                                            \
+    const int64_t a = cr[2 * t] - j, b = cr[2 * t + 1] - j;         /* positions [a, b) read dy's values */     \
+    if (a <= 0 && b >= NR) {                                                                                    \
+        TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR);                                                                 \
+        continue;                                                                                               \
+    }                                                                                                           \
+    if (a >= b || b <= 0 || a >= NR)                                                                            \
+        continue;                                                                                               \
+    const int lo = a < 2 ? (int)a : 2, hi = NR - b < 2 ? (int)(NR - b) : 2;                                     \
+    switch (3 * (lo < 0 ? 0 : lo) + (hi < 0 ? 0 : hi)) {                                                        \
+    case 0: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR); break;                                                      \
+    case 1: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 1); break;                                                  \
+    case 2: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 2); break;                                                  \
+    case 3: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR); break;                                                      \
+    case 4: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 1); break;                                                  \
+    case 5: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 2); break;                                                  \
+    case 6: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR); break;                                                      \
+    case 7: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 1); break;                                                  \
+    default: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 2); break;                                                 \
+    }
+
 static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t ldw, const int64_t *off,
                         const int64_t *cr, int64_t T, int64_t Cog, float *dxr, int64_t ldx, int64_t os, int64_t j,
                         int64_t cb) {
@@ -41,25 +66,7 @@ static inline void NAME(const float *dyr, int64_t ldy, const float *w, int64_t l
     for (int64_t t = 0; t < T; t++) {
         const float *d = dyr + j - off[t];
         const float *wt = w + t * Cog * ldw + cb;
-        const int64_t a = cr[2 * t] - j, b = cr[2 * t + 1] - j;     /* positions [a, b) read dy's values */
-        if (a <= 0 && b >= NR) {
-            TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR);
-            continue;
-        }
-        if (a >= b || b <= 0 || a >= NR)
-            continue;                                           /* every position reads zeros only */
-        const int lo = a < 2 ? (int)a : 2, hi = NR - b < 2 ? (int)(NR - b) : 2;   /* at most 2 skipped a side */
-        switch (3 * (lo < 0 ? 0 : lo) + (hi < 0 ? 0 : hi)) {
-        case 0: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR); break;
-        case 1: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 1); break;
-        case 2: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 2); break;
-        case 3: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR); break;
-        case 4: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 1); break;
-        case 5: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 2); break;
-        case 6: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR); break;
-        case 7: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 1); break;
-        default: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 2); break;
-        }
+        DX_TAP_RANGE
     }
 #if VW == 16
     if (TILE_STORES && NR <= 16 && os == 1) {  /* a channel's positions contiguous: transpose, store */
@@ -93,31 +100,14 @@ static inline void XCONV_CAT(NAME, _taps)(float *accm, const float *dyr, int64_t
     for (int64_t t = t0; t < t1; t++) {
         const float *d = dyr + j - off[t];
         const float *wt = w + t * Cog * ldw + cb;
-        const int64_t a = cr[2 * t] - j, b = cr[2 * t + 1] - j;     /* positions [a, b) read dy's values */
-        if (a <= 0 && b >= NR) {
-            TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR);
-            continue;
-        }
-        if (a >= b || b <= 0 || a >= NR)
-            continue;                                               /* every position reads zeros only */
-        const int lo = a < 2 ? (int)a : 2, hi = NR - b < 2 ? (int)(NR - b) : 2;
-        switch (3 * (lo < 0 ? 0 : lo) + (hi < 0 ? 0 : hi)) {
-        case 0: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR); break;
-        case 1: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 1); break;
-        case 2: TAPS(acc, d, ldy, wt, ldw, Cog, 0, NR - 2); break;
-        case 3: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR); break;
-        case 4: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 1); break;
-        case 5: TAPS(acc, d, ldy, wt, ldw, Cog, 1, NR - 2); break;
-        case 6: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR); break;
-        case 7: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 1); break;
-        default: TAPS(acc, d, ldy, wt, ldw, Cog, 2, NR - 2); break;
-        }
+        DX_TAP_RANGE
     }
     for (int k = 0; k < NR; k++)
         for (int v = 0; v < NV; v++) memcpy(accm + (k * NV + v) * VW, &acc[k][v], sizeof acc[k][v]);
 }
 #endif
 
+#undef DX_TAP_RANGE
 #undef NAME
 #undef TAPS
 #undef NR
