@@ -467,6 +467,24 @@ def test_weight_rows_are_padded_to_an_odd_number_of_cache_lines():
     assert [dense.padded_row(n) for n in (16, 32, 48, 64, 128, 256, 272, 512)] == [16, 48, 48, 80, 144, 272, 272, 528]
 
 
+def _dense_matches_exact_on_any_workers(x, w, dy):
+    """The dense loops' forward and input gradient (padding 1, forced) match the exact path's, and their bits do not
+    depend on the workers."""
+    def both():
+        return (xconv.conv_fprop(x, w, padding=1, backend="numpy"),
+                xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy")[0])
+    with paths.force("dense"):
+        with xconv.trace() as t:
+            y, dx = both()
+        assert all(r.path.startswith("dense") for r in t.records)
+        with paths.tune(parallel_min_work=0, team_min_work=0):
+            y1, dx1 = both()
+    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"), rtol=1e-4, atol=1e-4)
+    exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")
+    np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
+    assert y1.tobytes() == y.tobytes() and dx1.tobytes() == dx.tobytes()
+
+
 @pytest.mark.parametrize("width", [5, 6, 7, 11])
 def test_rows_of_five_to_fourteen_positions_run_in_one_block_with_the_exact_paths_values(width):
     """Rows of 5-14 positions run in one register block (dx_5x2 .. dx_14x2), with weights of 256 x 256 taps in padded
@@ -475,18 +493,7 @@ def test_rows_of_five_to_fourteen_positions_run_in_one_block_with_the_exact_path
     x = rng.standard_normal((2, 256, 4, width)).astype(np.float32)
     w = (rng.standard_normal((256, 256, 3, 3)) / 48).astype(np.float32)
     dy = rng.standard_normal((2, 256, 4, width)).astype(np.float32)
-    with paths.force("dense"):
-        with xconv.trace() as t:
-            y = xconv.conv_fprop(x, w, padding=1, backend="numpy")
-            dx = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy")[0]
-        assert all(r.path.startswith("dense") for r in t.records)
-        with paths.tune(parallel_min_work=0, team_min_work=0):
-            one = [xconv.conv_fprop(x, w, padding=1, backend="numpy")]
-    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"), rtol=1e-4, atol=1e-4)
-    exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")
-    np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
-    assert one[0].tobytes() == y.tobytes()
-
+    _dense_matches_exact_on_any_workers(x, w, dy)
 
 
 @pytest.mark.parametrize("xs, ws", [((2, 64, 5, 61), (64, 64, 3, 3)), ((1, 128, 3, 4, 9), (128, 128, 3, 3, 3)),
@@ -502,19 +509,7 @@ def test_rows_a_few_taps_at_a_time_match_the_exact_path_whatever_the_workers(xs,
     dy = rng.standard_normal(xs[:1] + ws[:1] + xs[2:]).astype(np.float32)
     if native.isa(native.library()) == "avx2":              # this shape's rows run that way on the AVX2 build
         assert dense_plan.taps_rows(math.prod(ws[2:]), ws[1]) and dense_plan.taps_rows(math.prod(ws[2:]), ws[0])
-    with paths.force("dense"):
-        with xconv.trace() as t:
-            y = xconv.conv_fprop(x, w, padding=1, backend="numpy")
-            dx = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy")[0]
-        assert all(r.path.startswith("dense") for r in t.records)
-        with paths.tune(parallel_min_work=0, team_min_work=0):
-            both = (xconv.conv_fprop(x, w, padding=1, backend="numpy"),
-                    xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False),
-                                               backend="numpy")[0])
-    np.testing.assert_allclose(y, xconv.conv_fprop(x, w, padding=1, backend="numpy-exact"), rtol=1e-4, atol=1e-4)
-    exact = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, False, False), backend="numpy-exact")
-    np.testing.assert_allclose(dx, exact[0], rtol=1e-4, atol=1e-4)
-    assert both[0].tobytes() == y.tobytes() and both[1].tobytes() == dx.tobytes()
+    _dense_matches_exact_on_any_workers(x, w, dy)
 
 
 def test_big_weights_split_in_channel_units_with_the_same_bits_on_any_workers():

@@ -88,15 +88,16 @@ def test_transposed_backward_input_gradient():
 
 def test_where_the_cost_model_may_take_it():
     """A 3x3 stride 2 with rows of 8 outputs or more and 16 channels or more is a candidate on the AVX-512 build, and
-    on the AVX2 build up to 384 input channels (its rows then run taps at a time: dense.taps_at_a_time; the speech
-    encoder's 512 lost), rows of exactly 4 too at stride 2 in a call of 2^22 multiply-adds or more
+    on the AVX2 build for 2-D kernels of up to 256 input channels (dense.STRIDED_AVX2_CHANNELS: 1-D lost, and the speech
+    encoder's 512 channels), rows of exactly 4 too at stride 2 in a call of 2^22 multiply-adds or more
     where the kind of CPU's rates cost them (cost.Rates.strided_q0); a strided 1x1, a stem's 3 channels, rows of 2,
     5-7, rows of 4 at stride 3 or in a small call are not (measured slower there, or unmeasured:
     dense.serves_fprop)."""
     isa = native.isa(native.library())
-    wide_on = isa in dense.STRIDED_ISAS                  # 512 input channels: the AVX-512 build only
+    wide_on = isa in dense.STRIDED_ISAS                  # 1-D, or past 256 input channels: the AVX-512 build only
     on = wide_on or isa == "avx2"
     assert dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 3, 3), stride=2, padding=1)) == on
+    assert dense.serves_fprop(make_params((2, 384, 16, 16), (128, 384, 3, 3), stride=2, padding=1)) == wide_on
     assert dense.serves_fprop(make_params((4, 512, 399), (512, 512, 3), stride=2)) == wide_on
     assert not dense.serves_fprop(make_params((8, 64, 16, 16), (128, 64, 1, 1), stride=2))
     assert not dense.serves_fprop(make_params((8, 3, 64, 64), (64, 3, 7, 7), stride=2, padding=3))

@@ -435,21 +435,21 @@ STRIDED_ISAS = ("avx512",)
 STRIDED_AVX2_CHANNELS = 256
 
 
-def _strided_avx2(p: ConvParams) -> bool:
-    """Whether the AVX2 build's strided forward is the cost model's to weigh for ``p`` (see STRIDED_ISAS)."""
-    return (native.isa(native.library()) == "avx2" and len(p.kernel) == 2
-            and p.input_shape[1] // p.groups <= STRIDED_AVX2_CHANNELS)
+def _strided_build(p: ConvParams) -> bool:
+    """Whether the loaded build's strided forward is the cost model's to weigh for ``p`` (see STRIDED_ISAS)."""
+    isa = native.isa(native.library())
+    return isa in STRIDED_ISAS or (isa == "avx2" and len(p.kernel) == 2
+                                   and p.input_shape[1] // p.groups <= STRIDED_AVX2_CHANNELS)
 
 
 def taps_at_a_time(p: ConvParams) -> bool:
-    """Whether the loaded build runs ``p``'s forward rows a few taps at a time (:func:`.dense_plan.taps_rows`, the AVX2
-    build, for a whole row of the kernel's taps, or of a stride phase's: at most 384 input channels per group, and
-    the row's weights past 32 KiB), each tap's weights read from L1 by a chunk's blocks: there big weights cost the
+    """Whether the loaded build runs the rows of ``p``'s stride-1 forward a few taps at a time
+    (:func:`.dense_plan.taps_rows`, the AVX2 build, for a row of all the kernel's taps: at most 384 input channels per
+    group, and the row's weights past 32 KiB), each tap's weights read from L1 by a chunk's blocks: there big weights cost the
     stride-1 forward little (issue 25, Zen 3, two threads, ms, loops / columns: 8x256x4x4 -> 256 3x3 1.11 / 1.34,
     2x256x14x14 -> 256 3.06 / 3.73, 2x128x2x7x7 -> 256 3x3x3 2.16 / 2.51; block by block, 512 channels, 2x512x7x7 ->
     512 13.8 / 6.6)."""
-    taps = math.prod(-(-k // s) for k, s in zip(p.kernel, p.stride))        # a stride phase's most taps
-    return available() and taps_rows(taps, p.input_shape[1] // p.groups)
+    return available() and taps_rows(math.prod(p.kernel), p.input_shape[1] // p.groups)
 
 
 def serves_fprop(p: ConvParams) -> bool:
@@ -465,8 +465,7 @@ def serves_fprop(p: ConvParams) -> bool:
     if any(s != 1 for s in p.stride):
         row = p.output_shape[-1]
         macs = math.prod(p.output_shape) * (p.input_shape[1] // p.groups) * math.prod(p.kernel)
-        return (available() and (native.isa(native.library()) in STRIDED_ISAS or _strided_avx2(p))
-                and math.prod(p.kernel) > 1
+        return (available() and _strided_build(p) and math.prod(p.kernel) > 1
                 and (row >= STRIDED_MIN_ROW or (row == STRIDED_SHORT_ROW and max(p.stride) <= 2
                                                  and macs >= STRIDED_SHORT_ROW_MACS))
                 and p.input_shape[1] // p.groups >= STRIDED_MIN_CHANNELS)

@@ -83,7 +83,8 @@ def _tap_major_rows(w, out, g: int, flip: bool, workers: int) -> list:
     A, B, K = w.shape[0] // g, w.shape[1], math.prod(w.shape[2:])
     ld = out.strides[-2] // 4
     parts = max(1, TASKS_PER_WORKER * workers)
-    if flip:                # channels a of every group (rows of B K reads), positions u = b K + t: in 16 x 16 tiles (AVX2: 8 x 8)
+    if flip:                # channels a of every group (rows of B K reads), positions u = b K + t: in 16 x 16 tiles
+                            # (the AVX2 build: 8 x 8)
         pos = _positions(B, K, True, 0)
         return [[address(w), B * K, 0, g * A, A, K * B * ld, address(pos), u0, u1, 0, 0, address(out), ld]
                 for u0, u1 in even_ranges(B * K, parts)], pos
