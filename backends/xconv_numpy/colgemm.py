@@ -38,6 +38,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import cost, jobs, native, small, small_c
+from .aligned import empty_result
 from .grid.scratch import Lease
 from .plans import per_params
 from .workers import run
@@ -186,7 +187,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
         bufs = _Buffers(lease)
         if len(chunks) <= 1:
             return _fprop(x, w, bias, p, workers, bufs)
-        y = np.empty(p.output_shape, DTYPES[p.dtype])
+        y = empty_result(p.output_shape, DTYPES[p.dtype])
         for n0, n1 in chunks:                      # each chunk's result moved straight into its samples of y
             _fprop(x[n0:n1], w, bias, _sub(p, n0, n1), workers, bufs, y[n0:n1])
         return y
@@ -198,7 +199,7 @@ def _fprop(x, w, bias, p: ConvParams, workers: int, bufs: _Buffers, out=None):
     f, cdt = small.plan(p), accumulation_dtype(p.dtype)
     wm = np.ascontiguousarray(w, cdt).reshape(f.g, f.Cog, f.Cg * f.K)
     if _direct(p):
-        y = np.empty(p.output_shape, cdt) if out is None else out
+        y = empty_result(p.output_shape, cdt) if out is None else out
         if _columns_then_products(x, p, f, cdt, lambda cols: sample_views(wm, cols, y, f), workers, bufs):
             return finish_forward(y, bias, p, f, True)
         out = y                                    # (not reached where _direct holds: its blocks are all sgemm's)
@@ -245,7 +246,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
             dx, dw = _backward(dy, x, w, p, need_dx, need_dw, workers, bufs)
             return (None if dx is None else dx.astype(out_dt, copy=False),
                     None if dw is None else dw.astype(out_dt, copy=False))
-        dx = np.empty(p.input_shape, out_dt) if need_dx else None
+        dx = empty_result(p.input_shape, out_dt) if need_dx else None
         into = need_dx and out_dt == accumulation_dtype(p.dtype)   # each chunk's dx made in its samples of dx
         dw = None
         for n0, n1 in chunks:
@@ -324,7 +325,7 @@ def _backward_by_channels(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool,
     buf = bufs.get("cols", (max(c1 - c0 for c0, c1 in chunks) * K * NQ,), cdt)
     dwm = np.empty((f.Co, f.C * K), cdt) if need_dw else None
     wt = np.ascontiguousarray(w, cdt).reshape(f.Co, f.C * K).T if need_dx else None     # (C*K, Co)
-    dx = np.empty(p.input_shape, cdt) if need_dx else None
+    dx = empty_result(p.input_shape, cdt) if need_dx else None
     xr, geo = small_c.im2col_input(x, p, cdt) if need_dw else (None, None)
     cgeo = small_c.col2im_geometry(p) if need_dx else None
     plane = math.prod(p.input_shape[2:])
@@ -427,7 +428,7 @@ def _products_then_col2im(wt, dyc, dcols, p: ConvParams, f, cdt, workers: int, d
     if not runs_as_jobs(p):                        # float32 compute (cdt), sgemm jobs there
         return None
     if dx is None:
-        dx = np.empty(p.input_shape, cdt)
+        dx = empty_result(p.input_shape, cdt)
     made = dx_jobs(wt, dyc, dcols, dx, p, f, workers)
     if made is None:
         return None

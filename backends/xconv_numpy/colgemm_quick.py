@@ -21,6 +21,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import colgemm, jobs, small
+from .aligned import empty_result
 from .grid.scratch import ARENA, Lease
 from .plans import per_params
 
@@ -56,7 +57,7 @@ def fprop_runner(p: ConvParams):
         bufs, (yc, cols) = ARENA.views((None if direct else (f.g, f.Cog, f.N * f.Q),   # what colgemm.fprop leases,
                                         (f.C * f.K, f.N * f.Q)), _F32)                  # in its order
         try:
-            y = np.empty(p.output_shape, _F32) if direct else yc
+            y = empty_result(p.output_shape, _F32) if direct else yc
             bases = (wm, cols, y, x)
             entry = kept.get(workers, False)
             if entry is False:
@@ -114,7 +115,7 @@ def backward_runner(p: ConvParams):
             dyc = small.dy_channel_major(dy, f, _F32, bufs.empty("dy"))           # (g, Cog, N*Q)
             dwm = np.empty((f.g, f.Cog, f.Cg * f.K), _F32) if need_dw else None
             cols = bufs.get("cols", (f.C * f.K, f.N * f.Q), _F32)
-            dx = np.empty(p.input_shape, _F32) if need_dx else None
+            dx = empty_result(p.input_shape, _F32) if need_dx else None
             bases = (x if need_dw else None, cols, dyc, dwm, w if need_dx else None, dx)
             if entry is False:
                 entry = kept[key] = _backward_templates(x, w, p, f, dyc, dwm, cols, dx, workers, bases)

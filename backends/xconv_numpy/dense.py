@@ -44,7 +44,8 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, native
-from .dense_plan import dx_units, line_aligned, padded_row, plan, taps_rows
+from .aligned import empty_result, line_aligned
+from .dense_plan import dx_units, padded_row, plan, taps_rows
 from .dense_weights import (ROW_TASKS_PER_WORKER, TASKS_PER_WORKER, _copyable, _readable, _taps_last, _taps_last_rows,
                             _tap_major_rows, tap_major, tap_major_any)  # noqa: F401  (tap_major: dense.tap_major)
 from .finite import all_finite
@@ -185,7 +186,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     dyG = lease.empty((nb, f.dy_sample), f32)
     xG = lease.empty((nb, g, Xn, f.ldx), f32) if need_dw else None             # positions of f.ldx floats
     if need_dx:
-        dx = np.empty(p.input_shape, f.out_dt)
+        dx = empty_result(p.input_shape, f.out_dt)
         dxb = dx if f.out_dt == f32 else lease.empty((nb, C) + S, f32)
     if need_dw:
         dw_part = lease.empty((g, K, Cog, Cg), f32)

@@ -310,17 +310,6 @@ def grid_row(n: int) -> int:
     return padded_row(n) if n >= 128 else n
 
 
-def line_aligned(shape) -> np.ndarray:
-    """An uninitialized float32 array of ``shape`` whose first element starts a 64-byte cache line (a view of a block
-    64 bytes longer), for the dx loops' weights: NumPy's arrays need not start a line (glibc's large blocks start 16
-    bytes past one), and every 16-float block of a padded row (:func:`padded_row`) then spanned two lines (the
-    AVX2 build's second 32-byte load of each split)."""
-    n = math.prod(shape)
-    raw = np.empty(4 * n + 64, np.uint8)
-    a = -raw.ctypes.data % 64
-    return raw[a:a + 4 * n].view(np.float32).reshape(shape)
-
-
 def padded_row(n: int) -> int:
     """Floats per row of the dx loops' weights (T, Cog, rows of n channels) as the one-region call copies them: n
     rounded up to an odd number of 64-byte lines. A channel block's weights are then spread over every cache set;

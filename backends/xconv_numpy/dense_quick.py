@@ -19,7 +19,8 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense, jobs
-from .dense_plan import line_aligned, padded_row, plan
+from .aligned import empty_result, line_aligned
+from .dense_plan import padded_row, plan
 from .grid.scratch import ARENA
 
 _F32 = np.dtype(np.float32)
@@ -55,7 +56,7 @@ def runner(p: ConvParams, need_dx: bool, need_dw: bool, flip: bool = False):
         if need_dx and not (copies_weights and w.dtype == _F32 and (fl := w.flags).c_contiguous and fl.aligned
                             and (w.shape[0] // g) % 16 == 0 and w.shape[1] % 16 == 0):   # dense._copies_weights
             return None
-        dx = np.empty(p.input_shape, _F32) if need_dx else None
+        dx = empty_result(p.input_shape, _F32) if need_dx else None
         dw = np.empty((g, Cog, Cg, K), _F32) if need_dw else None
         bufs, (dyG, xG, dw_part) = ARENA.views(((f.nb, f.dy_sample),     # what dense.backward leases, in its order
                                                 (f.nb, g, f.Xn, f.ldx) if need_dw else None,

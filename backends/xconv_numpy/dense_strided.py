@@ -28,6 +28,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import small_c
+from .aligned import empty_result
 from .dense_plan import dx_units, frozen, inside, run_width
 from .dense_weights import ROW_TASKS_PER_WORKER
 from .jobs import Jobs
@@ -139,7 +140,7 @@ def fprop(x, wt, bias, p: ConvParams, workers: int, lease):
     f = plan(p, block_samples(p, lease.limit))
     xr, geo = small_c.im2col_input(x, p, np.float32)
     phases = lease.empty((f.N * f.H * f.rs,), np.dtype(np.float32))
-    y = np.empty(p.output_shape, np.float32)
+    y = empty_result(p.output_shape, np.float32)
     for n0 in range(0, N, f.N):
         m = min(f.N, N - n0)
         Jobs.concatenated(block_jobs(f, g, m, xr[n0:], geo, phases, wt, y[n0:], workers)).run(workers)

@@ -18,7 +18,8 @@ import numpy as np
 from xconv import ConvParams
 
 from . import dense_strided, jobs, small_c
-from .dense_plan import line_aligned, padded_row
+from .aligned import empty_result, line_aligned
+from .dense_plan import padded_row
 from .dense_weights import _tap_major_rows
 from .grid.scratch import ARENA
 from .jobs import Jobs, Template
@@ -53,7 +54,7 @@ def fprop_runner(p: ConvParams):
             return None
         wt = line_aligned((g, K, Cg, row))[..., :Cog]      # dense_weights.tap_major(flip, padded)'s
         bad = np.zeros(1, np.int64)
-        y = np.empty(p.output_shape, _F32)
+        y = empty_result(p.output_shape, _F32)
         bufs, (phases,) = ARENA.views(((f.N * f.H * f.rs,),), _F32)     # what dense_strided.fprop leases
         try:
             bases = (w, wt, x, phases, y, bad)

@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from .dense_plan import frozen, line_aligned, padded_row
+from .aligned import line_aligned
+from .dense_plan import frozen, padded_row
 from .jobs import Jobs
 from .native import address
 from .workers import even_ranges

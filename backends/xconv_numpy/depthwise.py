@@ -33,6 +33,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import accumulation_dtype
 
 from . import depthwise_cv, native, tuning
+from .aligned import empty_result
 from .finite import all_finite
 from .jobs import Jobs
 from .layout import DEPTHWISE_GEO
@@ -233,7 +234,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, need_db: boo
     x4 = x.reshape(plan.in4) if need_dw else None
     w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K)) if need_dx else None
     finite_w = all_finite(w2) if need_dx else True
-    dx = np.empty(plan.in4, out_dt) if need_dx else None
+    dx = empty_result(plan.in4, out_dt) if need_dx else None
     dwp = np.empty((N, plan.out4[1], plan.K), cdt) if need_dw else np.zeros(1, cdt)
     dbp = np.empty((N, plan.out4[1]), cdt) if need_db else np.zeros(1, cdt)
     in_place = _readable(dy, cdt) and (not need_dw or _readable(x, cdt)) and (not need_dx or out_dt == cdt)
@@ -292,7 +293,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     x4 = x.reshape(plan.in4)
     w2 = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(plan.out4[1], plan.K))
     b = None if bias is None else np.asarray(bias, dtype=cdt).reshape((1, -1, 1, 1))
-    y = np.empty(plan.out4, out_dt)
+    y = empty_result(plan.out4, out_dt)
     in_place = _readable(x, cdt) and out_dt == cdt
     per_sample = cdt.itemsize * (math.prod(plan.out4[1:]) + math.prod(plan.in4[1:]))
     io = x.nbytes + w.nbytes + N * math.prod(plan.out4[1:]) * out_dt.itemsize

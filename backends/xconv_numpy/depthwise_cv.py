@@ -28,6 +28,7 @@ import numpy as np
 from xconv import ConvParams, tracing
 
 from . import native
+from .aligned import empty_result
 from .finite import all_finite
 from .jobs import Jobs
 from .native import address
@@ -209,7 +210,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     t = tables(p)
     N = p.input_shape[0]
     xs = _f32(x, (N, t.C, t.H, t.W))
-    y = np.empty((N, t.C, t.Ho, t.Wo), np.float32)
+    y = empty_result((N, t.C, t.Ho, t.Wo), np.float32)
     scratch = _gather(xs, y, weights(w, t), t, t.f_rows, t.f_cols, t.f_reg, p.stride[-1], (t.H, t.W),
                       (t.Ho, t.Wo), workers)
     tracing.workspace(scratch + (0 if xs is x or xs.base is x else xs.nbytes))     # x converted: a copy
@@ -226,7 +227,7 @@ def backward(dy, x, w, p: ConvParams, need_dx: bool, need_dw: bool, workers: int
     dx = dw = None
     scratch = 0
     if need_dx:
-        dx = np.empty((N, t.C, t.H, t.W), np.float32)
+        dx = empty_result((N, t.C, t.H, t.W), np.float32)
         scratch = _gather(dys, dx, weights(w, t), t, t.d_rows, t.d_cols, t.d_reg, 1, (t.Ho, t.Wo), (t.H, t.W),
                           workers)
         dx = dx.reshape(p.input_shape)

@@ -19,6 +19,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import depthwise_cv, jobs
+from .aligned import empty_result
 from .finite import all_finite
 from .plans import per_params
 
@@ -50,7 +51,7 @@ def fprop_runner(p: ConvParams):
         x, w = _c_order(x, shape_x), _c_order(w, shape_w)
         if x is None or w is None or not all_finite(w):
             return None
-        y = np.empty((N, t.C, t.Ho, t.Wo), np.float32)
+        y = empty_result((N, t.C, t.Ho, t.Wo), np.float32)
         wt = depthwise_cv.weights(w, t)
         bases = (x, y, wt)
         template = kept.get(workers)
@@ -84,7 +85,7 @@ def backward_runner(p: ConvParams):
             return None
         dx = dw = None
         if need_dx:
-            dx = np.empty((N, t.C, t.H, t.W), np.float32)
+            dx = empty_result((N, t.C, t.H, t.W), np.float32)
             wt = depthwise_cv.weights(w, t)
             bases = (dy, dx, wt)
             template = kept.get(("dx", workers))

@@ -20,6 +20,7 @@ from xconv import ConvParams
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import small, small_c
+from .aligned import empty_result
 from .cost import grid_block_samples
 from .plans import per_params
 from .workers import run
@@ -39,7 +40,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     if len(blocks) == 1 or (workers == 1 and small.serves(p)):
         return small_c.grid_fprop(x, w, bias, p)    # the same bits in one call (a small call's blocks on one thread:
         #                                             20% slower; past the small size the blocks bound the scratch)
-    y = np.empty(p.output_shape, DTYPES[p.dtype])
+    y = empty_result(p.output_shape, DTYPES[p.dtype])
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
     if cdt == np.float32 and y.dtype == cdt:                 # C jobs, one per block

@@ -16,6 +16,8 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from .aligned import empty_result
+
 
 def one_sample(p: ConvParams) -> ConvParams:
     """``p`` with a batch of one."""
@@ -25,7 +27,7 @@ def one_sample(p: ConvParams) -> ConvParams:
 def fprop(run, x, w, bias, p: ConvParams):
     """y of ``p`` by ``run(x, w, bias, p1)`` per sample."""
     p1 = one_sample(p)
-    y = np.empty(p.output_shape, DTYPES[p.dtype])
+    y = empty_result(p.output_shape, DTYPES[p.dtype])
     for n in range(p.input_shape[0]):
         y[n:n + 1] = run(x[n:n + 1], w, bias, p1)
     return y
@@ -34,7 +36,7 @@ def fprop(run, x, w, bias, p: ConvParams):
 def dgrad(run, dy, w, p: ConvParams):
     """dx of ``p`` by ``run(dy, w, p1)`` per sample."""
     p1 = one_sample(p)
-    dx = np.empty(p.input_shape, DTYPES[p.dtype])
+    dx = empty_result(p.input_shape, DTYPES[p.dtype])
     for n in range(p.input_shape[0]):
         dx[n:n + 1] = run(dy[n:n + 1], w, p1)
     return dx

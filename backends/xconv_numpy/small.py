@@ -33,6 +33,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import native
+from .aligned import empty_result
 from .grid.geometry import padded
 from .plans import per_params
 
@@ -135,7 +136,7 @@ def from_channel_major(a: np.ndarray, N: int, shape, dt, out: np.ndarray | None 
     """(g, C/g, N*n) as an (N, C, *spatial) array of dtype ``dt``: ``out`` (C-contiguous, that shape and dtype) when
     given, else a new one."""
     if out is None:
-        out = np.empty(shape, dt)
+        out = empty_result(shape, dt)
     C = shape[1]
     _swap_rows(a.reshape(C, N, -1), out.reshape(N, C, -1))
     return out
@@ -207,7 +208,7 @@ class Grid:
         """(g, C/g, N * rows) positions of this grid as an (N, C, *spatial) array (spatial = shape[2:])."""
         C = shape[1]
         grid = a.reshape((C, N, self.rows // self.gs[0]) + self.dims[1:])
-        out = np.empty(shape, dt)
+        out = empty_result(shape, dt)
         out[...] = grid[(slice(None), slice(None)) + tuple(slice(0, n) for n in shape[2:])].swapaxes(0, 1)
         return out
 

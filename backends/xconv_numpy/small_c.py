@@ -18,6 +18,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES, accumulation_dtype
 
 from . import jobs, native
+from .aligned import empty_result
 from .layout import SMALL_COLS_GEO, SMALL_S1_PLAN, SMALL_S1_STRIDES
 from .plans import per_params
 from .small import Grid, Plan, dy_channel_major, from_channel_major, grids, plan
@@ -65,7 +66,7 @@ def col2im(dcols: np.ndarray, p: ConvParams, f: Plan, cdt, dx: np.ndarray | None
     """(g, C/g * K, N * Q) columns added, tap by tap in order, into a new (N, C, *spatial) array, or into ``dx``
     (C-contiguous, that shape, dtype ``cdt``: every element written)."""
     if dx is None:
-        dx = np.empty(p.input_shape, cdt)
+        dx = empty_result(p.input_shape, cdt)
     geo = col2im_geometry(p)                       # held here: the cache may drop it meanwhile
     getattr(native.library(), f"xconv_small_col2im_{_suffix(cdt)}")(_address(dcols), _address(dx), geo.ctypes.data)
     return dx
@@ -181,7 +182,7 @@ def _fprop_grid(x, w, bias, p: ConvParams, f: Plan, cdt):
     x = _readable(x, cdt)
     w = np.ascontiguousarray(w, dtype=cdt)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=cdt)
-    y = np.empty(p.output_shape, cdt)
+    y = empty_result(p.output_shape, cdt)
     xs = _strides(x, s1.lift)                        # held: the C call reads it
     used = np.zeros(1, np.int64)                       # the bytes of scratch the C call malloc'd
     if s1.fprop_fn(cdt)(
@@ -321,7 +322,7 @@ def grid_backward_blocks(dy, x, w, p: ConvParams, blocks, need_dx: bool, need_dw
     lift = plans[blocks[0][2]].lift
     dys, dys_at = _strides(dy, lift)
     xs, xs_at = _strides(x, lift) if need_dw else (None, 0)
-    dx = np.empty(p.input_shape, np.float32) if need_dx else None
+    dx = empty_result(p.input_shape, np.float32) if need_dx else None
     parts = np.empty((len(blocks),) + tuple(p.weight_shape), np.float32) if need_dw else None
     out = np.zeros((len(blocks), 2), np.int64)                         # per block: status, scratch bytes
     dya, oa = _address(dy), _address(out)

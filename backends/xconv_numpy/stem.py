@@ -31,6 +31,7 @@ from xconv import ConvParams, tracing
 from xconv.dtypes import DTYPES
 
 from . import jobs, native, small_c
+from .aligned import empty_result
 from .plans import per_params
 
 #: Most input channels served: a stem's (colour, grey, audio); with more, the products of the other paths have a
@@ -105,7 +106,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int):
     x, geo = small_c.im2col_input(x, p, np.float32)
     w = np.ascontiguousarray(w, np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, np.float32)
-    y = np.empty(p.output_shape, np.float32)
+    y = empty_result(p.output_shape, np.float32)
     scratch = scratch_floats(p)
     tracing.note(workspace_bytes=4 * workers * scratch + _copies(given, (x, w, b)))
     row_jobs(x, w, b, y, geo, p, workers).run(workers, scratch)

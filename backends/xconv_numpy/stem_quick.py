@@ -17,6 +17,7 @@ import numpy as np
 from xconv import ConvParams
 
 from . import jobs, small_c, stem
+from .aligned import empty_result
 from .dense_weights import _readable
 from .finite import all_finite
 from .plans import per_params
@@ -42,7 +43,7 @@ def fprop_runner(p: ConvParams):
             return None
         if not all_finite(w):
             return None                                      # the dispatch detours (fast._fprop_on)
-        y = np.empty(p.output_shape, _F32)
+        y = empty_result(p.output_shape, _F32)
         bases = (x, w, bias, y)
         entry = kept.get(workers)
         if entry is None:

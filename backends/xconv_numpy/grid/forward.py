@@ -7,6 +7,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from ..aligned import empty_result
 from ..workers import cap_workers as _cap_workers, run as _run
 from .chunks import budget as _budget, chunks as _chunks
 from .geometry import compute_dtype, geom as _geom, io_bytes as _io_bytes, x_columns as _x_columns
@@ -29,7 +30,7 @@ def fprop(x, w, bias, p: ConvParams, workers: int, lease: Lease):
     wm = _weight_layout(w, geo, cdt, "gokc", lease).reshape(g, Cog, K * Cg)
     b = None if bias is None else bias.astype(cdt).reshape(g, Cog, 1)
     x4 = _x4(x, g, Cg)
-    y = np.empty(p.output_shape, DTYPES[p.dtype])
+    y = empty_result(p.output_shape, DTYPES[p.dtype])
     y4 = _x4(y, g, Cog)
 
     def workspace():

@@ -7,6 +7,7 @@ import numpy as np
 from xconv import ConvParams
 from xconv.dtypes import DTYPES
 
+from ..aligned import empty_result
 from .geometry import Geom, tap_order
 from .scratch import Lease
 
@@ -44,7 +45,7 @@ def weight_layout(w, geo: Geom, cdt, axes: str, lease: Lease) -> np.ndarray:
 
 def new_output(shape, p: ConvParams, zero: bool):
     dt = DTYPES[p.dtype]
-    return np.zeros(shape, dt) if zero else np.empty(shape, dt)
+    return np.zeros(shape, dt) if zero else empty_result(shape, dt)
 
 
 def finish_dw(geo: Geom, p: ConvParams, parts):

@@ -7,6 +7,7 @@ import numpy as np
 from xconv.dtypes import DTYPES
 
 from .. import jobs
+from ..aligned import empty_result
 from ..workers import cap_workers as _cap_workers
 from .chunks import MIN_CHUNKS, budget as _budget, split as _split
 from .geometry import Geom, compute_dtype, io_bytes as _io_bytes
@@ -89,7 +90,7 @@ def backward(geo: Geom, dy, x, w, need_dx: bool, need_dw: bool, need_db: bool, w
     nb = max(b - a for a, b in chunks)
     workers = _cap_workers(workers, budget, nb * sample_bytes)
     if need_dx:
-        dx = np.empty(p.input_shape, out_dt)
+        dx = empty_result(p.input_shape, out_dt)
         wt = lease.empty((g, Cg, Cog), cdt)
         wt[...] = w.reshape(g, Cog, Cg).transpose(0, 2, 1)
     dy_rows = dw_dy_rows(geo)
@@ -159,7 +160,7 @@ def fprop(geo: Geom, x, w, bias, workers: int, lease: Lease):
     wm = lease.empty((g, Cog, Cg), cdt)
     wm[...] = w.reshape(g, Cog, Cg)
     b = None if bias is None else np.asarray(bias, cdt).reshape(1, g, Cog, 1)
-    y = np.empty(p.output_shape, out_dt)
+    y = empty_result(p.output_shape, out_dt)
     if not copy_x and not conv and _sgemm_jobs(x, wm, y, g, Cg, Cog, P, N, workers):
         if b is not None:
             y.reshape(N, g, Cog, P)[...] += b

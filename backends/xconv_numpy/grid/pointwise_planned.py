@@ -16,6 +16,7 @@ import numpy as np
 from xconv import tracing
 
 from .. import jobs, native
+from ..aligned import empty_result
 from ..plans import per_params
 from .geometry import geom
 from .pointwise import backward_chunks, dw_dy_rows
@@ -92,7 +93,7 @@ def fprop_runner(p):
         if not (x.dtype == _F32 and w.dtype == _F32 and x.flags.c_contiguous and w.flags.c_contiguous   # _plain,
                 and _apart(x, w)):                                                                     # in line
             return None
-        y = np.empty(out_shape, np.float32)
+        y = empty_result(out_shape, np.float32)
         key = ("y", workers)
         bases = (w, x, y)
         template = templates.get(key, False)
@@ -130,7 +131,7 @@ def backward_runner(p):
             return None
         if need_dw and not (serves[1] and _apart(x, dy)):
             return None                    # dW's per-sample products past their bound: the chunks keep to it
-        dx = np.empty(p.input_shape, np.float32) if need_dx else None
+        dx = empty_result(p.input_shape, np.float32) if need_dx else None
         wt = np.ascontiguousarray(w.reshape(g, Cog, Cg).transpose(0, 2, 1)) if need_dx else None     # (g, Cg, Cog)
         per = np.empty((N, g) + ((Cog, Cg) if dy_rows else (Cg, Cog)), np.float32) if need_dw else None
         bases = (wt, dy, x, dx, per)
