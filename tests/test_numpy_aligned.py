@@ -56,8 +56,8 @@ CASES = [
 
 @pytest.mark.parametrize("path,x_shape,w_shape,stride,padding,groups", CASES, ids=[c[0] for c in CASES])
 def test_results_start_a_line(path, x_shape, w_shape, stride, padding, groups):
-    """y and dx of calls each path serves start a 64-byte line, call after call (NumPy's own blocks of these sizes
-    start 16 bytes past one here, or one time in four); y is still the definition's value."""
+    """y and dx of the calls (the forward on the path forced; the backward wherever the path serves it) start a
+    64-byte line in a placed block, call after call; both are still the definition's values."""
     x, w = _arrays(x_shape, w_shape)
     for _ in range(3):
         with paths.force(path), xconv.trace() as tr:
@@ -67,7 +67,55 @@ def test_results_start_a_line(path, x_shape, w_shape, stride, padding, groups):
                                                    output_mask=(True, True, False), backend="numpy")
         chose = {r.path.split(":")[0] for r in tr.records}
         assert chose & set(paths.GROUPS.get(path, (path,))), (path, chose)
-        assert y.ctypes.data % 64 == 0, (path, [r.path for r in tr.records])
-        assert dx.ctypes.data % 64 == 0, (path, [r.path for r in tr.records])
+        for a in (y, dx):
+            _assert_placed(a, [r.path for r in tr.records])
     ref = xconv.conv_fprop(x, w, stride=stride, padding=padding, groups=groups, backend="numpy-exact")
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    rdx, _, _ = xconv.convolution_backward(dy, x, w, stride=stride, padding=padding, groups=groups,
+                                           output_mask=(True, False, False), backend="numpy-exact")
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-3)
+
+
+def _assert_placed(a, why):
+    """``a`` starts a line in a block of its own SLACK bytes longer (certain: NumPy's own block is never that)."""
+    assert a.ctypes.data % 64 == 0, why
+    assert type(a.base) is np.ndarray and a.base.dtype == np.uint8, why
+    assert a.base.nbytes == a.nbytes + aligned.SLACK, why
+
+
+def test_small_call_backward_buffer_is_placed():
+    """The small-call C backward's one buffer (dx, then dw, db) is placed: dx starts a line."""
+    x, w = _arrays((2, 16, 32, 32), (16, 16, 3, 3))
+    dy = np.ones((2, 16, 32, 32), np.float32)
+    with paths.force("small-c"), xconv.trace() as tr:
+        dx, dw, db = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, True), backend="numpy")
+    assert any(r.path.startswith("small-c") for r in tr.records), [r.path for r in tr.records]
+    assert dx.ctypes.data % 64 == 0
+    rdx, rdw, _ = xconv.convolution_backward(dy, x, w, padding=1, output_mask=(True, True, False),
+                                             backend="numpy-exact")
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dw, rdw, rtol=1e-4, atol=1e-2)
+
+
+def test_transposed_bias_is_added_in_its_place():
+    """The core adds a transposed call's bias in place on a placed result (legalize._sole: its block's only view),
+    so the result keeps its block; a result some other view shares is not written (a new array instead)."""
+    from xconv import legalize
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 64, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((64, 32, 2, 2)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    for _ in range(3):
+        y = xconv.conv_fprop(x, w, bias=b, stride=2, transposed=True, backend="numpy")
+        _assert_placed(y, "transposed with a bias")
+    ref = xconv.conv_fprop(x, w, bias=b, stride=2, transposed=True, backend="numpy-exact")
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    placed = aligned.line_aligned((2, 32, 4, 4))
+    placed[...] = 1
+    assert legalize._add_bias(placed, b) is placed
+    other = placed[:1]                                   # a second view: the block is not y's alone
+    z = legalize._add_bias(placed, b)
+    assert z is not placed and other.base is placed.base
+    np.testing.assert_array_equal(placed, np.ones((2, 32, 4, 4), np.float32) + b.reshape(1, -1, 1, 1))
+    np.testing.assert_array_equal(z, placed + b.reshape(1, -1, 1, 1))

@@ -202,7 +202,7 @@ def _backward_grid(dy, x, w, p: ConvParams, f: Plan, cdt, need_dx: bool, need_dw
     x = _readable(x, cdt) if need_dw else None
     w = np.ascontiguousarray(w, dtype=cdt) if need_dx else None
     sizes = (s1.dx_size if need_dx else 0, s1.dw_size if need_dw else 0, f.Co if need_db else 0)
-    out = np.empty(sum(sizes), cdt)                     # dx, dw, db: one buffer, one address
+    out = empty_result((sum(sizes),), cdt)              # dx, dw, db: one buffer, one address
     at = _address(out)
     it = out.itemsize
     dys, xs = _strides(dy, s1.lift), (None if x is None else _strides(x, s1.lift))   # held: the C call reads them
