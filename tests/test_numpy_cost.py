@@ -312,6 +312,25 @@ def test_the_kind_named_decides_the_pick_and_each_kind_keeps_its_own(monkeypatch
 
 @pytest.mark.skipif(not (small.compiled_available() and cost.dense_loops.available()),
                     reason="the dense loops (a candidate of every call below) need the compiled loops")
+def test_the_avx2_kind_sends_stride_one_stems_to_the_stem_loops():
+    """The avx2 kind weighs the small loops in sample blocks at Rates.stem_grid (2.0) times their estimate where the
+    stem loops serve the forward (Zen 3, two threads, ms, small-c-blocks / stem: the 3-D net's 2x3x8x56x56 -> 32
+    3x3x3 2.60 / 2.29, the U-Net's 4x3x64x64 -> 32 3x3 0.71 / 0.60): those stems go to the stem loops there; Zen 4's
+    rates keep the small loops; a call the stem loops do not serve (rows under 16) keeps its estimate."""
+    three_d = make_params((2, 3, 8, 56, 56), (32, 3, 3, 3, 3), padding=1)
+    unet = make_params((4, 3, 64, 64), (32, 3, 3, 3), padding=1)
+    short = make_params((8, 3, 12, 12), (32, 3, 3, 3), padding=1)
+    if not cost.stem_loops.serves(unet):
+        pytest.skip("the stem loops are not built for this machine's instruction set")
+    with cost.choosing("avx2"):
+        assert [paths.cost_pick(p, "y") for p in (three_d, unet)] == ["stem", "stem"]
+        avx2 = cost.grid(unet, "y"), cost.grid(short, "y")
+    with cost.choosing("zen4"):
+        assert [paths.cost_pick(p, "y") for p in (three_d, unet)] == ["small-c-blocks"] * 2
+        zen4 = cost.grid(unet, "y"), cost.grid(short, "y")
+    assert avx2[0] > 1.9 * zen4[0] - cost.CALL and avx2[1] == zen4[1]
+
+
 def test_the_avx2_kind_sends_wide_weights_and_long_strided_forwards_to_colgemm():
     """The avx2 kind (the AVX2 build's 8-float blocks, fitted on an AMD EPYC Zen 3, two threads; ms, dense loops or blas-
     grid / colgemm): a group's weights of 2^19 elements or more cost the loops' gradients 1.5x in 2-D and 3-D too

@@ -300,3 +300,22 @@ def test_a_single_channels_weight_gradient_runs_on_the_stem_loops_for_every_mask
         if mask[1]:
             dws.append(got[1].tobytes())
     assert len(set(dws)) == 1
+
+
+@pytest.mark.parametrize("co", [7, 8, 9, 10, 11, 13, 14, 16, 32])
+def test_every_channel_count_in_blocks_of_four_to_six(co):
+    """The stem loops' channel blocks (csrc/stem.c's stem_row: from 8 output channels the last blocks hold 4 or 5, never
+    1-3, on the builds with blocks of 6) cover every channel once, for every remainder of 6: the definition's sums,
+    and the same bits on one worker and two, with and without a bias."""
+    x, w, b = _arrays((2, 3, 6, 40), (co, 3, 3, 3), seed=co)
+    kw = _kw(1, 1, 1)
+    y, path = _forced(x, w, b, kw)
+    assert path.startswith("stem"), path
+    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
+                            backend="numpy-exact", **kw)
+    scale = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max()
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
+    p = _params(x, w, kw)
+    for workers in (1, 2, 3):
+        assert stem.fprop(x, w, b, p, workers).tobytes() == y.tobytes()
+    assert stem.fprop(x, w, None, p, 2).tobytes() == _forced(x, w, None, kw)[0].tobytes()
