@@ -302,7 +302,7 @@ def test_a_single_channels_weight_gradient_runs_on_the_stem_loops_for_every_mask
     assert len(set(dws)) == 1
 
 
-@pytest.mark.parametrize("co", [7, 8, 9, 10, 11, 13, 14, 16, 32])
+@pytest.mark.parametrize("co", [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 32])
 def test_every_channel_count_in_blocks_of_four_to_six(co):
     """The stem loops' channel blocks (csrc/stem.c's stem_row: from 8 output channels the last blocks hold 4 or 5, never
     1-3, on the builds with blocks of 6) cover every channel once, for every remainder of 6: the definition's sums,

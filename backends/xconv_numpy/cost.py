@@ -27,7 +27,8 @@ the path keeps busy, :data:`CORES` assumed):
   per element, without ``loop_big_weights`` on output rows of ``Rates.loop_long_row`` or more (Zen 4: 64; Intel: never
   exempt); the forward also its copy of the weights (``WEIGHT_COPY`` per element: cold in a model);
 - ``small-c-blocks`` (the small path's stride-1 loops, csrc/small_grid.c, in sample blocks): the forward's, the small
-  path's estimate over the cores; the backward is not weighed: it replaces ``small-c`` where the model picks that
+  path's estimate over the cores (times ``Rates.stem_grid`` where the stem loops serve the forward); the backward
+  is not weighed: it replaces ``small-c`` where the model picks that
   for an output and the samples make two or more blocks (``paths.cost_pick``);
 - ``grid-forward`` (the grid engine's x-columns forward): colgemm's product model, columns only for kernels with
   several taps;
@@ -96,7 +97,8 @@ LOOP_Q0 = {1: 10, 2: 10, 3: 70}
 #:   blas-grid / colgemm / torch): Zen 4's but for 2^19 weights costing the 8-float blocks 1.5x in 2-D and 3-D too
 #:   (8x256x4x4 256 3x3 backward 7.3 / 4.4 / 4.2, 2x256x14x14 14.5 / 9.7 / 9.1, 3-D 2x128x2x7x7 -> 256 9.7 / 6.2 /
 #:   5.7; 128x128x3x3x3 stays), colgemm's forward at any width in up to CORES sample chunks, blas-grid's at 1.2x
-#:   (speech 4x512x799 21.9 / 16.6). ``XCONV_NUMPY_CPU=avx2`` names these rates, not the instruction set;
+#:   (speech 4x512x799 21.9 / 16.6), the small loops in sample blocks 2x where the stem loops serve a forward
+#:   (``Rates.stem_grid``). ``XCONV_NUMPY_CPU=avx2`` names these rates, not the instruction set;
 #: - ``intel-avx512`` (Intel Xeon, family 6 model 207, two 512-bit FMA units per core; the AVX-512 build, OpenBLAS
 #:   SkylakeX): OpenBLAS 80-83 G multiply-adds/s per core, the loops 75, down to 15 with 512x512x3x3 weights (their
 #:   factor from 2^19 elements rising over two octaves to 1.8, the step where a sample's x or dy passes 1 MB);

@@ -13,7 +13,7 @@ class Rates:
     - ``loop_macs``: LOOP_MACS, the dense loops' multiply-adds per second and core on long rows;
     - ``loop_weights``, ``loop_big_weights``: the dense loops' time is multiplied by ``loop_big_weights`` when one
       group's weights hold ``loop_weights`` elements or more (past a core's L2 every block of positions streams them
-      again), or by less on a ramp (``loop_weights_ramp``: :func:`big_weights`);
+      again), or by less on a ramp (``loop_weights_ramp``: :func:`.cost.big_weights`);
     - ``loop_long_row``: output rows at least this long keep a block of output channels' weights in cache along the
       row: no ``loop_big_weights`` for the strided forward (None: never);
     - ``stem_macs``: STEM_MACS, the stem loops' multiply-adds per second and core (times Co / (Co + STEM_K0));
@@ -34,7 +34,7 @@ class Rates:
       256x128x3x3x3 (2^19.8) at 2x2x7x7 forward 1.58 / 2.56; but 512x256x3x3 (2^20.2) at 2x14x14 s2, input and weight
       gradients, 2.17 / 1.64 and 1.89 / 1.64, and the 1-D encoder's 512x512x2 (2^19) weight gradient 2.09 / 1.52 (so
       1-D keeps ``loop_weights``);
-    - ``small_cols_call``: :data:`SMALL_COLS_CALL` where set (0: none);
+    - ``small_cols_call``: :data:`.cost.SMALL_COLS_CALL` where set (0: none);
     - ``loop_big_weights_fwd``: the stride-1 forward's ``loop_big_weights`` where set (None: the same). Zen 4, issue
       25's twelfth session, two threads, min of 40 alternating, ms (dense / colgemm / torch): ResNet-18 224's
       2x512x7x7 -> 512 3x3 forward, warm, 2.80-2.82 / 3.44-3.49 / 2.63-2.67 once the loops skipped the padding's
@@ -42,10 +42,10 @@ class Rates:
       1.2); of 2823 random forwards the candidates weigh, 127 then picked the loops, eight measured warm 15-60% faster
       (16x256x7x7 -> 256 5x5 9.2 against small-c-blocks' 21.7 ms, 1x256x28x28 -> 512 9.0 against grid-forward's 15.0).
       With its weights cold, as in a model, that forward ran 3.69 / 3.24 and 8x512x4x4 -> 256 2.38 / 2.27:
-      :data:`WEIGHT_COPY` now gives both to colgemm. AVX-512 builds (:data:`BIG_WEIGHTS_FWD_ISAS`; the AVX2 build
+      :data:`.cost.WEIGHT_COPY` now gives both to colgemm. AVX-512 builds (:data:`BIG_WEIGHTS_FWD_ISAS`; the AVX2 build
       where its rows run taps at a time, ``avx2``'s 1.0);
-    - ``split_call``: :data:`SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
-      :func:`backward_pair`);
+    - ``split_call``: :data:`.cost.SPLIT_CALL` where set (None: dx and dw are each the cheapest alone,
+      :func:`.cost.backward_pair`);
     - ``strided_q0``: the Q0 of the dense loops' strided forward on rows shorter than ``dense.STRIDED_MIN_ROW`` (None:
       such rows cost infinity, never picked). Zen 4, issue 25's ninth session, each in lane runs (the public call's
       repeated form), alternating in one process, ms, loops / colgemm / torch: ResNet-18 64's 8x128x8x8 -> 256 3x3
@@ -60,8 +60,9 @@ class Rates:
       place, where colgemm and the grid engine copy both); the model had picked colgemm or the grid engine for 12 of
       them at 1.4-3.4x pointwise's time (32x64x8x8 -> 64: 443 against 130 us; 8x128x64x64 -> 8: 2.26 against 1.46 ms),
       geomean regret 1.23, now 1.03 (the largest two small calls, now on pointwise too: paths._pointwise_forward).
-    - ``stem_grid``: the small loops in sample blocks (``small-c-blocks``, :func:`grid`) at this times their estimate
-      where the stem loops are the other candidate (a stem's stem.MAX_CHANNELS or fewer input channels). Zen 3, issue
+    - ``stem_grid``: the small loops in sample blocks (``small-c-blocks``, :func:`.cost.grid`) at this times their
+      forward's estimate where the stem loops serve the forward (``stem.serves(p)``: a stem's few input channels, one
+      group, rows of 16 or more). Zen 3, issue
       25's nineteenth session, two threads, ms, small-c-blocks / stem (estimated 1.42 / 2.41 and 0.19 / 0.30 before):
       the 3-D net's 2x3x8x56x56 -> 32 3x3x3 2.60 / 2.29, the U-Net's 4x3x64x64 -> 32 3x3 0.71 / 0.60, 8x3x32x32 -> 32
       0.40 / 0.34, 2x3x16x112x112 -> 32 23.5 / 20.0, 4x3x128x128 -> 64 3.14 / 2.15, 8x3x64x64 -> 24 5x5 1.24 / 1.10
