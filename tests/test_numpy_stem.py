@@ -51,6 +51,17 @@ def _forced(x, w, b, kw, backend="numpy"):
     return y, t.records[0].path
 
 
+def _stem_matches_definition(x, w, b, kw):
+    """y of the forced stem loops (float32, 2-D), held against the definition's float64 sums; returned."""
+    y, path = _forced(x, w, b, kw)
+    assert path.startswith("stem"), path
+    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
+                            backend="numpy-exact", **kw)
+    scale = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max()
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
+    return y
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])))
 def test_stem_matches_float64_sums_of_the_definition(case):
     xs, ws, s, pad, d = case
@@ -79,12 +90,7 @@ def test_stride_two_phase_rows_at_every_padding_and_width(pad):
             xs, ws = (2, 3, 5, width), (6, 3, 3, k)
             x, w, b = _arrays(xs, ws, seed=width + pad)
             kw = dict(stride=2, padding=(1, pad))
-            y, path = _forced(x, w, b, kw)
-            assert path.startswith("stem"), path
-            want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
-                                    backend="numpy-exact", **kw)
-            scale = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max()
-            np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
+            y = _stem_matches_definition(x, w, b, kw)
             dy = np.random.default_rng(pad).standard_normal(y.shape).astype(np.float32)
             with xconv.trace() as t, paths.force("stem"):
                 _, dw, _ = xconv.convolution_backward(dy, x, w, output_mask=(False, True, False), **kw)
@@ -309,12 +315,7 @@ def test_every_channel_count_in_blocks_of_four_to_six(co):
     and the same bits on one worker and two, with and without a bias."""
     x, w, b = _arrays((2, 3, 6, 40), (co, 3, 3, 3), seed=co)
     kw = _kw(1, 1, 1)
-    y, path = _forced(x, w, b, kw)
-    assert path.startswith("stem"), path
-    want = xconv.conv_fprop(x.astype(np.float64), w.astype(np.float64), bias=b.astype(np.float64),
-                            backend="numpy-exact", **kw)
-    scale = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max()
-    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * scale)
+    y = _stem_matches_definition(x, w, b, kw)
     p = _params(x, w, kw)
     for workers in (1, 2, 3):
         assert stem.fprop(x, w, b, p, workers).tobytes() == y.tobytes()
