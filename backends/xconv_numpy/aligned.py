@@ -20,8 +20,8 @@ import numpy as np
 #: that the block, once freed, holds a ``posix_memalign(64, n)`` of the array's n bytes (n + 96 asked of the free
 #: lists; the block's own header is another 16 bytes: its 8-byte size field, rounded to 16).
 SLACK = 128
-#: Bytes from which :func:`empty_result` places a result so (a smaller one is NumPy's own: the placing costs about 4 µs, a
-#: tenth of a small call, and a few pages are no fault's worth).
+#: Bytes from which :func:`empty_result` places a result so (a smaller one is NumPy's own: the placing costs about
+#: 4 µs, a tenth of a small call, and a few pages are no fault's worth).
 RESULT_MIN_BYTES = 1 << 16
 
 

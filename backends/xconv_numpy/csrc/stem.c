@@ -149,10 +149,11 @@ static inline __attribute__((always_inline)) void stem_block(
 }
 
 /* The KT-channel blocks of one output row, then the channels left (8, 4 at a time, then one by one). With blocks of
- * 6 (the AVX2 build's, where the stem loops run; the baseline build compiles the same): from 8 channels the last blocks hold 4 or 5 channels (STEM_TAIL45), never 1 to 3. A
- * block of KT channels takes max(KT, 4) cycles a tap (2 x KT multiply-adds, two a cycle, each sum's chain 4 cycles
- * long), so 32 channels as 6 x 5 + 1 + 1 took 38 cycles a tap and take 32 as 6 x 4 + 4 + 4 (the 3-D net's and the
- * U-Net's stems). Each output element is the same sum in the same order in any block: the bits are the same. */
+ * 6 (the AVX2 build's, where the stem loops run; the baseline build compiles the same): from 8 channels the last
+ * blocks hold 4 or 5 channels (STEM_TAIL45), never 1 to 3. A block of KT channels takes max(KT, 4) cycles a tap
+ * (2 x KT multiply-adds, two a cycle, each sum's chain 4 cycles long), so 32 channels as 6 x 5 + 1 + 1 took 38
+ * cycles a tap and take 32 as 6 x 4 + 4 + 4 (the 3-D net's and the U-Net's stems). Each output element is the same
+ * sum in the same order in any block: the bits are the same. */
 static void stem_row(const float *rows, const int64_t *widx, int64_t nt, const float *w, int64_t Co, int64_t CK,
                      int64_t KW, const int64_t *kwo, int64_t sw, int64_t lq, int64_t OW, const float *bias, float *y,
                      int64_t plane) {
