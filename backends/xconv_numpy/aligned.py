@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from .native import address
+
 #: Bytes past the array's own in its block: up to 64 to start a line wherever malloc's block starts, and 64 more so
 #: that the block, once freed, holds a ``posix_memalign(64, n)`` of the array's n bytes (n + 96 asked of the free
 #: lists; the block's own header is another 16 bytes: its 8-byte size field, rounded to 16).
@@ -34,7 +36,7 @@ def line_aligned(shape, dtype=np.float32) -> np.ndarray:
     if n == 0:
         return np.empty(shape, dt)
     raw = np.empty(n + SLACK, np.uint8)
-    a = -raw.__array_interface__["data"][0] % 64
+    a = -address(raw) % 64
     return raw[a:a + n].view(dt).reshape(shape)
 
 

@@ -62,11 +62,11 @@ class Rates:
       geomean regret 1.23, now 1.03 (the largest two small calls, now on pointwise too: paths._pointwise_forward).
     - ``stem_grid``: the small loops in sample blocks (``small-c-blocks``, :func:`.cost.grid`) at this times their
       forward's estimate where the stem loops serve the forward (``stem.serves(p)``: a stem's few input channels, one
-      group, rows of 16 or more). Zen 3, issue
-      25's nineteenth session, two threads, ms, small-c-blocks / stem (estimated 1.42 / 2.41 and 0.19 / 0.30 before):
-      the 3-D net's 2x3x8x56x56 -> 32 3x3x3 2.60 / 2.29, the U-Net's 4x3x64x64 -> 32 3x3 0.71 / 0.60, 8x3x32x32 -> 32
-      0.40 / 0.34, 2x3x16x112x112 -> 32 23.5 / 20.0, 4x3x128x128 -> 64 3.14 / 2.15, 8x3x64x64 -> 24 5x5 1.24 / 1.10
-      (the same bits: both sum the taps in one order); the AVX2 build's rates only (``avx2``: 2.0).
+      group, rows of 16 or more). Zen 3, issue 25's nineteenth session, two threads, ms, small-c-blocks / stem
+      (estimated 1.42 / 2.41 and 0.19 / 0.30 before): the 3-D net's 2x3x8x56x56 -> 32 3x3x3 2.60 / 2.29, the U-Net's
+      4x3x64x64 -> 32 3x3 0.71 / 0.60, 8x3x32x32 -> 32 0.40 / 0.34, 2x3x16x112x112 -> 32 23.5 / 20.0, 4x3x128x128
+      -> 64 3.14 / 2.15, 8x3x64x64 -> 24 5x5 1.24 / 1.10 (the same bits: both sum the taps in one order); the AVX2
+      build's rates only (``avx2``: 2.0).
     ``small_cols_call``, ``split_call`` and ``pointwise_fwd`` were measured on Zen 4 only: Intel keeps the picks it
     had."""
 

@@ -446,8 +446,8 @@ def _strided_build(p: ConvParams) -> bool:
 def taps_at_a_time(p: ConvParams) -> bool:
     """Whether the loaded build runs the rows of ``p``'s stride-1 forward a few taps at a time
     (:func:`.dense_plan.taps_rows`, the AVX2 build, for a row of all the kernel's taps: at most 384 input channels per
-    group, and the row's weights past 32 KiB), each tap's weights read from L1 by a chunk's blocks: there big weights cost the
-    stride-1 forward little (issue 25, Zen 3, two threads, ms, loops / columns: 8x256x4x4 -> 256 3x3 1.11 / 1.34,
+    group, and the row's weights past 32 KiB), each tap's weights read from L1 by a chunk's blocks: there big weights
+    cost the stride-1 forward little (issue 25, Zen 3, two threads, ms, loops / columns: 8x256x4x4 -> 256 3x3 1.11 / 1.34,
     2x256x14x14 -> 256 3.06 / 3.73, 2x128x2x7x7 -> 256 3x3x3 2.16 / 2.51; block by block, 512 channels, 2x512x7x7 ->
     512 13.8 / 6.6)."""
     return available() and taps_rows(math.prod(p.kernel), p.input_shape[1] // p.groups)
